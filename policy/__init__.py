@@ -1,0 +1,81 @@
+"""Pure policy decisions: intents, capability -> decision, the fallback helper, the scheduler guard
+and the readiness verdict. Imports no grpc, torch or ray, and performs no I/O."""
+
+from policy.capability import BackendKind, BackendStatus, Capability, DeviceKind, ModelFacts
+from policy.config import DEFAULT_BLOCK_SIZE, PagedAttentionConfig, mode_of, paged_attention_config
+from policy.decide import (
+    DEFAULT_AUTO_DEVICES,
+    RULES,
+    BackendChoice,
+    Decision,
+    Feature,
+    choose_backend,
+    decide_feature,
+    decide_paged_attention,
+    decide_prefix_caching,
+)
+from policy.errors import (
+    IntentError,
+    PagedAttentionRequiredError,
+    PolicyError,
+    PolicyViolationError,
+)
+from policy.fallback import disable_paged_attention
+from policy.guard import (
+    CacheKind,
+    RealizedCache,
+    SchedulerChoice,
+    SchedulerKind,
+    check_realized,
+    select_scheduler,
+    verify_report,
+)
+from policy.modes import BackendIntent, KvCacheDtype, Mode, PagedAttentionMode, PrefixCachingMode
+from policy.readiness import Verdict, WorkerReport, readiness
+from policy.reasons import Reason, ReasonCode
+from policy.resolution import Resolution, resolve
+
+__all__ = [
+    "DEFAULT_AUTO_DEVICES",
+    "DEFAULT_BLOCK_SIZE",
+    "RULES",
+    "BackendChoice",
+    "BackendIntent",
+    "BackendKind",
+    "BackendStatus",
+    "CacheKind",
+    "Capability",
+    "Decision",
+    "DeviceKind",
+    "Feature",
+    "IntentError",
+    "KvCacheDtype",
+    "Mode",
+    "ModelFacts",
+    "PagedAttentionConfig",
+    "PagedAttentionMode",
+    "PagedAttentionRequiredError",
+    "PolicyError",
+    "PolicyViolationError",
+    "PrefixCachingMode",
+    "RealizedCache",
+    "Reason",
+    "ReasonCode",
+    "Resolution",
+    "SchedulerChoice",
+    "SchedulerKind",
+    "Verdict",
+    "WorkerReport",
+    "check_realized",
+    "choose_backend",
+    "decide_feature",
+    "decide_paged_attention",
+    "decide_prefix_caching",
+    "disable_paged_attention",
+    "mode_of",
+    "paged_attention_config",
+    "readiness",
+    "resolve",
+    "select_scheduler",
+    "verify_report",
+]

@@ -1,0 +1,97 @@
+"""Named example workers and the decision table they produce.
+
+The CLI prints this table (`intentserve policy-table`), README shows it, and a test keeps the two
+identical, so the documented contract is always the implemented one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from policy.capability import BackendKind, BackendStatus, Capability, DeviceKind, ModelFacts
+from policy.config import paged_attention_config
+from policy.modes import KvCacheDtype, Mode
+from policy.resolution import resolve
+
+FLOAT_DTYPES = frozenset({KvCacheDtype.FLOAT32, KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
+LLAMA = ModelFacts(
+    "LlamaForCausalLM", has_kv_cache=True, head_dim=64, num_layers=30, num_kv_heads=3
+)
+BERT = ModelFacts("BertModel", has_kv_cache=False)
+
+
+def backends(*, flash: bool, torch_paged: bool = True) -> tuple[BackendStatus, ...]:
+    return (
+        BackendStatus(
+            BackendKind.FLASH_PAGED,
+            flash,
+            "" if flash else "No module named 'vllm_flash_attn'",
+            FLOAT_DTYPES - {KvCacheDtype.FLOAT32} if flash else frozenset(),
+        ),
+        BackendStatus(
+            BackendKind.TORCH_PAGED,
+            torch_paged,
+            "" if torch_paged else "torch was built without scaled_dot_product_attention",
+            FLOAT_DTYPES if torch_paged else frozenset(),
+        ),
+        BackendStatus(BackendKind.CONTIGUOUS, True, "", FLOAT_DTYPES),
+    )
+
+
+def cpu(**overrides) -> Capability:
+    base = Capability(device_kind=DeviceKind.CPU, model=LLAMA, backends=backends(flash=False))
+    return replace(base, **overrides)
+
+
+def cuda(*, flash: bool = True, **overrides) -> Capability:
+    base = Capability(device_kind=DeviceKind.CUDA, model=LLAMA, backends=backends(flash=flash))
+    return replace(base, **overrides)
+
+
+def mixed() -> Capability:
+    return cuda(layer_devices=(DeviceKind.CUDA,) * 20 + (DeviceKind.CPU,) * 10)
+
+
+SITUATIONS: tuple[tuple[str, Capability], ...] = (
+    ("cpu", cpu()),
+    ("cuda, vllm-flash-attn imports", cuda()),
+    ("cuda, vllm-flash-attn missing", cuda(flash=False)),
+    ("layers on cpu and cuda", mixed()),
+    ("no paged backend in the build", cuda(backends=backends(flash=False, torch_paged=False))),
+    ("encoder model (no KV cache)", cpu(model=BERT)),
+    ("no_kv_cache debug mode", cpu(no_kv_cache=True)),
+)
+
+
+@dataclass(frozen=True)
+class TableRow:
+    situation: str
+    mode: Mode
+    outcome: str  # "paged (backend)", "default (fallback)", "default" or "REJECTED"
+    reason: str  # the reason code that decided it
+
+
+def decision_table() -> list[TableRow]:
+    rows = []
+    for name, capability in SITUATIONS:
+        for mode in Mode:
+            config = paged_attention_config(mode)
+            resolution = resolve(config, capability)
+            paged = resolution.paged_attention
+            if not resolution.accepted:
+                outcome = "REJECTED: start-up error"
+            elif paged.enabled:
+                outcome = f"paged ({resolution.backend.kind.value})"
+            elif mode is Mode.AUTO:
+                outcome = "default scheduler (fallback)"
+            else:
+                outcome = "default scheduler"
+            reason = (resolution.backend.reason or paged.reason).code.value
+            rows.append(TableRow(name, mode, outcome, reason))
+    return rows
+
+
+def render_markdown(rows: list[TableRow]) -> str:
+    lines = ["| worker | mode | outcome | reason code |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.situation} | `{r.mode.value}` | {r.outcome} | `{r.reason}` |" for r in rows]
+    return "\n".join(lines)

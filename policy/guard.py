@@ -1,0 +1,136 @@
+"""Checkpoint 3, the realized-state guard: what was requested versus what the engine really built.
+
+The worker calls `select_scheduler` once its cache exists; the controller calls `check_realized`
+on the worker's report before counting it as ready. It is the final backstop.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from policy.capability import BackendKind
+from policy.config import PagedAttentionConfig
+from policy.errors import PolicyViolationError
+from policy.modes import BackendIntent, Mode
+from policy.reasons import Reason, ReasonCode
+
+
+class CacheKind(enum.Enum):
+    PAGED = "paged"  # a block pool with block tables
+    CONTIGUOUS = "contiguous"  # one max-length slot per sequence
+    NONE = "none"  # no KV cache at all (recompute every step)
+
+
+class SchedulerKind(enum.Enum):
+    PAGED = "paged"  # continuous batching over the block pool
+    DEFAULT = "default"  # fixed slots over the contiguous cache
+
+
+_BACKEND_FOR_INTENT = {
+    BackendIntent.FLASH: BackendKind.FLASH_PAGED,
+    BackendIntent.TORCH: BackendKind.TORCH_PAGED,
+}
+
+
+@dataclass(frozen=True)
+class RealizedCache:
+    """What a loaded engine really built; the worker reports it and the controller verifies it."""
+
+    kind: CacheKind
+    backend: BackendKind = BackendKind.CONTIGUOUS
+    prefix_caching: bool = False
+    block_size: int = 0
+    num_blocks: int = 0
+    kv_cache_bytes: int = 0
+    max_num_seqs: int = 0  # concurrent sequences at max model length
+    kv_cache_dtype: str = ""
+    scheduler: SchedulerKind | None = None  # None until the guard has selected one
+    fallback_reasons: tuple[Reason, ...] = ()
+
+
+@dataclass(frozen=True)
+class SchedulerChoice:
+    kind: SchedulerKind
+    reason: Reason | None = None  # why the default scheduler runs, when it does
+
+
+def check_realized(
+    requested: PagedAttentionConfig | None, realized: RealizedCache
+) -> Reason | None:
+    """The violation, if what was realized contradicts the request; None when it conforms."""
+    paged = realized.kind is CacheKind.PAGED
+    if requested is None:
+        if paged:
+            return Reason(
+                ReasonCode.PAGED_REALIZED_WHILE_OFF,
+                "paged_attention is 'off', but the worker realized a paged KV cache",
+            )
+        return None
+    if requested.required and not paged:
+        return Reason(
+            ReasonCode.PAGED_REQUIRED_NOT_REALIZED,
+            f"{requested.describe()} requires a paged KV cache, but the worker realized "
+            f"a {realized.kind.value} cache",
+        )
+    if not paged and not realized.fallback_reasons:
+        return Reason(
+            ReasonCode.FALLBACK_WITHOUT_REASON,
+            "paged_attention 'auto' fell back to a "
+            f"{realized.kind.value} cache without recording why",
+        )
+    if requested.prefix_caching is Mode.ON and not realized.prefix_caching:
+        return Reason(
+            ReasonCode.PREFIX_CACHING_NOT_REALIZED,
+            "prefix_caching is 'on', but the worker's cache does not cache prefixes",
+        )
+    if requested.prefix_caching is Mode.OFF and realized.prefix_caching:
+        return Reason(
+            ReasonCode.PREFIX_CACHING_REALIZED_WHILE_OFF,
+            "prefix_caching is 'off', but the worker's cache caches prefixes",
+        )
+    wanted = _BACKEND_FOR_INTENT.get(requested.backend)
+    if paged and wanted is not None and realized.backend is not wanted:
+        return Reason(
+            ReasonCode.BACKEND_MISMATCH,
+            f"attention_backend '{requested.backend.value}' was requested, but the worker "
+            f"runs {realized.backend.value}",
+        )
+    return None
+
+
+def _expected_scheduler(realized: RealizedCache) -> SchedulerKind:
+    return SchedulerKind.PAGED if realized.kind is CacheKind.PAGED else SchedulerKind.DEFAULT
+
+
+def select_scheduler(
+    requested: PagedAttentionConfig | None, realized: RealizedCache
+) -> SchedulerChoice:
+    """Realized paged cache -> PAGED; none and not required -> DEFAULT (with why); else an error."""
+    violation = check_realized(requested, realized)
+    if violation is not None:
+        raise PolicyViolationError(violation)
+    if realized.kind is CacheKind.PAGED:
+        return SchedulerChoice(SchedulerKind.PAGED)
+    why = (
+        realized.fallback_reasons[0]
+        if realized.fallback_reasons
+        else Reason(ReasonCode.MODE_OFF, "paged_attention is 'off'")
+    )
+    return SchedulerChoice(SchedulerKind.DEFAULT, why)
+
+
+def verify_report(requested: PagedAttentionConfig | None, realized: RealizedCache) -> Reason | None:
+    """The controller's repeat of the guard: the cache check plus the scheduler the worker chose."""
+    violation = check_realized(requested, realized)
+    if violation is not None:
+        return violation
+    expected = _expected_scheduler(realized)
+    if realized.scheduler is not expected:
+        got = realized.scheduler.value if realized.scheduler is not None else "none"
+        return Reason(
+            ReasonCode.SCHEDULER_MISMATCH,
+            f"a {realized.kind.value} cache needs the {expected.value} scheduler, "
+            f"but the worker runs {got}",
+        )
+    return None

@@ -1,0 +1,64 @@
+"""The operator's intents: one enum per kind of choice, parsed strictly from text."""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeVar
+
+from policy.errors import IntentError
+
+E = TypeVar("E", bound="_ParsedEnum")
+
+
+class _ParsedEnum(enum.Enum):
+    """An enum whose values are the lower-case words an operator writes."""
+
+    @classmethod
+    def allowed(cls) -> str:
+        return ", ".join(member.value for member in cls)
+
+    @classmethod
+    def parse(cls: type[E], value: object, field: str) -> E:
+        """Parse `value` case-insensitively; anything else names `field` and the allowed values."""
+        if isinstance(value, cls):
+            return value
+        # NOTE: YAML 1.1 reads a bare `on` / `off` as a boolean; accept that spelling for modes.
+        if isinstance(value, bool) and "on" in cls._value2member_map_:
+            value = "on" if value else "off"
+        if isinstance(value, str):
+            member = cls._value2member_map_.get(value.strip().lower())
+            if member is not None:
+                return member  # type: ignore[return-value]
+        raise IntentError(field, f"invalid value {value!r}; allowed values are {cls.allowed()}")
+
+
+class Mode(_ParsedEnum):
+    """Tri-state policy of a serving feature (see the contract in README)."""
+
+    AUTO = "auto"  # use it where supported, else fall back and record why
+    ON = "on"  # it must be realized or the worker is rejected
+    OFF = "off"  # never attempt it
+
+
+# The contract is one enum for every tri-state feature; the names say which feature is meant.
+PagedAttentionMode = Mode
+PrefixCachingMode = Mode
+
+
+class BackendIntent(_ParsedEnum):
+    """Which paged attention implementation the operator asks for."""
+
+    AUTO = "auto"  # the best that imports on the worker, and say which
+    FLASH = "flash"  # vllm-flash-attn; a start-up error where it does not import
+    TORCH = "torch"  # the torch gather/SDPA backend (any device)
+
+
+class KvCacheDtype(_ParsedEnum):
+    """Element type of the KV cache; `auto` stores it in the model's dtype."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"

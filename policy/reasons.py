@@ -1,0 +1,50 @@
+"""Reasons are values: a stable machine code plus a sentence for people.
+
+They travel in capability reports, decisions, realized reports, startup errors and `explain`.
+The code is what scripts match on; the sentence is what an operator reads.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ReasonCode(enum.Enum):
+    # Decisions at the device/build boundary.
+    ENABLED = "enabled"
+    MODE_OFF = "mode_off"
+    AUTO_NOT_ENABLED_ON_DEVICE = "auto_not_enabled_on_device"
+    DEVICE_MAP_MIXED = "device_map_mixed"
+    MODEL_HAS_NO_KV_CACHE = "model_has_no_kv_cache"
+    KV_CACHE_DISABLED = "kv_cache_disabled"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    BACKEND_FALLBACK = "backend_fallback"
+    KV_CACHE_DTYPE_UNSUPPORTED = "kv_cache_dtype_unsupported"
+    PAGED_CACHE_NOT_ENABLED = "paged_cache_not_enabled"
+    # Found while loading (reported by the worker).
+    KV_BUDGET_TOO_SMALL = "kv_budget_too_small"
+    LOAD_FAILED = "load_failed"
+    # Realized-state guard.
+    PAGED_REQUIRED_NOT_REALIZED = "paged_required_not_realized"
+    PAGED_REALIZED_WHILE_OFF = "paged_realized_while_off"
+    PREFIX_CACHING_NOT_REALIZED = "prefix_caching_not_realized"
+    PREFIX_CACHING_REALIZED_WHILE_OFF = "prefix_caching_realized_while_off"
+    BACKEND_MISMATCH = "backend_mismatch"
+    SCHEDULER_MISMATCH = "scheduler_mismatch"
+    FALLBACK_WITHOUT_REASON = "fallback_without_reason"
+    # Deployment readiness.
+    READY = "ready"
+    WORKER_PENDING = "worker_pending"
+    WORKER_NOT_SERVING = "worker_not_serving"
+    NOT_ENOUGH_REPLICAS = "not_enough_replicas"
+    POLICY_VIOLATION = "policy_violation"
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: ReasonCode
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"

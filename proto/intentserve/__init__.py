@@ -1,0 +1,1 @@
+"""Generated gRPC contract of intentserve (see proto/intentserve/v1/*.proto)."""

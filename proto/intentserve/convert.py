@@ -1,0 +1,244 @@
+"""The one place where policy values and protobuf messages meet (both directions).
+
+Worker and controller both speak the contract through these functions; the rest of the code
+handles plain `policy` dataclasses and never touches `*_pb2` for them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from intentserve.v1 import common_pb2 as pb
+from policy import (
+    DEFAULT_BLOCK_SIZE,
+    BackendChoice,
+    BackendIntent,
+    BackendKind,
+    BackendStatus,
+    CacheKind,
+    Capability,
+    Decision,
+    DeviceKind,
+    Feature,
+    KvCacheDtype,
+    Mode,
+    ModelFacts,
+    PagedAttentionConfig,
+    RealizedCache,
+    Reason,
+    ReasonCode,
+    Resolution,
+    SchedulerKind,
+    paged_attention_config,
+)
+
+
+def _enum_to_pb(value: enum.Enum, pb_enum) -> int:
+    """`Mode.AUTO` -> `MODE_AUTO`: the protobuf enum name is the prefix plus the member name."""
+    prefix = pb_enum.DESCRIPTOR.values[0].name.removesuffix("UNSPECIFIED")
+    return pb_enum.Value(prefix + value.name)
+
+
+def _enum_from_pb(number: int, pb_enum, py_enum: type[enum.Enum], field: str):
+    prefix = pb_enum.DESCRIPTOR.values[0].name.removesuffix("UNSPECIFIED")
+    name = pb_enum.Name(number)
+    if number == 0 or not name.startswith(prefix) or name[len(prefix) :] not in py_enum.__members__:
+        raise ValueError(f"{field}: {name} is not a valid value")
+    return py_enum[name[len(prefix) :]]
+
+
+def reason_to_pb(reason: Reason) -> pb.Reason:
+    return pb.Reason(code=reason.code.value, message=reason.message)
+
+
+def reason_from_pb(msg: pb.Reason) -> Reason:
+    try:
+        code = ReasonCode(msg.code)
+    except ValueError:
+        raise ValueError(f"reason.code: unknown reason code {msg.code!r}") from None
+    return Reason(code, msg.message)
+
+
+def policy_to_pb(config: PagedAttentionConfig | None) -> pb.PagedAttentionPolicy:
+    if config is None:
+        return pb.PagedAttentionPolicy(mode=pb.MODE_OFF, prefix_caching=pb.MODE_OFF)
+    return pb.PagedAttentionPolicy(
+        mode=_enum_to_pb(config.mode, pb.Mode),
+        block_size=config.block_size,
+        kv_cache_bytes=config.kv_cache_bytes or 0,
+        kv_cache_fraction=config.kv_cache_fraction or 0.0,
+        prefix_caching=_enum_to_pb(config.prefix_caching, pb.Mode),
+        backend=_enum_to_pb(config.backend, pb.BackendIntent),
+        kv_cache_dtype=config.kv_cache_dtype.value,
+    )
+
+
+def _optional_enum(number: int, pb_enum, py_enum: type[enum.Enum], field: str):
+    """Unset optional intents mean `auto`, so a hand-written request (grpcurl) stays short."""
+    return py_enum["AUTO"] if number == 0 else _enum_from_pb(number, pb_enum, py_enum, field)
+
+
+def policy_from_pb(msg: pb.PagedAttentionPolicy) -> PagedAttentionConfig | None:
+    mode = _enum_from_pb(msg.mode, pb.Mode, Mode, "policy.mode")
+    prefix = _optional_enum(msg.prefix_caching, pb.Mode, Mode, "policy.prefix_caching")
+    if mode is Mode.OFF:
+        return paged_attention_config(mode, prefix_caching=prefix)
+    return paged_attention_config(
+        mode,
+        block_size=msg.block_size or DEFAULT_BLOCK_SIZE,
+        kv_cache_bytes=msg.kv_cache_bytes or None,
+        kv_cache_fraction=msg.kv_cache_fraction or None,
+        prefix_caching=prefix,
+        backend=_optional_enum(msg.backend, pb.BackendIntent, BackendIntent, "policy.backend"),
+        kv_cache_dtype=msg.kv_cache_dtype or "auto",
+    )
+
+
+def capability_to_pb(cap: Capability) -> pb.Capability:
+    return pb.Capability(
+        device_kind=_enum_to_pb(cap.device_kind, pb.DeviceKind),
+        model=pb.ModelFacts(
+            architecture=cap.model.architecture,
+            has_kv_cache=cap.model.has_kv_cache,
+            head_dim=cap.model.head_dim,
+            num_layers=cap.model.num_layers,
+            num_kv_heads=cap.model.num_kv_heads,
+            max_model_len=cap.model.max_model_len,
+        ),
+        backends=[
+            pb.BackendStatus(
+                kind=_enum_to_pb(b.kind, pb.BackendKind),
+                available=b.available,
+                reason=b.reason,
+                kv_cache_dtypes=sorted(d.value for d in b.kv_cache_dtypes),
+            )
+            for b in cap.backends
+        ],
+        layer_devices=[_enum_to_pb(d, pb.DeviceKind) for d in cap.layer_devices],
+        total_memory_bytes=cap.total_memory_bytes,
+        free_memory_bytes=cap.free_memory_bytes,
+        torch_version=cap.torch_version,
+        cuda_version=cap.cuda_version,
+        no_kv_cache=cap.no_kv_cache,
+    )
+
+
+def capability_from_pb(msg: pb.Capability) -> Capability:
+    m = msg.model
+    return Capability(
+        device_kind=_enum_from_pb(msg.device_kind, pb.DeviceKind, DeviceKind, "device_kind"),
+        model=ModelFacts(
+            architecture=m.architecture,
+            has_kv_cache=m.has_kv_cache,
+            head_dim=m.head_dim,
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            max_model_len=m.max_model_len,
+        ),
+        backends=tuple(
+            BackendStatus(
+                kind=_enum_from_pb(b.kind, pb.BackendKind, BackendKind, "backends.kind"),
+                available=b.available,
+                reason=b.reason,
+                kv_cache_dtypes=frozenset(
+                    KvCacheDtype.parse(d, "backends.kv_cache_dtypes") for d in b.kv_cache_dtypes
+                ),
+            )
+            for b in msg.backends
+        ),
+        layer_devices=tuple(
+            _enum_from_pb(d, pb.DeviceKind, DeviceKind, "layer_devices") for d in msg.layer_devices
+        ),
+        total_memory_bytes=msg.total_memory_bytes,
+        free_memory_bytes=msg.free_memory_bytes,
+        torch_version=msg.torch_version,
+        cuda_version=msg.cuda_version,
+        no_kv_cache=msg.no_kv_cache,
+    )
+
+
+def decision_to_pb(decision: Decision) -> pb.Decision:
+    return pb.Decision(
+        feature=decision.feature.value,
+        mode=_enum_to_pb(decision.mode, pb.Mode),
+        enabled=decision.enabled,
+        required=decision.required,
+        reason=reason_to_pb(decision.reason),
+    )
+
+
+def decision_from_pb(msg: pb.Decision) -> Decision:
+    return Decision(
+        feature=Feature(msg.feature),
+        mode=_enum_from_pb(msg.mode, pb.Mode, Mode, "decision.mode"),
+        enabled=msg.enabled,
+        required=msg.required,
+        reason=reason_from_pb(msg.reason),
+    )
+
+
+def realized_to_pb(
+    realized: RealizedCache, dtype: str = "", max_model_len: int = 0
+) -> pb.RealizedState:
+    return pb.RealizedState(
+        cache_kind=_enum_to_pb(realized.kind, pb.CacheKind),
+        backend=_enum_to_pb(realized.backend, pb.BackendKind),
+        prefix_caching=realized.prefix_caching,
+        block_size=realized.block_size,
+        num_blocks=realized.num_blocks,
+        kv_cache_bytes=realized.kv_cache_bytes,
+        max_num_seqs=realized.max_num_seqs,
+        kv_cache_dtype=realized.kv_cache_dtype,
+        scheduler=_enum_to_pb(realized.scheduler, pb.SchedulerKind) if realized.scheduler else 0,
+        fallback_reasons=[reason_to_pb(r) for r in realized.fallback_reasons],
+        dtype=dtype,
+        max_model_len=max_model_len,
+    )
+
+
+def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
+    return RealizedCache(
+        kind=_enum_from_pb(msg.cache_kind, pb.CacheKind, CacheKind, "realized.cache_kind"),
+        backend=_enum_from_pb(msg.backend, pb.BackendKind, BackendKind, "realized.backend"),
+        prefix_caching=msg.prefix_caching,
+        block_size=msg.block_size,
+        num_blocks=msg.num_blocks,
+        kv_cache_bytes=msg.kv_cache_bytes,
+        max_num_seqs=msg.max_num_seqs,
+        kv_cache_dtype=msg.kv_cache_dtype,
+        scheduler=(
+            _enum_from_pb(msg.scheduler, pb.SchedulerKind, SchedulerKind, "realized.scheduler")
+            if msg.scheduler
+            else None
+        ),
+        fallback_reasons=tuple(reason_from_pb(r) for r in msg.fallback_reasons),
+    )
+
+
+def resolution_to_pb(
+    config: PagedAttentionConfig | None, resolution: Resolution
+) -> pb.ResolvedConfig:
+    return pb.ResolvedConfig(
+        policy=policy_to_pb(config),
+        decisions=[decision_to_pb(d) for d in resolution.decisions],
+        backend=_enum_to_pb(resolution.backend.kind, pb.BackendKind),
+        fallback_reasons=[reason_to_pb(r) for r in resolution.fallback_reasons],
+    )
+
+
+def resolution_from_pb(msg: pb.ResolvedConfig) -> tuple[PagedAttentionConfig | None, Resolution]:
+    """The worker's side: the policy it must keep and the decisions made for it."""
+    decisions = {d.feature: d for d in (decision_from_pb(m) for m in msg.decisions)}
+    missing = {Feature.PAGED_ATTENTION, Feature.PREFIX_CACHING} - decisions.keys()
+    if missing:
+        names = ", ".join(sorted(f.value for f in missing))
+        raise ValueError(f"resolved_config.decisions: missing {names}")
+    kind = _enum_from_pb(msg.backend, pb.BackendKind, BackendKind, "resolved_config.backend")
+    fallback = tuple(reason_from_pb(r) for r in msg.fallback_reasons)
+    backend_reason = next((r for r in fallback if r.code is ReasonCode.BACKEND_FALLBACK), None)
+    resolution = Resolution(
+        decisions[Feature.PAGED_ATTENTION],
+        decisions[Feature.PREFIX_CACHING],
+        BackendChoice(kind, backend_reason),
+    )
+    return policy_from_pb(msg.policy), resolution

@@ -1,0 +1,1 @@
+"""intentserve.v1: generated protobuf and gRPC modules; regenerate with `make proto`."""

@@ -1,0 +1,123 @@
+from intentserve.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_STATE_UNSPECIFIED: _ClassVar[WorkerState]
+    WORKER_STATE_LOADING: _ClassVar[WorkerState]
+    WORKER_STATE_READY: _ClassVar[WorkerState]
+    WORKER_STATE_REJECTED: _ClassVar[WorkerState]
+    WORKER_STATE_LOST: _ClassVar[WorkerState]
+    WORKER_STATE_DRAINING: _ClassVar[WorkerState]
+    WORKER_STATE_REGISTERED: _ClassVar[WorkerState]
+
+class DeploymentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEPLOYMENT_STATE_UNSPECIFIED: _ClassVar[DeploymentState]
+    DEPLOYMENT_STATE_PENDING: _ClassVar[DeploymentState]
+    DEPLOYMENT_STATE_READY: _ClassVar[DeploymentState]
+    DEPLOYMENT_STATE_FAILED: _ClassVar[DeploymentState]
+WORKER_STATE_UNSPECIFIED: WorkerState
+WORKER_STATE_LOADING: WorkerState
+WORKER_STATE_READY: WorkerState
+WORKER_STATE_REJECTED: WorkerState
+WORKER_STATE_LOST: WorkerState
+WORKER_STATE_DRAINING: WorkerState
+WORKER_STATE_REGISTERED: WorkerState
+DEPLOYMENT_STATE_UNSPECIFIED: DeploymentState
+DEPLOYMENT_STATE_PENDING: DeploymentState
+DEPLOYMENT_STATE_READY: DeploymentState
+DEPLOYMENT_STATE_FAILED: DeploymentState
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "address", "state", "device_kind", "decisions", "realized", "reasons", "num_outstanding", "num_kv_used", "num_kv_total", "last_heartbeat_age_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    REALIZED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_USED_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    state: WorkerState
+    device_kind: _common_pb2.DeviceKind
+    decisions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Decision]
+    realized: _common_pb2.RealizedState
+    reasons: _containers.RepeatedCompositeFieldContainer[_common_pb2.Reason]
+    num_outstanding: int
+    num_kv_used: int
+    num_kv_total: int
+    last_heartbeat_age_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., device_kind: _Optional[_Union[_common_pb2.DeviceKind, str]] = ..., decisions: _Optional[_Iterable[_Union[_common_pb2.Decision, _Mapping]]] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., num_outstanding: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("deployment", "state", "reason", "policy", "min_ready", "num_verified", "workers")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MIN_READY_FIELD_NUMBER: _ClassVar[int]
+    NUM_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    state: DeploymentState
+    reason: _common_pb2.Reason
+    policy: _common_pb2.PagedAttentionPolicy
+    min_ready: int
+    num_verified: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    def __init__(self, deployment: _Optional[str] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., policy: _Optional[_Union[_common_pb2.PagedAttentionPolicy, _Mapping]] = ..., min_ready: _Optional[int] = ..., num_verified: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("worker_id", "lines", "worker")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    worker: WorkerStatus
+    def __init__(self, worker_id: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., worker: _Optional[_Union[WorkerStatus, _Mapping]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("state", "num_outstanding")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    state: WorkerState
+    num_outstanding: int
+    def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., num_outstanding: _Optional[int] = ...) -> None: ...
+
+class ShutdownRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ShutdownResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,200 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_AUTO: _ClassVar[Mode]
+    MODE_ON: _ClassVar[Mode]
+    MODE_OFF: _ClassVar[Mode]
+
+class BackendIntent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKEND_INTENT_UNSPECIFIED: _ClassVar[BackendIntent]
+    BACKEND_INTENT_AUTO: _ClassVar[BackendIntent]
+    BACKEND_INTENT_FLASH: _ClassVar[BackendIntent]
+    BACKEND_INTENT_TORCH: _ClassVar[BackendIntent]
+
+class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEVICE_KIND_UNSPECIFIED: _ClassVar[DeviceKind]
+    DEVICE_KIND_CPU: _ClassVar[DeviceKind]
+    DEVICE_KIND_CUDA: _ClassVar[DeviceKind]
+
+class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKEND_KIND_UNSPECIFIED: _ClassVar[BackendKind]
+    BACKEND_KIND_FLASH_PAGED: _ClassVar[BackendKind]
+    BACKEND_KIND_TORCH_PAGED: _ClassVar[BackendKind]
+    BACKEND_KIND_CONTIGUOUS: _ClassVar[BackendKind]
+
+class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_KIND_UNSPECIFIED: _ClassVar[CacheKind]
+    CACHE_KIND_PAGED: _ClassVar[CacheKind]
+    CACHE_KIND_CONTIGUOUS: _ClassVar[CacheKind]
+    CACHE_KIND_NONE: _ClassVar[CacheKind]
+
+class SchedulerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULER_KIND_UNSPECIFIED: _ClassVar[SchedulerKind]
+    SCHEDULER_KIND_PAGED: _ClassVar[SchedulerKind]
+    SCHEDULER_KIND_DEFAULT: _ClassVar[SchedulerKind]
+MODE_UNSPECIFIED: Mode
+MODE_AUTO: Mode
+MODE_ON: Mode
+MODE_OFF: Mode
+BACKEND_INTENT_UNSPECIFIED: BackendIntent
+BACKEND_INTENT_AUTO: BackendIntent
+BACKEND_INTENT_FLASH: BackendIntent
+BACKEND_INTENT_TORCH: BackendIntent
+DEVICE_KIND_UNSPECIFIED: DeviceKind
+DEVICE_KIND_CPU: DeviceKind
+DEVICE_KIND_CUDA: DeviceKind
+BACKEND_KIND_UNSPECIFIED: BackendKind
+BACKEND_KIND_FLASH_PAGED: BackendKind
+BACKEND_KIND_TORCH_PAGED: BackendKind
+BACKEND_KIND_CONTIGUOUS: BackendKind
+CACHE_KIND_UNSPECIFIED: CacheKind
+CACHE_KIND_PAGED: CacheKind
+CACHE_KIND_CONTIGUOUS: CacheKind
+CACHE_KIND_NONE: CacheKind
+SCHEDULER_KIND_UNSPECIFIED: SchedulerKind
+SCHEDULER_KIND_PAGED: SchedulerKind
+SCHEDULER_KIND_DEFAULT: SchedulerKind
+
+class Reason(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PagedAttentionPolicy(_message.Message):
+    __slots__ = ("mode", "block_size", "kv_cache_bytes", "kv_cache_fraction", "prefix_caching", "backend", "kv_cache_dtype")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    mode: Mode
+    block_size: int
+    kv_cache_bytes: int
+    kv_cache_fraction: float
+    prefix_caching: Mode
+    backend: BackendIntent
+    kv_cache_dtype: str
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., block_size: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., kv_cache_fraction: _Optional[float] = ..., prefix_caching: _Optional[_Union[Mode, str]] = ..., backend: _Optional[_Union[BackendIntent, str]] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+
+class BackendStatus(_message.Message):
+    __slots__ = ("kind", "available", "reason", "kv_cache_dtypes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPES_FIELD_NUMBER: _ClassVar[int]
+    kind: BackendKind
+    available: bool
+    reason: str
+    kv_cache_dtypes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[BackendKind, str]] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ..., kv_cache_dtypes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelFacts(_message.Message):
+    __slots__ = ("architecture", "has_kv_cache", "head_dim", "num_layers", "num_kv_heads", "max_model_len")
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    HAS_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    architecture: str
+    has_kv_cache: bool
+    head_dim: int
+    num_layers: int
+    num_kv_heads: int
+    max_model_len: int
+    def __init__(self, architecture: _Optional[str] = ..., has_kv_cache: _Optional[bool] = ..., head_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class Capability(_message.Message):
+    __slots__ = ("device_kind", "model", "backends", "layer_devices", "total_memory_bytes", "free_memory_bytes", "torch_version", "cuda_version", "no_kv_cache")
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NO_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    device_kind: DeviceKind
+    model: ModelFacts
+    backends: _containers.RepeatedCompositeFieldContainer[BackendStatus]
+    layer_devices: _containers.RepeatedScalarFieldContainer[DeviceKind]
+    total_memory_bytes: int
+    free_memory_bytes: int
+    torch_version: str
+    cuda_version: str
+    no_kv_cache: bool
+    def __init__(self, device_kind: _Optional[_Union[DeviceKind, str]] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., layer_devices: _Optional[_Iterable[_Union[DeviceKind, str]]] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., torch_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., no_kv_cache: _Optional[bool] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("feature", "mode", "enabled", "required", "reason")
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    feature: str
+    mode: Mode
+    enabled: bool
+    required: bool
+    reason: Reason
+    def __init__(self, feature: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., enabled: _Optional[bool] = ..., required: _Optional[bool] = ..., reason: _Optional[_Union[Reason, _Mapping]] = ...) -> None: ...
+
+class ResolvedConfig(_message.Message):
+    __slots__ = ("policy", "decisions", "backend", "fallback_reasons")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASONS_FIELD_NUMBER: _ClassVar[int]
+    policy: PagedAttentionPolicy
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    backend: BackendKind
+    fallback_reasons: _containers.RepeatedCompositeFieldContainer[Reason]
+    def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ...) -> None: ...
+
+class RealizedState(_message.Message):
+    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len")
+    CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASONS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    cache_kind: CacheKind
+    backend: BackendKind
+    prefix_caching: bool
+    block_size: int
+    num_blocks: int
+    kv_cache_bytes: int
+    max_num_seqs: int
+    kv_cache_dtype: str
+    scheduler: SchedulerKind
+    fallback_reasons: _containers.RepeatedCompositeFieldContainer[Reason]
+    dtype: str
+    max_model_len: int
+    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...

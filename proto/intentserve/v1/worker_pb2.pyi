@@ -1,0 +1,91 @@
+from intentserve.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HeartbeatAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEARTBEAT_ACTION_UNSPECIFIED: _ClassVar[HeartbeatAction]
+    HEARTBEAT_ACTION_CONTINUE: _ClassVar[HeartbeatAction]
+    HEARTBEAT_ACTION_REGISTER: _ClassVar[HeartbeatAction]
+    HEARTBEAT_ACTION_DRAIN: _ClassVar[HeartbeatAction]
+HEARTBEAT_ACTION_UNSPECIFIED: HeartbeatAction
+HEARTBEAT_ACTION_CONTINUE: HeartbeatAction
+HEARTBEAT_ACTION_REGISTER: HeartbeatAction
+HEARTBEAT_ACTION_DRAIN: HeartbeatAction
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("worker_id", "address", "capability")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    capability: _common_pb2.Capability
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("config", "heartbeat_interval_s")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    config: _common_pb2.ResolvedConfig
+    heartbeat_interval_s: float
+    def __init__(self, config: _Optional[_Union[_common_pb2.ResolvedConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class RealizedReport(_message.Message):
+    __slots__ = ("worker_id", "realized", "load_error")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REALIZED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    realized: _common_pb2.RealizedState
+    load_error: _common_pb2.Reason
+    def __init__(self, worker_id: _Optional[str] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., load_error: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ...) -> None: ...
+
+class Verification(_message.Message):
+    __slots__ = ("verified", "reason")
+    VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    verified: bool
+    reason: _common_pb2.Reason
+    def __init__(self, verified: _Optional[bool] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_USED_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    num_running: int
+    num_waiting: int
+    num_kv_used: int
+    num_kv_total: int
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("action",)
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    action: HeartbeatAction
+    def __init__(self, action: _Optional[_Union[HeartbeatAction, str]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("worker_id", "capability", "realized", "model")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    REALIZED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    capability: _common_pb2.Capability
+    realized: _common_pb2.RealizedState
+    model: str
+    def __init__(self, worker_id: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...

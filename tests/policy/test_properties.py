@@ -1,0 +1,101 @@
+"""Properties over every mode and every capability a worker could report."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policy import (
+    BackendKind,
+    BackendStatus,
+    CacheKind,
+    Capability,
+    DeviceKind,
+    KvCacheDtype,
+    Mode,
+    ModelFacts,
+    PagedAttentionRequiredError,
+    RealizedCache,
+    SchedulerKind,
+    disable_paged_attention,
+    paged_attention_config,
+    resolve,
+    verify_report,
+)
+
+devices = st.sampled_from(list(DeviceKind))
+dtypes = st.frozensets(st.sampled_from(list(KvCacheDtype)))
+backend_status = st.builds(
+    BackendStatus,
+    kind=st.sampled_from(list(BackendKind)),
+    available=st.booleans(),
+    reason=st.just("probe said no"),
+    kv_cache_dtypes=dtypes,
+)
+capabilities = st.builds(
+    Capability,
+    device_kind=devices,
+    model=st.builds(ModelFacts, architecture=st.just("m"), has_kv_cache=st.booleans()),
+    backends=st.lists(backend_status, max_size=4).map(tuple),
+    layer_devices=st.lists(devices, max_size=4).map(tuple),
+    no_kv_cache=st.booleans(),
+)
+configs = st.builds(
+    paged_attention_config,
+    st.sampled_from(list(Mode)),
+    prefix_caching=st.sampled_from([Mode.AUTO, Mode.OFF]),
+    backend=st.sampled_from(["auto", "flash", "torch"]),
+    kv_cache_dtype=st.sampled_from(list(KvCacheDtype)),
+)
+auto_devices = st.frozensets(devices)
+
+
+@given(configs, capabilities, auto_devices)
+def test_on_never_disabled_and_accepted_off_never_enabled_and_accepted(config, cap, autos):
+    resolution = resolve(config, cap, autos)
+    paged = resolution.paged_attention
+    if paged.mode is Mode.ON:
+        assert paged.enabled or not resolution.accepted
+    if paged.mode is Mode.OFF:
+        assert not paged.enabled
+        assert resolution.backend.kind is BackendKind.CONTIGUOUS
+    if resolution.accepted and paged.enabled:
+        assert resolution.backend.kind.is_paged
+        assert cap.backend(resolution.backend.kind).available
+
+
+@given(configs, capabilities, auto_devices)
+def test_a_worker_that_follows_its_resolution_is_verified(config, cap, autos):
+    resolution = resolve(config, cap, autos)
+    if not resolution.accepted:
+        return
+    if resolution.paged_attention.enabled:
+        realized = RealizedCache(
+            kind=CacheKind.PAGED,
+            backend=resolution.backend.kind,
+            prefix_caching=resolution.prefix_caching.enabled,
+            scheduler=SchedulerKind.PAGED,
+        )
+    else:
+        reasons = resolution.fallback_reasons
+        for reason in reasons:  # the loader path: every fallback goes through the helper
+            assert disable_paged_attention(config, reason) is None
+        realized = RealizedCache(
+            kind=CacheKind.CONTIGUOUS, scheduler=SchedulerKind.DEFAULT, fallback_reasons=reasons
+        )
+    assert verify_report(config, realized) is None
+
+
+@given(configs, st.booleans(), capabilities)
+def test_the_opposite_of_the_policy_is_never_verified(config, realized_paged, cap):
+    realized = RealizedCache(
+        kind=CacheKind.PAGED if realized_paged else CacheKind.CONTIGUOUS,
+        scheduler=SchedulerKind.PAGED if realized_paged else SchedulerKind.DEFAULT,
+        backend=BackendKind.TORCH_PAGED if realized_paged else BackendKind.CONTIGUOUS,
+    )
+    required = config is not None and config.required
+    if (required and not realized_paged) or (config is None and realized_paged):
+        assert verify_report(config, realized) is not None
+    if required:
+        # Whatever reason a loader finds, a required config is never silently dropped.
+        with pytest.raises(PagedAttentionRequiredError):
+            disable_paged_attention(config, resolve(config, cap).paged_attention.reason)

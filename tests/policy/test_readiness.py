@@ -1,0 +1,88 @@
+import pytest
+
+from policy import (
+    BackendKind,
+    CacheKind,
+    RealizedCache,
+    Reason,
+    ReasonCode,
+    SchedulerKind,
+    WorkerReport,
+    paged_attention_config,
+    readiness,
+)
+
+GOOD = RealizedCache(
+    kind=CacheKind.PAGED,
+    backend=BackendKind.TORCH_PAGED,
+    block_size=16,
+    num_blocks=64,
+    scheduler=SchedulerKind.PAGED,
+)
+FALLBACK = RealizedCache(
+    kind=CacheKind.CONTIGUOUS,
+    scheduler=SchedulerKind.DEFAULT,
+    fallback_reasons=(Reason(ReasonCode.AUTO_NOT_ENABLED_ON_DEVICE, "cpu"),),
+)
+REJECTED = Reason(ReasonCode.MODEL_HAS_NO_KV_CACHE, "the model (BertModel) has no KV cache")
+
+
+def verdict(mode, reports, min_ready=2):
+    return readiness(paged_attention_config(mode), reports, min_ready)
+
+
+def test_ready_when_enough_replicas_conform():
+    v = verdict("on", [WorkerReport("w0", GOOD), WorkerReport("w1", GOOD)])
+    assert v.ready and not v.failed
+    assert v.num_verified == 2 and v.reason.code is ReasonCode.READY
+    assert v.worker_reasons == ()
+
+
+def test_one_disagreeing_worker_among_several_blocks_readiness():
+    reports = [WorkerReport(f"w{i}", GOOD) for i in range(3)] + [WorkerReport("w3", FALLBACK)]
+    v = verdict("on", reports)
+    assert not v.ready and v.failed
+    assert v.num_verified == 3  # enough replicas, still not ready
+    assert v.reason.code is ReasonCode.POLICY_VIOLATION
+    assert v.reason.message.startswith("worker w3: paged_attention: on requires a paged KV cache")
+    assert [w for w, _ in v.worker_reasons] == ["w3"]
+
+
+def test_a_rejected_worker_fails_the_deployment_with_its_reason():
+    v = verdict("on", [WorkerReport("w0", GOOD), WorkerReport("w1", rejection=REJECTED)], 1)
+    assert not v.ready and v.failed
+    assert dict(v.worker_reasons)["w1"] is REJECTED
+
+
+def test_off_violation_is_treated_like_on_failing():
+    v = verdict("off", [WorkerReport("w0", GOOD)], 1)
+    assert v.failed and not v.ready
+    assert dict(v.worker_reasons)["w0"].code is ReasonCode.PAGED_REALIZED_WHILE_OFF
+
+
+def test_auto_fallback_is_ready():
+    assert verdict("auto", [WorkerReport("w0", FALLBACK), WorkerReport("w1", GOOD)]).ready
+
+
+@pytest.mark.parametrize(
+    ("reports", "code"),
+    [
+        ([WorkerReport("w0", GOOD), WorkerReport("w1")], ReasonCode.WORKER_PENDING),
+        (
+            [WorkerReport("w0", GOOD), WorkerReport("w1", GOOD, serving=False)],
+            ReasonCode.WORKER_NOT_SERVING,
+        ),
+        ([WorkerReport("w0", GOOD)], None),
+    ],
+)
+def test_not_enough_verified_replicas(reports, code):
+    v = verdict("on", reports)
+    assert not v.ready and not v.failed
+    assert v.reason.code is ReasonCode.NOT_ENOUGH_REPLICAS
+    assert v.reason.message == "1 of 2 required replicas verified"
+    assert [r.code for _, r in v.worker_reasons] == ([code] if code else [])
+
+
+def test_min_ready_must_be_positive():
+    with pytest.raises(ValueError, match="min_ready must be at least 1"):
+        verdict("on", [], 0)

@@ -1,0 +1,98 @@
+"""policy values survive the trip through protobuf unchanged, and bad messages name the field."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from intentserve import convert
+from intentserve.v1 import common_pb2 as pb
+
+from policy import (
+    BackendKind,
+    CacheKind,
+    Mode,
+    RealizedCache,
+    Reason,
+    ReasonCode,
+    SchedulerKind,
+    paged_attention_config,
+    resolve,
+)
+from tests.policy.test_properties import capabilities, configs
+
+reasons = st.builds(Reason, st.sampled_from(list(ReasonCode)), st.text(max_size=20))
+realized = st.builds(
+    RealizedCache,
+    kind=st.sampled_from(list(CacheKind)),
+    backend=st.sampled_from(list(BackendKind)),
+    prefix_caching=st.booleans(),
+    block_size=st.integers(0, 1024),
+    num_blocks=st.integers(0, 1 << 20),
+    kv_cache_bytes=st.integers(0, 1 << 40),
+    max_num_seqs=st.integers(0, 4096),
+    kv_cache_dtype=st.sampled_from(["", "float32", "bfloat16"]),
+    scheduler=st.sampled_from([None, *SchedulerKind]),
+    fallback_reasons=st.lists(reasons, max_size=3).map(tuple),
+)
+
+
+@given(configs)
+def test_policy_round_trip(config):
+    assert convert.policy_from_pb(convert.policy_to_pb(config)) == config
+
+
+def test_policy_round_trip_with_budgets():
+    config = paged_attention_config("on", block_size=32, kv_cache_fraction=0.25)
+    assert convert.policy_from_pb(convert.policy_to_pb(config)) == config
+
+
+@given(capabilities)
+def test_capability_round_trip(cap):
+    assert convert.capability_from_pb(convert.capability_to_pb(cap)) == cap
+
+
+@given(realized)
+def test_realized_round_trip(state):
+    assert convert.realized_from_pb(convert.realized_to_pb(state)) == state
+
+
+@given(configs, capabilities)
+def test_resolution_round_trip(config, cap):
+    resolution = resolve(config, cap)
+    got_config, got = convert.resolution_from_pb(convert.resolution_to_pb(config, resolution))
+    assert got_config == config
+    assert got.decisions == resolution.decisions
+    assert got.backend.kind is resolution.backend.kind
+    assert got.fallback_reasons == resolution.fallback_reasons
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        (pb.PagedAttentionPolicy(), "policy.mode: MODE_UNSPECIFIED is not a valid value"),
+        (
+            pb.PagedAttentionPolicy(mode=pb.MODE_ON, block_size=5000),
+            "block_size: must be between 1 and 1024",
+        ),
+    ],
+)
+def test_bad_policy_message_names_the_field(message, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        convert.policy_from_pb(message)
+
+
+def test_unknown_reason_code_is_refused():
+    with pytest.raises(ValueError, match="reason.code: unknown reason code 'bogus'"):
+        convert.reason_from_pb(pb.Reason(code="bogus", message="?"))
+
+
+def test_unset_optional_fields_mean_the_defaults():
+    assert convert.policy_from_pb(pb.PagedAttentionPolicy(mode=pb.MODE_ON)) == (
+        paged_attention_config("on")
+    )
+
+
+def test_off_travels_as_mode_off():
+    msg = convert.policy_to_pb(None)
+    assert msg.mode == pb.MODE_OFF
+    assert convert.policy_from_pb(msg) is None
+    assert Mode.OFF.value == "off"
