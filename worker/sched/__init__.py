@@ -1,0 +1,4 @@
+"""Schedulers: which sequences advance, by how many tokens, in each engine step.
+
+Pure Python: nothing here imports torch or knows the model.
+"""
