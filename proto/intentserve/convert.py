@@ -94,6 +94,10 @@ def policy_from_pb(msg: pb.PagedAttentionPolicy) -> PagedAttentionConfig | None:
     )
 
 
+def device_kind_to_pb(kind: DeviceKind) -> int:
+    return _enum_to_pb(kind, pb.DeviceKind)
+
+
 def capability_to_pb(cap: Capability) -> pb.Capability:
     return pb.Capability(
         device_kind=_enum_to_pb(cap.device_kind, pb.DeviceKind),

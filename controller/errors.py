@@ -1,0 +1,64 @@
+"""Errors the controller raises; `controller.interceptor` maps each kind to a gRPC status code.
+
+Messages are written for the operator or client who reads the status detail.
+"""
+
+from __future__ import annotations
+
+from policy import PolicyError, Reason
+
+
+class WorkerRejected(PolicyError):
+    """A worker cannot honour a required policy (FAILED_PRECONDITION "<code>: <sentence>")."""
+
+    def __init__(self, worker_id: str, reason: Reason) -> None:
+        super().__init__(str(reason))
+        self.worker_id = worker_id
+        self.reason = reason
+
+
+class WrongState(Exception):
+    """The call does not fit the worker's state, e.g. a realized report from a lost worker."""
+
+
+class UnknownWorker(KeyError):
+    """No worker with this id has registered."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(worker_id)
+        self.worker_id = worker_id
+
+    def __str__(self) -> str:
+        return f"unknown worker {self.worker_id!r}"
+
+
+class InvalidRequest(ValueError):
+    """An inference request with a field out of range; the message names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class NotReady(Exception):
+    """No inference is routed: the deployment is not ready (the verdict's reason says why)."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(f"deployment is not ready: {reason}")
+        self.reason = reason
+
+
+class WorkerUnavailable(Exception):
+    """The worker serving a stream went away (lost, stopped, unreachable)."""
+
+
+class Overloaded(Exception):
+    """Every READY worker's queue is full."""
+
+
+class UpstreamError(Exception):
+    """A worker ended a stream with an error status; it passes through with the same code."""
+
+    def __init__(self, code, message: str) -> None:  # code: grpc.StatusCode
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,151 @@
+"""The control loop: observed state is reconciled toward the desired state, every tick.
+
+`reconcile()` is idempotent. Each phase is wrapped so that one failure is logged and counted and
+never stops the loop. A change in the registry wakes the loop at once, so health follows a
+worker's report without waiting for the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from grpc_health.v1 import health, health_pb2
+
+from controller.deployment import Deployment, deployment_state
+from controller.router import Router
+from controller.state import DeploymentState
+from policy import Verdict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopMetrics:
+    num_ticks: int = 0
+    last_tick_s: float = 0.0
+    max_tick_s: float = 0.0
+    total_tick_s: float = 0.0
+    num_failures: dict[str, int] = field(default_factory=dict)  # per phase
+
+
+class Reconciler:
+    def __init__(
+        self,
+        deployment: Deployment,
+        router: Router,
+        health_servicer: health.HealthServicer,
+        *,
+        interval_s: float,
+        heartbeat_timeout_s: float,
+    ) -> None:
+        self._deployment = deployment
+        self._router = router
+        self._health = health_servicer
+        self._interval_s = interval_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._changed = threading.Condition()
+        self._verdict: Verdict = deployment.verdict()
+        self._metrics = LoopMetrics()
+        self._phases: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("mark_lost", self._mark_lost),
+            ("publish_verdict", self._publish_verdict),
+            ("prune_channels", self._prune_channels),
+        )
+        self._health_status: int | None = None
+        self._publish_health(self._verdict)
+
+    @property
+    def verdict(self) -> Verdict:
+        with self._changed:
+            return self._verdict
+
+    @property
+    def metrics(self) -> LoopMetrics:
+        with self._changed:
+            return self._metrics
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def reconcile(self) -> Verdict:
+        """One pass over every phase; safe to call any number of times."""
+        started = time.perf_counter()
+        failures = dict(self.metrics.num_failures)
+        for name, phase in self._phases:
+            try:
+                phase()
+            except Exception:
+                log.exception("reconcile phase %s failed; the loop goes on", name)
+                failures[name] = failures.get(name, 0) + 1
+        elapsed_s = time.perf_counter() - started
+        with self._changed:
+            m = self._metrics
+            self._metrics = LoopMetrics(
+                m.num_ticks + 1,
+                elapsed_s,
+                max(m.max_tick_s, elapsed_s),
+                m.total_tick_s + elapsed_s,
+                failures,
+            )
+            return self._verdict
+
+    def wait_until(self, settled: Callable[[Verdict], bool], timeout_s: float | None) -> Verdict:
+        """Block until the published verdict satisfies `settled` or the timeout passes."""
+        with self._changed:
+            self._changed.wait_for(lambda: settled(self._verdict), timeout_s)
+            return self._verdict
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="reconcile", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            self.reconcile()
+            self._wake.wait(self._interval_s)
+
+    def _mark_lost(self) -> None:
+        for record in self._deployment.mark_lost(self._heartbeat_timeout_s):
+            num_streams = self._router.abort_streams(record.worker_id, record.problem)
+            log.warning(
+                "worker %s %s; ended %d streams", record.worker_id, record.problem, num_streams
+            )
+
+    def _publish_verdict(self) -> None:
+        verdict = self._deployment.verdict()
+        with self._changed:
+            previous, self._verdict = self._verdict, verdict
+            self._changed.notify_all()
+        if verdict != previous:
+            log.info("deployment %s: %s", deployment_state(verdict).name, verdict.reason)
+        self._publish_health(verdict)
+
+    def _publish_health(self, verdict: Verdict) -> None:
+        serving = deployment_state(verdict) is DeploymentState.READY
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        if status == self._health_status:
+            return
+        for service in ("", self._deployment.desired.deployment):
+            self._health.set(service, status)
+        self._health_status = status
+
+    def _prune_channels(self) -> None:
+        self._router.prune_channels({r.address for r in self._deployment.workers()})

@@ -1,0 +1,207 @@
+"""Observed state: one record per worker and the transitions between its states.
+
+Records are frozen values replaced under one lock, so a snapshot handed out can never change
+under its reader. The registry stores what was decided; `controller.deployment` decides it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from controller.errors import UnknownWorker, WrongState
+from controller.state import HeartbeatAction, WorkerState
+from policy import Capability, RealizedCache, Reason, ReasonCode, Resolution
+
+# NOTE: a worker in any of these states has a live process behind it that must heartbeat.
+_MONITORED = frozenset(
+    {WorkerState.REGISTERED, WorkerState.LOADING, WorkerState.READY, WorkerState.DRAINING}
+)
+# States in which a realized report is verified (a READY worker may report again: drift).
+_VERIFIABLE = frozenset({WorkerState.LOADING, WorkerState.READY, WorkerState.DRAINING})
+_RESOLVABLE = frozenset({WorkerState.REGISTERED})
+_DRAINABLE = frozenset({WorkerState.REGISTERED, WorkerState.LOADING, WorkerState.READY})
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """Load of one worker, from its last heartbeat."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_kv_used: int = 0
+    num_kv_total: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    worker_id: str
+    address: str  # host:port of its Inference server
+    state: WorkerState
+    capability: Capability
+    last_seen_s: float  # clock time of the last register, report or heartbeat
+    resolution: Resolution | None = None  # None until resolved
+    realized: RealizedCache | None = None  # None until it reports
+    problem: Reason | None = None  # why it is REJECTED or LOST
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+    num_outstanding: int = 0  # requests in flight through the controller
+    num_registrations: int = 1  # a restarted worker registers again with the same id
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        """Why it is not serving, then every fallback it took (no duplicates)."""
+        status = {
+            WorkerState.REGISTERED: Reason(ReasonCode.WORKER_PENDING, "registered, not resolved"),
+            WorkerState.LOADING: Reason(
+                ReasonCode.WORKER_PENDING, "loading; has not reported a realized cache yet"
+            ),
+            WorkerState.DRAINING: Reason(
+                ReasonCode.WORKER_NOT_SERVING, "draining: receives no new requests"
+            ),
+        }.get(self.state, self.problem)
+        fallbacks = (self.resolution.fallback_reasons if self.resolution else ()) + (
+            self.realized.fallback_reasons if self.realized else ()
+        )
+        ordered = ((status,) if status is not None else ()) + fallbacks
+        return tuple(dict.fromkeys(ordered))
+
+
+class Registry:
+    """Thread-safe store of worker records; `on_change` runs after every state transition."""
+
+    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, WorkerRecord] = {}
+        self._on_change = on_change
+
+    def snapshot(self) -> tuple[WorkerRecord, ...]:
+        with self._lock:
+            return tuple(self._records[k] for k in sorted(self._records))
+
+    def get(self, worker_id: str) -> WorkerRecord:
+        with self._lock:
+            return self._get(worker_id)
+
+    def register(
+        self, worker_id: str, address: str, capability: Capability, now_s: float
+    ) -> WorkerRecord:
+        """A fresh record in REGISTERED; a known worker starts again from scratch."""
+        with self._lock:
+            old = self._records.get(worker_id)
+            record = WorkerRecord(
+                worker_id,
+                address,
+                WorkerState.REGISTERED,
+                capability,
+                now_s,
+                num_outstanding=old.num_outstanding if old else 0,
+                num_registrations=old.num_registrations + 1 if old else 1,
+            )
+            self._records[worker_id] = record
+        self._on_change()
+        return record
+
+    def resolve(self, worker_id: str, resolution: Resolution) -> WorkerRecord:
+        """REGISTERED -> LOADING, or REJECTED with the resolution's reason."""
+        rejection = resolution.rejection
+        state = WorkerState.LOADING if rejection is None else WorkerState.REJECTED
+        return self._transition(
+            worker_id, _RESOLVABLE, state, resolution=resolution, problem=rejection
+        )
+
+    def realized(
+        self, worker_id: str, realized: RealizedCache | None, problem: Reason | None, now_s: float
+    ) -> WorkerRecord:
+        """A verified report: READY (a DRAINING worker stays DRAINING); a problem: REJECTED."""
+        with self._lock:
+            old = self._get(worker_id)
+            if old.state not in _VERIFIABLE:
+                raise WrongState(_state_error(old, "report a realized state"))
+            if problem is not None:
+                state = WorkerState.REJECTED
+            elif old.state is WorkerState.DRAINING:
+                state = WorkerState.DRAINING
+            else:
+                state = WorkerState.READY
+            record = replace(
+                old, state=state, realized=realized, problem=problem, last_seen_s=now_s
+            )
+            self._records[worker_id] = record
+        self._on_change()
+        return record
+
+    def heartbeat(self, worker_id: str, load: WorkerLoad, now_s: float) -> HeartbeatAction:
+        with self._lock:
+            old = self._records.get(worker_id)
+            if old is None or old.state is WorkerState.LOST:
+                return HeartbeatAction.REGISTER
+            self._records[worker_id] = replace(old, load=load, last_seen_s=now_s)
+        if old.state is WorkerState.DRAINING:
+            return HeartbeatAction.DRAIN
+        return HeartbeatAction.CONTINUE
+
+    def drain(self, worker_id: str) -> WorkerRecord:
+        """Stop routing to a worker; a rejected or lost one receives nothing already."""
+        try:
+            return self._transition(worker_id, _DRAINABLE, WorkerState.DRAINING)
+        except WrongState:
+            return self.get(worker_id)
+
+    def mark_lost(self, now_s: float, timeout_s: float) -> tuple[WorkerRecord, ...]:
+        """Every monitored worker silent for longer than `timeout_s` becomes LOST."""
+        lost = []
+        with self._lock:
+            for worker_id, old in self._records.items():
+                silent_s = now_s - old.last_seen_s
+                if old.state in _MONITORED and silent_s > timeout_s:
+                    problem = Reason(
+                        ReasonCode.WORKER_NOT_SERVING,
+                        f"lost: no heartbeat for {silent_s:.1f} s (timeout {timeout_s:g} s)",
+                    )
+                    self._records[worker_id] = replace(old, state=WorkerState.LOST, problem=problem)
+                    lost.append(self._records[worker_id])
+        if lost:
+            self._on_change()
+        return tuple(lost)
+
+    def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
+        """Count one more request on a READY worker below its limit; False otherwise."""
+        with self._lock:
+            old = self._records.get(worker_id)
+            if old is None or old.state is not WorkerState.READY:
+                return False
+            if old.num_outstanding >= max_outstanding:
+                return False
+            self._records[worker_id] = replace(old, num_outstanding=old.num_outstanding + 1)
+            return True
+
+    def release(self, worker_id: str) -> None:
+        with self._lock:
+            old = self._records.get(worker_id)
+            if old is not None:
+                count = max(old.num_outstanding - 1, 0)
+                self._records[worker_id] = replace(old, num_outstanding=count)
+
+    def _get(self, worker_id: str) -> WorkerRecord:
+        try:
+            return self._records[worker_id]
+        except KeyError:
+            raise UnknownWorker(worker_id) from None
+
+    def _transition(
+        self, worker_id: str, allowed: frozenset[WorkerState], to: WorkerState, **changes
+    ) -> WorkerRecord:
+        with self._lock:
+            old = self._get(worker_id)
+            if old.state not in allowed:
+                raise WrongState(_state_error(old, f"become {to.value}"))
+            record = replace(old, state=to, **changes)
+            self._records[worker_id] = record
+        self._on_change()
+        return record
+
+
+def _state_error(record: WorkerRecord, action: str) -> str:
+    hint = " (register again)" if record.state is WorkerState.LOST else ""
+    return f"worker {record.worker_id!r} is {record.state.value} and cannot {action}{hint}"

@@ -1,0 +1,225 @@
+"""Inference routing: validate, pick the READY worker with the fewest outstanding requests, and
+forward `Generate` with the client's remaining deadline and cancellation.
+
+The router is a proxy: the request and response messages pass through unchanged (save the ids
+it fills in), so it handles `inference_pb2` messages directly and nothing else does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+
+import grpc
+from intentserve.v1 import inference_pb2, inference_pb2_grpc
+
+from controller.deployment import Deployment
+from controller.errors import (
+    InvalidRequest,
+    NotReady,
+    Overloaded,
+    UpstreamError,
+    WorkerUnavailable,
+)
+from controller.registry import WorkerRecord
+from controller.state import WorkerState
+from policy import Reason, ReasonCode
+
+# NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
+_NO_DEADLINE_S = 1e9
+_NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
+
+
+def validate(request: inference_pb2.GenerateRequest) -> None:
+    """Refuse a request whose fields are out of range, naming the field (before any routing)."""
+    if not request.prompt and not request.prompt_token_ids:
+        raise InvalidRequest("prompt", "must not be empty (or give prompt_token_ids)")
+    if request.stop.max_tokens == 0:
+        raise InvalidRequest("stop.max_tokens", "must be greater than 0")
+    temperature = request.sampling.temperature
+    if math.isnan(temperature) or temperature < 0:
+        raise InvalidRequest("sampling.temperature", f"must be >= 0, got {temperature:g}")
+    top_p = request.sampling.top_p
+    if math.isnan(top_p) or not 0.0 <= top_p <= 1.0:
+        raise InvalidRequest("sampling.top_p", f"must be in (0, 1] (0 means unset), got {top_p:g}")
+
+
+class _TryAnother(Exception):
+    """The chosen worker refused before streaming anything (queue full, unreachable)."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__(str(failure))
+        self.failure = failure  # what the client gets when no other worker is left
+
+
+class _Stream:
+    """One forwarded call, so that a lost worker's streams can be ended from the outside."""
+
+    def __init__(self) -> None:
+        self.call: grpc.Call | None = None
+        self.abort_reason: Reason | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        max_outstanding_per_worker: int,
+        max_outstanding_total: int,
+        channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+    ) -> None:
+        self._deployment = deployment
+        self._max_per_worker = max_outstanding_per_worker
+        self._max_total = max_outstanding_total
+        self._channel_factory = channel_factory
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._streams: dict[str, set[_Stream]] = {}
+        self._num_active = 0
+        self._turn = itertools.count()  # breaks ties between equally loaded workers
+
+    def generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[inference_pb2.GenerateResponse]:
+        validate(request)
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
+        verdict = self._deployment.verdict()
+        if not verdict.ready:
+            raise NotReady(verdict.reason)
+        self._admit()
+        try:
+            tried: dict[str, Exception] = {}
+            while True:
+                record = self._acquire(tried)
+                try:
+                    yield from self._forward(record, request, context)
+                    return
+                except _TryAnother as refusal:
+                    tried[record.worker_id] = refusal.failure
+                finally:
+                    self._deployment.registry.release(record.worker_id)
+        finally:
+            with self._lock:
+                self._num_active -= 1
+
+    def abort_streams(self, worker_id: str, reason: Reason) -> int:
+        """End every stream to a worker (it was lost); each ends with UNAVAILABLE."""
+        with self._lock:
+            streams = list(self._streams.get(worker_id, ()))
+        for stream in streams:
+            stream.abort_reason = reason
+            if stream.call is not None:
+                stream.call.cancel()
+        return len(streams)
+
+    def prune_channels(self, addresses: set[str]) -> None:
+        """Close channels to addresses no worker uses any more (a restarted worker moved)."""
+        with self._lock:
+            stale = [a for a in self._channels if a not in addresses]
+            closing = [self._channels.pop(a) for a in stale]
+        for channel in closing:
+            channel.close()
+
+    def close(self) -> None:
+        self.prune_channels(set())
+
+    def _admit(self) -> None:
+        with self._lock:
+            if self._num_active >= self._max_total:
+                raise Overloaded(
+                    f"{self._num_active} requests in flight, the controller admits "
+                    f"{self._max_total} (replicas x max_outstanding_per_worker)"
+                )
+            self._num_active += 1
+
+    def _acquire(self, tried: dict[str, Exception]) -> WorkerRecord:
+        """The READY worker with the fewest outstanding requests that has room for one more."""
+        ready = [
+            r
+            for r in self._deployment.workers()
+            if r.state is WorkerState.READY and r.worker_id not in tried
+        ]
+        if ready:  # rotate, so that equally loaded workers take turns (the sort is stable)
+            shift = next(self._turn) % len(ready)
+            ready = ready[shift:] + ready[:shift]
+        for record in sorted(ready, key=lambda r: r.num_outstanding):
+            if self._deployment.registry.try_acquire(record.worker_id, self._max_per_worker):
+                return record
+        if tried:
+            failures = list(tried.values())
+            if all(isinstance(f, Overloaded) for f in failures):
+                raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
+            raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
+        if ready:
+            raise Overloaded(
+                f"every READY worker has {self._max_per_worker} requests outstanding "
+                "(max_outstanding_per_worker)"
+            )
+        verdict = self._deployment.verdict()
+        reason = verdict.reason if not verdict.ready else _NO_READY_WORKER
+        raise NotReady(reason)
+
+    def _forward(
+        self,
+        record: WorkerRecord,
+        request: inference_pb2.GenerateRequest,
+        context: grpc.ServicerContext,
+    ) -> Iterator[inference_pb2.GenerateResponse]:
+        remaining_s = context.time_remaining()
+        timeout_s = None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
+        stub = inference_pb2_grpc.InferenceStub(self._channel(record.address))
+        stream = _Stream()
+        self._track(record.worker_id, stream, add=True)
+        started = False
+        try:
+            stream.call = call = stub.Generate(request, timeout=timeout_s)
+            # The client's cancel or deadline reaches the worker; so does an abort already asked.
+            if not context.add_callback(call.cancel) or stream.abort_reason is not None:
+                call.cancel()
+            for response in call:
+                started = True
+                if not response.worker_id:
+                    response.worker_id = record.worker_id
+                yield response
+        except grpc.RpcError as error:
+            if stream.abort_reason is None and not context.is_active():
+                return  # the client cancelled or its deadline passed: nobody to tell
+            raise _failure(record.worker_id, error, started, stream.abort_reason) from None
+        finally:
+            self._track(record.worker_id, stream, add=False)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = self._channel_factory(address)
+            return channel
+
+    def _track(self, worker_id: str, stream: _Stream, *, add: bool) -> None:
+        with self._lock:
+            streams = self._streams.setdefault(worker_id, set())
+            if add:
+                streams.add(stream)
+            else:
+                streams.discard(stream)
+
+
+def _failure(
+    worker_id: str, error: grpc.RpcError, started: bool, abort_reason: Reason | None
+) -> Exception:
+    """The exception a failed upstream call becomes for the client."""
+    code, details = error.code(), error.details()
+    where = "mid-stream" if started else "before streaming"
+    if abort_reason is not None:
+        return WorkerUnavailable(f"worker {worker_id} was lost {where}: {abort_reason.message}")
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and not started:
+        return _TryAnother(Overloaded(f"worker {worker_id}: {details}"))
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        failure = WorkerUnavailable(f"worker {worker_id} became unavailable {where}: {details}")
+        return failure if started else _TryAnother(failure)
+    return UpstreamError(code, f"worker {worker_id}: {details}")

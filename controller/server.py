@@ -1,0 +1,171 @@
+"""The controller process: one gRPC server with the worker registry, inference router, admin API,
+`grpc.health.v1` (the readiness gate) and reflection, plus the reconcile loop.
+
+Run one by hand with `python -m controller.server` (configured by `INTENTSERVE_*` env vars).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from intentserve.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from pydantic import ValidationError
+
+from controller.deployment import Deployment, deployment_state
+from controller.interceptor import ErrorInterceptor
+from controller.reconcile import LoopMetrics, Reconciler
+from controller.router import Router
+from controller.servicers import AdminServicer, InferenceServicer, WorkerRegistryServicer
+from controller.settings import ControllerSettings, describe_errors
+from controller.state import DeploymentState
+from policy import Verdict
+
+log = logging.getLogger(__name__)
+
+# Threads beyond the admitted streams, so registration, heartbeats, health and admin calls are
+# never queued behind inference streams.
+CONTROL_THREADS = 16
+SERVICE_NAMES = (
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
+    inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+
+
+class ControllerServer:
+    """`start()`, then `wait_until_settled()` / `wait()`, then `stop()`; or use it as a context."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self._shutdown = threading.Event()
+        # Every registry transition wakes the loop, so health follows a report at once.
+        self.deployment = Deployment(
+            settings.desired_state(), on_change=lambda: self.reconciler.wake()
+        )
+        self.router = Router(
+            self.deployment,
+            max_outstanding_per_worker=settings.max_outstanding_per_worker,
+            max_outstanding_total=settings.max_outstanding_total,
+        )
+        self._health = health.HealthServicer()
+        self.reconciler = Reconciler(
+            self.deployment,
+            self.router,
+            self._health,
+            interval_s=settings.reconcile_interval_s,
+            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        )
+        num_threads = settings.max_outstanding_total + CONTROL_THREADS
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(num_threads, thread_name_prefix="controller-rpc"),
+            interceptors=[ErrorInterceptor()],
+            options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
+        )
+        worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
+            WorkerRegistryServicer(self.deployment, settings.heartbeat_interval_s), self._server
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.router), self._server
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.deployment, self.request_shutdown), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(SERVICE_NAMES, self._server)
+        self.bound_port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
+
+    @property
+    def address(self) -> str:
+        """Where clients and workers reach it (loopback when bound to every interface)."""
+        host = self.settings.host
+        return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '::') else host}:{self.bound_port}"
+
+    def start(self) -> ControllerServer:
+        self._server.start()
+        self.reconciler.start()
+        log.info("controller %s listening on %s", self.settings.deployment, self.address)
+        return self
+
+    def stop(self, grace_s: float | None = 1.0) -> None:
+        """Health goes NOT_SERVING, running streams get `grace_s` to finish, then all stops."""
+        self._health.enter_graceful_shutdown()
+        self.request_shutdown()
+        self.reconciler.stop()
+        self._server.stop(grace_s).wait()
+        self.router.close()
+
+    def request_shutdown(self) -> None:
+        """What Admin.Shutdown does: `wait()` returns; the owner then calls `stop()`."""
+        self._shutdown.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until Admin.Shutdown (or `stop()`) is called; False when the timeout passed."""
+        return self._shutdown.wait(timeout_s)
+
+    def verdict(self) -> Verdict:
+        """The readiness verdict as published to health (ready, failed, reason, per worker)."""
+        return self.reconciler.verdict
+
+    def deployment_state(self) -> DeploymentState:
+        return deployment_state(self.verdict())
+
+    def wait_until_settled(self, timeout_s: float | None) -> Verdict:
+        """Block until the deployment is READY or FAILED (or the timeout passes) and say which.
+
+        The launcher exits non-zero with `verdict.reason` when `verdict.failed`.
+        """
+        return self.reconciler.wait_until(lambda v: v.ready or v.failed, timeout_s)
+
+    def loop_metrics(self) -> LoopMetrics:
+        return self.reconciler.metrics
+
+    def __enter__(self) -> ControllerServer:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop(grace_s=0)
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = ControllerSettings()
+    except ValidationError as error:
+        print(f"invalid controller settings:\n{describe_errors(error)}", file=sys.stderr)
+        return 2
+    try:
+        server = ControllerServer(settings).start()
+    except RuntimeError as error:  # the port is taken or the host is not ours
+        print(
+            f"cannot start the controller on {settings.host}:{settings.port}: {error}",
+            file=sys.stderr,
+        )
+        return 1
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: server.request_shutdown())
+    print(f"controller {settings.deployment} listening on {server.address}", flush=True)
+    server.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The controller's gRPC servicers: decode, call, encode. Errors are raised, never set here;
+`controller.interceptor` turns them into status codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc, worker_pb2_grpc
+
+from controller import convert
+from controller.deployment import Deployment, deployment_state
+from controller.explain import explain
+from controller.router import Router
+
+
+class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
+    def __init__(self, deployment: Deployment, heartbeat_interval_s: float) -> None:
+        self._deployment = deployment
+        self._heartbeat_interval_s = heartbeat_interval_s
+
+    def Register(self, request, context):
+        worker_id, address, capability = convert.register_from_pb(request)
+        resolution = self._deployment.register(worker_id, address, capability)
+        return convert.register_to_pb(
+            self._deployment.desired, resolution, self._heartbeat_interval_s
+        )
+
+    def ReportRealized(self, request, context):
+        worker_id, realized, load_error = convert.realized_report_from_pb(request)
+        return convert.verification_to_pb(
+            self._deployment.report_realized(worker_id, realized, load_error)
+        )
+
+    def Heartbeat(self, request, context):
+        worker_id, load = convert.heartbeat_from_pb(request)
+        return convert.heartbeat_to_pb(self._deployment.heartbeat(worker_id, load))
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def Generate(self, request, context):
+        yield from self._router.generate(request, context)
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, deployment: Deployment, on_shutdown: Callable[[], None]) -> None:
+        self._deployment = deployment
+        self._on_shutdown = on_shutdown
+
+    def Status(self, request, context):
+        workers = self._deployment.workers()
+        verdict = self._deployment.verdict(workers)
+        return convert.status_to_pb(
+            self._deployment.desired,
+            deployment_state(verdict),
+            verdict,
+            workers,
+            self._deployment.now_s(),
+        )
+
+    def Explain(self, request, context):
+        record = self._deployment.registry.get(request.worker_id)
+        lines = explain(self._deployment.desired, record, self._deployment.verdict())
+        return convert.explain_to_pb(record, lines, self._deployment.now_s())
+
+    def Drain(self, request, context):
+        return convert.drain_to_pb(self._deployment.drain(request.worker_id))
+
+    def Shutdown(self, request, context):
+        self._on_shutdown()
+        return admin_pb2.ShutdownResponse()

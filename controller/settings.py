@@ -1,0 +1,140 @@
+"""Controller configuration at the edge: pydantic-settings, env vars `INTENTSERVE_*`.
+
+Inside the controller only the frozen `DesiredState` (and a few timings) travel; a bad value is
+refused here with a message that names the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from controller.state import DesiredState
+from policy import (
+    DEFAULT_AUTO_DEVICES,
+    DEFAULT_BLOCK_SIZE,
+    BackendIntent,
+    DeviceKind,
+    IntentError,
+    KvCacheDtype,
+    Mode,
+    paged_attention_config,
+)
+from policy.config import MAX_BLOCK_SIZE
+
+ENV_PREFIX = "INTENTSERVE_"
+
+
+def parse_devices(value: object) -> frozenset[DeviceKind]:
+    """`"cuda,cpu"`, `"cuda cpu"`, `""` or a list of names -> the device kinds."""
+    items = value.replace(",", " ").split() if isinstance(value, str) else value
+    if not isinstance(items, list | tuple | set | frozenset):
+        raise IntentError("auto_enabled_devices", f"expected a list of devices, got {value!r}")
+    allowed = ", ".join(d.value for d in DeviceKind)
+    devices = set()
+    for item in items:
+        if isinstance(item, DeviceKind):
+            devices.add(item)
+            continue
+        try:
+            devices.add(DeviceKind(str(item).strip().lower()))
+        except ValueError:
+            raise IntentError(
+                "auto_enabled_devices", f"invalid value {item!r}; allowed values are {allowed}"
+            ) from None
+    return frozenset(devices)
+
+
+class ControllerSettings(BaseSettings):
+    """Everything the controller process needs; every field is also `INTENTSERVE_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    host: str = "0.0.0.0"
+    port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
+    deployment: str = Field("intentserve", min_length=1, description="the health service name")
+
+    # The intent (see README: the contract).
+    paged_attention: Mode = Mode.AUTO
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=MAX_BLOCK_SIZE)
+    kv_cache_bytes: int | None = Field(None, gt=0)
+    kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    prefix_caching: Mode = Mode.AUTO
+    attention_backend: BackendIntent = BackendIntent.AUTO
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
+    auto_enabled_devices: Annotated[frozenset[DeviceKind], NoDecode] = DEFAULT_AUTO_DEVICES
+
+    # Replicas and readiness.
+    replicas: int = Field(1, ge=1)
+    min_ready: int | None = Field(None, ge=1, description="default: replicas")
+
+    # Timings (seconds) and load limits.
+    heartbeat_interval_s: float = Field(1.0, gt=0.0)
+    heartbeat_timeout_s: float = Field(5.0, gt=0.0)
+    reconcile_interval_s: float = Field(0.5, gt=0.0)
+    max_outstanding_per_worker: int = Field(32, ge=1)
+
+    @field_validator("paged_attention", "prefix_caching", mode="before")
+    @classmethod
+    def _mode(cls, value: object, info) -> Mode:
+        return Mode.parse(value, info.field_name)
+
+    @field_validator("attention_backend", mode="before")
+    @classmethod
+    def _backend(cls, value: object, info) -> BackendIntent:
+        return BackendIntent.parse(value, info.field_name)
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _dtype(cls, value: object, info) -> KvCacheDtype:
+        return KvCacheDtype.parse(value, info.field_name)
+
+    @field_validator("auto_enabled_devices", mode="before")
+    @classmethod
+    def _devices(cls, value: object) -> frozenset[DeviceKind]:
+        return parse_devices(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ControllerSettings:
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must be longer than "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s:g})"
+            )
+        self.desired_state()  # conflicting intent fields raise IntentError naming the field
+        return self
+
+    def desired_state(self) -> DesiredState:
+        return DesiredState(
+            deployment=self.deployment,
+            policy=paged_attention_config(
+                self.paged_attention,
+                block_size=self.block_size,
+                kv_cache_bytes=self.kv_cache_bytes,
+                kv_cache_fraction=self.kv_cache_fraction,
+                prefix_caching=self.prefix_caching,
+                backend=self.attention_backend,
+                kv_cache_dtype=self.kv_cache_dtype,
+            ),
+            auto_devices=self.auto_enabled_devices,
+            replicas=self.replicas,
+            min_ready=self.min_ready or self.replicas,
+        )
+
+    @property
+    def max_outstanding_total(self) -> int:
+        """Streams the router admits at once; the server keeps threads beyond it for control."""
+        return self.replicas * self.max_outstanding_per_worker
+
+
+def describe_errors(error) -> str:
+    """One line per invalid field of a pydantic `ValidationError`, naming its env var."""
+    lines = []
+    for item in error.errors():
+        name = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ").removeprefix(f"{name}: ")
+        where = f"{name} ({ENV_PREFIX}{name.upper()}): " if name else ""
+        lines.append(f"{where}{message}")
+    return "\n".join(lines)

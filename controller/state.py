@@ -1,0 +1,54 @@
+"""The controller's vocabulary: the desired state it holds and the observed states it tracks.
+
+Desired state is a frozen value (the operator's intent and replica count); observed state is an
+enum per worker and one for the deployment, so every state is named, never an `Optional[bool]`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from policy import DeviceKind, PagedAttentionConfig
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """What the operator asked for; fixed for the life of the controller."""
+
+    deployment: str
+    policy: PagedAttentionConfig | None  # the resolved intent: off -> None
+    auto_devices: frozenset[DeviceKind]  # where `auto` enables PagedAttention
+    replicas: int
+    min_ready: int  # verified replicas needed before the deployment is ready
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+        if self.min_ready < 1:
+            raise ValueError(f"min_ready must be at least 1, got {self.min_ready}")
+
+
+class WorkerState(enum.Enum):
+    """Observed state of one worker (the same names as `intentserve.v1.WorkerState`)."""
+
+    REGISTERED = "registered"  # known, not yet resolved
+    LOADING = "loading"  # accepted with a resolved config; loading the model
+    READY = "ready"  # realized state verified; receives requests
+    REJECTED = "rejected"  # cannot honour the policy; receives nothing until it registers again
+    LOST = "lost"  # silent past the heartbeat timeout
+    DRAINING = "draining"  # finishing its streams; receives no new requests
+
+
+class DeploymentState(enum.Enum):
+    PENDING = "pending"  # waiting for enough verified replicas
+    READY = "ready"  # health says SERVING
+    FAILED = "failed"  # a worker cannot honour a required (or `off`) policy
+
+
+class HeartbeatAction(enum.Enum):
+    """What a heartbeat tells the worker to do next."""
+
+    CONTINUE = "continue"
+    REGISTER = "register"  # the controller does not know it (any more): register from scratch
+    DRAIN = "drain"  # stop accepting new requests; finish running streams

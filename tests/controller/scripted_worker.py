@@ -1,0 +1,220 @@
+"""A scripted stand-in for a worker: a real `Inference` server on loopback and a real
+`WorkerRegistry` client, sending capability and realized reports built from `policy` values.
+
+It streams fake tokens, or blocks until cancelled (recording that the cancel arrived), or answers
+RESOURCE_EXHAUSTED as a worker whose queue is full would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from intentserve import convert
+from intentserve.v1 import (
+    inference_pb2,
+    inference_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+from policy import (
+    BackendKind,
+    CacheKind,
+    Capability,
+    PagedAttentionConfig,
+    RealizedCache,
+    Reason,
+    Resolution,
+    SchedulerKind,
+)
+
+
+class Behaviour(enum.Enum):
+    STREAM = "stream"  # `num_tokens` chunks, `token_delay_s` apart
+    BLOCK = "block"  # one chunk, then wait until the call is cancelled
+    BUSY = "busy"  # RESOURCE_EXHAUSTED: the worker's queue is full
+
+
+class _FakeInference(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, worker: ScriptedWorker) -> None:
+        self._worker = worker
+
+    def Generate(self, request, context):
+        w = self._worker
+        with w.lock:
+            w.requests.append(request)
+            w.deadlines_s.append(context.time_remaining())
+        if w.behaviour is Behaviour.BUSY:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
+        if w.behaviour is Behaviour.BLOCK:
+            context.add_callback(w.cancelled.set)
+            yield inference_pb2.GenerateResponse(request_id=request.request_id, token_ids=[1])
+            while context.is_active():
+                time.sleep(0.01)
+            return
+        for i in range(w.num_tokens):
+            if i:
+                time.sleep(w.token_delay_s)
+            last = i == w.num_tokens - 1
+            yield inference_pb2.GenerateResponse(
+                request_id=request.request_id,
+                token_ids=[100 + i],
+                text=f"t{i} ",
+                num_output_tokens=i + 1,
+                finish_reason=inference_pb2.FINISH_REASON_LENGTH if last else 0,
+            )
+
+
+def realized_for(config: PagedAttentionConfig | None, resolution: Resolution) -> RealizedCache:
+    """What an honest engine builds for its resolution."""
+    if resolution.paged_attention.enabled:
+        return RealizedCache(
+            kind=CacheKind.PAGED,
+            backend=resolution.backend.kind,
+            prefix_caching=resolution.prefix_caching.enabled,
+            block_size=config.block_size,
+            num_blocks=64,
+            kv_cache_bytes=64 * config.block_size * 4096,
+            max_num_seqs=8,
+            kv_cache_dtype="float32",
+            scheduler=SchedulerKind.PAGED,
+            fallback_reasons=resolution.fallback_reasons,
+        )
+    return RealizedCache(
+        kind=CacheKind.CONTIGUOUS,
+        max_num_seqs=4,
+        kv_cache_bytes=4 * 2048 * 4096,
+        kv_cache_dtype="float32",
+        scheduler=SchedulerKind.DEFAULT,
+        fallback_reasons=resolution.fallback_reasons,
+    )
+
+
+# What a worker that ignores its resolution builds.
+PAGED = RealizedCache(
+    kind=CacheKind.PAGED,
+    backend=BackendKind.TORCH_PAGED,
+    block_size=16,
+    num_blocks=64,
+    scheduler=SchedulerKind.PAGED,
+)
+CONTIGUOUS = RealizedCache(kind=CacheKind.CONTIGUOUS, scheduler=SchedulerKind.DEFAULT)
+
+
+class ScriptedWorker:
+    def __init__(
+        self,
+        controller_address: str,
+        worker_id: str,
+        capability: Capability,
+        *,
+        behaviour: Behaviour = Behaviour.STREAM,
+        num_tokens: int = 3,
+        token_delay_s: float = 0.0,
+    ) -> None:
+        self.worker_id = worker_id
+        self.capability = capability
+        self.behaviour = behaviour
+        self.num_tokens = num_tokens
+        self.token_delay_s = token_delay_s
+        self.lock = threading.Lock()
+        self.requests: list[inference_pb2.GenerateRequest] = []
+        self.deadlines_s: list[float] = []
+        self.cancelled = threading.Event()
+        self.config: PagedAttentionConfig | None = None
+        self.resolution: Resolution | None = None
+        self.actions: list[int] = []
+        self._server = grpc.server(futures.ThreadPoolExecutor(8))
+        inference_pb2_grpc.add_InferenceServicer_to_server(_FakeInference(self), self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self._channel = grpc.insecure_channel(controller_address)
+        self._registry = worker_pb2_grpc.WorkerRegistryStub(self._channel)
+        self._beating = threading.Event()
+        self._beat_thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def num_requests(self) -> int:
+        with self.lock:
+            return len(self.requests)
+
+    def register(self) -> worker_pb2.RegisterResponse:
+        """Raises `grpc.RpcError` (FAILED_PRECONDITION) when the controller rejects it."""
+        response = self._registry.Register(
+            worker_pb2.RegisterRequest(
+                worker_id=self.worker_id,
+                address=self.address,
+                capability=convert.capability_to_pb(self.capability),
+            ),
+            timeout=5,
+        )
+        self.config, self.resolution = convert.resolution_from_pb(response.config)
+        return response
+
+    def matching_realized(self) -> RealizedCache:
+        return realized_for(self.config, self.resolution)
+
+    def report(
+        self, realized: RealizedCache | None = None, load_error: Reason | None = None
+    ) -> worker_pb2.Verification:
+        """Report `realized` (default: what matches the resolution), or a load error."""
+        request = worker_pb2.RealizedReport(worker_id=self.worker_id)
+        if load_error is not None:
+            request.load_error.CopyFrom(convert.reason_to_pb(load_error))
+        else:
+            state = realized if realized is not None else self.matching_realized()
+            request.realized.CopyFrom(convert.realized_to_pb(state))
+        return self._registry.ReportRealized(request, timeout=5)
+
+    def heartbeat(self, num_kv_used: int = 3, num_kv_total: int = 64) -> int:
+        response = self._registry.Heartbeat(
+            worker_pb2.HeartbeatRequest(
+                worker_id=self.worker_id, num_kv_used=num_kv_used, num_kv_total=num_kv_total
+            ),
+            timeout=5,
+        )
+        self.actions.append(response.action)
+        return response.action
+
+    def start_heartbeats(self, interval_s: float = 0.1) -> None:
+        self._beating.set()
+
+        def beat() -> None:
+            while self._beating.is_set():
+                # The controller may be stopping; the next beat tries again.
+                with contextlib.suppress(grpc.RpcError):
+                    self.heartbeat()
+                time.sleep(interval_s)
+
+        self._beat_thread = threading.Thread(target=beat, daemon=True)
+        self._beat_thread.start()
+
+    def stop_heartbeats(self) -> None:
+        self._beating.clear()
+        if self._beat_thread is not None:
+            self._beat_thread.join()
+            self._beat_thread = None
+
+    def up(self, realized: RealizedCache | None = None) -> worker_pb2.Verification:
+        """Register, heartbeat and report: the whole start-up of a worker."""
+        self.register()
+        self.start_heartbeats()
+        return self.report(realized)
+
+    def kill_server(self) -> None:
+        """The worker process dies: its Inference server goes away mid-stream."""
+        self._server.stop(0).wait()
+
+    def stop(self) -> None:
+        self.stop_heartbeats()
+        self._server.stop(0).wait()
+        self._channel.close()

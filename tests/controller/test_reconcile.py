@@ -1,0 +1,109 @@
+"""The reconcile loop: idempotent passes, LOST detection, health follows the verdict, and a failing
+phase never stops the loop."""
+
+import threading
+
+from grpc_health.v1 import health, health_pb2
+
+from controller.reconcile import Reconciler
+from controller.router import Router
+from controller.state import WorkerState
+from tests.controller.conftest import eventually
+from tests.controller.test_deployment import TIMEOUT_S, make, up
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class SpyRouter(Router):
+    def __init__(self, deployment) -> None:
+        super().__init__(deployment, max_outstanding_per_worker=1, max_outstanding_total=1)
+        self.aborted: list[str] = []
+
+    def abort_streams(self, worker_id, reason):
+        self.aborted.append(worker_id)
+        return super().abort_streams(worker_id, reason)
+
+
+def loop(mode="on", interval_s=60.0):
+    deployment, clock, _ = make(mode)
+    router = SpyRouter(deployment)
+    servicer = health.HealthServicer()
+    reconciler = Reconciler(
+        deployment, router, servicer, interval_s=interval_s, heartbeat_timeout_s=TIMEOUT_S
+    )
+    return reconciler, deployment, clock, router, servicer
+
+
+def health_of(servicer, service=""):
+    return servicer.Check(health_pb2.HealthCheckRequest(service=service), None).status
+
+
+def test_health_follows_the_verdict_for_both_service_names():
+    reconciler, deployment, _, _, servicer = loop()
+    assert health_of(servicer) == health_of(servicer, "d") == NOT_SERVING
+    up(deployment)
+    assert reconciler.reconcile().ready
+    assert health_of(servicer) == health_of(servicer, "d") == SERVING
+    deployment.drain("w0")
+    assert not reconciler.reconcile().ready
+    assert health_of(servicer) == health_of(servicer, "d") == NOT_SERVING
+
+
+def test_reconcile_is_idempotent():
+    reconciler, deployment, clock, router, servicer = loop()
+    up(deployment)
+    first = reconciler.reconcile()
+    assert [reconciler.reconcile() for _ in range(3)] == [first] * 3
+    assert health_of(servicer) == SERVING and router.aborted == []
+    assert reconciler.metrics.num_ticks == 4
+
+
+def test_a_silent_worker_becomes_lost_its_streams_end_and_health_drops():
+    reconciler, deployment, clock, router, servicer = loop()
+    up(deployment)
+    reconciler.reconcile()
+    clock.now_s += TIMEOUT_S * 2
+    verdict = reconciler.reconcile()
+    assert deployment.registry.get("w0").state is WorkerState.LOST
+    assert router.aborted == ["w0"]
+    assert not verdict.ready and health_of(servicer) == NOT_SERVING
+    reconciler.reconcile()
+    assert router.aborted == ["w0"]  # once, not every tick
+
+
+def test_a_failing_phase_is_counted_and_the_other_phases_still_run(monkeypatch, caplog):
+    reconciler, deployment, _, _, servicer = loop()
+    up(deployment)
+
+    def broken(timeout_s):
+        raise RuntimeError("registry exploded")
+
+    monkeypatch.setattr(deployment, "mark_lost", broken)
+    assert reconciler.reconcile().ready
+    assert health_of(servicer) == SERVING
+    assert reconciler.metrics.num_failures == {"mark_lost": 1}
+    assert "reconcile phase mark_lost failed" in caplog.text
+
+
+def test_the_background_loop_survives_failures_and_wakes_on_changes(monkeypatch):
+    reconciler, deployment, _, _, servicer = loop(interval_s=0.01)
+    monkeypatch.setattr(deployment, "mark_lost", lambda timeout_s: 1 / 0)
+    reconciler.start()
+    try:
+        eventually(lambda: reconciler.metrics.num_ticks >= 5, what="five ticks")
+        assert reconciler.metrics.num_failures["mark_lost"] >= 4
+        up(deployment)
+        eventually(lambda: health_of(servicer) == SERVING, what="SERVING")
+    finally:
+        reconciler.stop()
+    metrics = reconciler.metrics
+    assert 0 < metrics.last_tick_s <= metrics.max_tick_s <= metrics.total_tick_s
+
+
+def test_wait_until_returns_the_settled_verdict_or_the_latest_at_the_timeout():
+    reconciler, deployment, _, _, _ = loop()
+    assert not reconciler.wait_until(lambda v: v.ready, timeout_s=0.01).ready
+    up(deployment)
+    threading.Timer(0.05, reconciler.reconcile).start()
+    assert reconciler.wait_until(lambda v: v.ready, timeout_s=5).ready

@@ -1,0 +1,243 @@
+"""Inference through a real controller to scripted workers: only READY workers, least outstanding
+first, cancellation and deadlines reach the worker, overload and lost workers end cleanly."""
+
+import threading
+
+import grpc
+import pytest
+from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2
+
+from controller.convert import worker_state_from_pb
+from controller.state import WorkerState
+from policy import examples
+from tests.controller.conftest import eventually
+from tests.controller.scripted_worker import Behaviour
+
+pytestmark = pytest.mark.integration
+
+CPU = examples.cpu()
+
+
+def ready_workers(start_controller, make_worker, num_workers, **worker_kwargs):
+    server, client = start_controller(paged_attention="on", replicas=num_workers, min_ready=1)
+    workers = [make_worker(server, f"w{i}", CPU, **worker_kwargs) for i in range(num_workers)]
+    for worker in workers:
+        assert worker.up().verified
+    eventually(lambda: server.verdict().num_verified == num_workers, what="verified workers")
+    return server, client, workers
+
+
+def outstanding(server, worker_id):
+    return server.deployment.registry.get(worker_id).num_outstanding
+
+
+def test_not_ready_is_unavailable_with_the_readiness_reason(start_controller):
+    _, client = start_controller(paged_attention="on")
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.generate(timeout=5))
+    assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert error.value.details() == (
+        "deployment is not ready: not_enough_replicas: 0 of 1 required replicas verified"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"max_tokens": 0}, "stop.max_tokens"),
+    ],
+)
+def test_invalid_parameters_are_named_before_readiness_is_checked(start_controller, changes, field):
+    _, client = start_controller()
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.generate(**changes, timeout=5))
+    assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(f"{field}: ")
+
+
+def test_tokens_stream_back_from_a_ready_worker(start_controller, make_worker):
+    _, client, (worker,) = ready_workers(start_controller, make_worker, 1, num_tokens=4)
+    responses = list(client.generate(timeout=5))
+    assert [r.text for r in responses] == ["t0 ", "t1 ", "t2 ", "t3 "]
+    assert responses[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
+    assert {r.worker_id for r in responses} == {"w0"}
+    assert worker.num_requests == 1
+
+
+def test_routing_never_reaches_a_rejected_or_loading_worker(start_controller, make_worker):
+    server, client = start_controller(paged_attention="on", replicas=3, min_ready=1)
+    good = make_worker(server, "good", CPU)
+    good.up()
+    rejected = make_worker(server, "rejected", examples.mixed())
+    with pytest.raises(grpc.RpcError):
+        rejected.register()
+    loading = make_worker(server, "loading", CPU)
+    loading.register()
+    eventually(lambda: server.verdict().failed, what="FAILED")
+    for _ in range(3):
+        with pytest.raises(grpc.RpcError) as error:
+            list(client.generate(timeout=5))
+        assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "worker rejected: the device map places layers on" in error.value.details()
+    # The rejected worker comes back able to serve: verified from scratch, the gate opens.
+    rejected.capability = CPU
+    rejected.up()
+    eventually(lambda: server.verdict().ready, what="READY")
+    for _ in range(6):
+        assert list(client.generate(timeout=5))
+    assert loading.num_requests == 0
+    assert good.num_requests + rejected.num_requests == 6
+    assert good.num_requests and rejected.num_requests
+
+
+def test_routing_never_reaches_a_draining_worker_and_its_streams_finish(
+    start_controller, make_worker
+):
+    server, client, (w0, w1) = ready_workers(
+        start_controller, make_worker, 2, num_tokens=5, token_delay_s=0.05
+    )
+    streams = [client.generate(timeout=10) for _ in range(2)]
+    firsts = [next(s) for s in streams]
+    assert {r.worker_id for r in firsts} == {"w0", "w1"}  # least outstanding spreads them
+    drained = client.admin.Drain(admin_pb2.DrainRequest(worker_id="w1"), timeout=5)
+    assert worker_state_from_pb(drained.state) is WorkerState.DRAINING
+    assert drained.num_outstanding == 1
+    for first, stream in zip(firsts, streams, strict=True):
+        assert len([first, *stream]) == 5  # the drained worker's stream finishes too
+    for _ in range(4):
+        assert {r.worker_id for r in client.generate(timeout=5)} == {"w0"}
+    assert (w0.num_requests, w1.num_requests) == (5, 1)
+    drain = worker_pb2.HEARTBEAT_ACTION_DRAIN
+    eventually(lambda: w1.actions[-1] == drain, what="the DRAIN heartbeat action")
+
+
+def test_least_outstanding_first_then_resource_exhausted(start_controller, make_worker):
+    server, client = start_controller(
+        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=1
+    )
+    w0, w1 = (make_worker(server, f"w{i}", CPU, behaviour=Behaviour.BLOCK) for i in range(2))
+    w0.up()
+    w1.up()
+    eventually(lambda: server.verdict().num_verified == 2)
+    streams = [client.generate(timeout=10) for _ in range(2)]
+    assert {next(s).worker_id for s in streams} == {"w0", "w1"}
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.generate(timeout=5))
+    assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_outstanding_per_worker" in error.value.details()
+    for stream in streams:
+        stream.cancel()
+    eventually(lambda: outstanding(server, "w0") == outstanding(server, "w1") == 0)
+
+
+def test_one_worker_at_its_limit_is_resource_exhausted(start_controller, make_worker):
+    server, client = start_controller(
+        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=1
+    )
+    make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK).up()
+    eventually(lambda: server.verdict().ready)
+    stream = client.generate(timeout=10)
+    next(stream)
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.generate(timeout=5))
+    assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.value.details() == (
+        "every READY worker has 1 requests outstanding (max_outstanding_per_worker)"
+    )
+    stream.cancel()
+
+
+def test_a_full_worker_queue_sends_the_request_elsewhere(start_controller, make_worker):
+    server, client, (w0, w1) = ready_workers(start_controller, make_worker, 2)
+    w0.behaviour = Behaviour.BUSY
+    for _ in range(4):
+        assert {r.worker_id for r in client.generate(timeout=5)} == {"w1"}
+    w1.behaviour = Behaviour.BUSY
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.generate(timeout=5))
+    assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.value.details() == "every READY worker's queue is full (2 tried)"
+
+
+def test_a_client_cancel_reaches_the_worker(start_controller, make_worker):
+    server, client, (worker,) = ready_workers(
+        start_controller, make_worker, 1, behaviour=Behaviour.BLOCK
+    )
+    stream = client.generate(timeout=30)
+    next(stream)
+    assert not worker.cancelled.is_set()
+    stream.cancel()
+    assert worker.cancelled.wait(5), "the worker never saw the cancel"
+    eventually(lambda: outstanding(server, "w0") == 0, what="the request released")
+
+
+def test_the_client_deadline_reaches_the_worker(start_controller, make_worker):
+    _, client, (worker,) = ready_workers(
+        start_controller, make_worker, 1, behaviour=Behaviour.BLOCK
+    )
+    stream = client.generate(timeout=0.5)
+    next(stream)
+    with pytest.raises(grpc.RpcError) as error:
+        list(stream)
+    assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0 < worker.deadlines_s[0] <= 0.5
+    assert worker.cancelled.wait(5)
+
+
+def test_a_worker_dying_ends_only_its_stream_and_new_requests_go_elsewhere(
+    start_controller, make_worker
+):
+    _, client, (w0, w1) = ready_workers(
+        start_controller, make_worker, 2, num_tokens=20, token_delay_s=0.02
+    )
+    streams = {}
+    for _ in range(2):
+        stream = client.generate(timeout=10)
+        streams[next(stream).worker_id] = stream
+    w0.kill_server()
+    with pytest.raises(grpc.RpcError) as error:
+        list(streams["w0"])
+    assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert error.value.details().startswith("worker w0 became unavailable mid-stream")
+    assert len(list(streams["w1"])) == 19
+    # Still READY (it heartbeats), but unreachable: new requests go to the other worker.
+    for _ in range(4):
+        assert {r.worker_id for r in client.generate(timeout=5)} == {"w1"}
+    w1.kill_server()
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.generate(timeout=5))
+    assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "became unavailable before streaming" in error.value.details()
+
+
+def test_a_worker_lost_to_heartbeats_mid_stream_ends_with_unavailable(
+    start_controller, make_worker
+):
+    server, client, (w0, w1) = ready_workers(
+        start_controller, make_worker, 2, behaviour=Behaviour.BLOCK
+    )
+    streams = {}
+    for _ in range(2):
+        stream = client.generate(timeout=10)
+        streams[next(stream).worker_id] = stream
+    w0.stop_heartbeats()
+    errors = []
+
+    def drain_w0():
+        try:
+            list(streams["w0"])
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    reader = threading.Thread(target=drain_w0)
+    reader.start()
+    reader.join(timeout=5)
+    (error,) = errors
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert error.details().startswith("worker w0 was lost mid-stream: lost: no heartbeat for")
+    assert w0.cancelled.wait(5)  # the controller cancelled its call to the lost worker
+    assert not w1.cancelled.is_set() and streams["w1"].is_active()
+    assert server.verdict().ready  # min_ready 1: w1 still serves
+    assert {r.worker_id for r in [next(client.generate(timeout=5))]} == {"w1"}
+    streams["w1"].cancel()

@@ -1,0 +1,169 @@
+"""Servicer unit tests with grpcio-testing: each servicer decodes, calls and encodes.
+
+Status codes for errors come from the interceptor, which grpcio-testing does not run; they are
+covered in test_interceptor.py and, end to end, in test_integration.py.
+"""
+
+import grpc
+import grpc_testing
+import pytest
+from intentserve import convert
+from intentserve.v1 import (
+    admin_pb2,
+    common_pb2,
+    inference_pb2,
+    worker_pb2,
+)
+
+from controller.convert import deployment_state_from_pb, worker_state_from_pb
+from controller.deployment import Deployment
+from controller.router import Router
+from controller.servicers import AdminServicer, InferenceServicer, WorkerRegistryServicer
+from controller.state import DeploymentState, DesiredState, WorkerState
+from policy import DEFAULT_AUTO_DEVICES, ReasonCode, examples, paged_attention_config
+from tests.controller.scripted_worker import CONTIGUOUS, ScriptedWorker, realized_for
+
+REGISTRY = worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"]
+ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
+
+
+class Harness:
+    def __init__(self, mode="on", min_ready=1) -> None:
+        desired = DesiredState(
+            "d", paged_attention_config(mode), DEFAULT_AUTO_DEVICES, min_ready, min_ready
+        )
+        self.deployment = Deployment(desired)
+        self.shutdowns = []
+        router = Router(self.deployment, max_outstanding_per_worker=4, max_outstanding_total=4)
+        self.server = grpc_testing.server_from_dictionary(
+            {
+                REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
+                ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
+                INFERENCE: InferenceServicer(router),
+            },
+            grpc_testing.strict_real_time(),
+        )
+
+    def call(self, service, method, request):
+        rpc = self.server.invoke_unary_unary(service.methods_by_name[method], (), request, None)
+        response, _, code, details = rpc.termination()
+        assert code is grpc.StatusCode.OK, details
+        return response
+
+    def register(self, worker_id="w0", capability=None, address="127.0.0.1:1"):
+        request = worker_pb2.RegisterRequest(
+            worker_id=worker_id,
+            address=address,
+            capability=convert.capability_to_pb(capability or examples.cpu()),
+        )
+        return self.call(REGISTRY, "Register", request)
+
+    def report(self, worker_id="w0", realized=None):
+        request = worker_pb2.RealizedReport(worker_id=worker_id)
+        request.realized.CopyFrom(convert.realized_to_pb(realized))
+        return self.call(REGISTRY, "ReportRealized", request)
+
+    def up(self, worker_id="w0", address="127.0.0.1:1"):
+        response = self.register(worker_id, address=address)
+        config, resolution = convert.resolution_from_pb(response.config)
+        return self.report(worker_id, realized_for(config, resolution))
+
+
+@pytest.fixture
+def harness():
+    return Harness()
+
+
+def test_register_returns_the_resolved_config_and_the_heartbeat_interval(harness):
+    response = harness.register()
+    config, resolution = convert.resolution_from_pb(response.config)
+    assert config == paged_attention_config("on")
+    assert resolution.paged_attention.enabled and resolution.paged_attention.required
+    assert response.heartbeat_interval_s == 0.25
+    assert harness.deployment.registry.get("w0").state is WorkerState.LOADING
+
+
+def test_report_realized_returns_the_verification(harness):
+    assert harness.up().verified
+    harness.register("w1")
+    verification = harness.report("w1", CONTIGUOUS)
+    assert not verification.verified
+    assert verification.reason.code == ReasonCode.PAGED_REQUIRED_NOT_REALIZED.value
+
+
+def test_heartbeat_returns_the_action_and_records_the_load(harness):
+    beat = worker_pb2.HeartbeatRequest(worker_id="w0", num_kv_used=7, num_kv_total=64)
+    assert harness.call(REGISTRY, "Heartbeat", beat).action == worker_pb2.HEARTBEAT_ACTION_REGISTER
+    harness.up()
+    assert harness.call(REGISTRY, "Heartbeat", beat).action == worker_pb2.HEARTBEAT_ACTION_CONTINUE
+    assert harness.deployment.registry.get("w0").load.num_kv_used == 7
+
+
+def test_status_reports_the_deployment_and_every_worker():
+    harness = Harness(min_ready=2)
+    harness.up("w0")
+    harness.register("w1")
+    status = harness.call(ADMIN, "Status", admin_pb2.StatusRequest())
+    assert status.deployment == "d"
+    assert deployment_state_from_pb(status.state) is DeploymentState.PENDING
+    assert status.reason.code == ReasonCode.NOT_ENOUGH_REPLICAS.value
+    assert (status.min_ready, status.num_verified) == (2, 1)
+    assert status.policy.mode == common_pb2.MODE_ON
+    w0, w1 = status.workers
+    assert worker_state_from_pb(w0.state) is WorkerState.READY
+    assert w0.realized.cache_kind == common_pb2.CACHE_KIND_PAGED
+    assert w0.device_kind == common_pb2.DEVICE_KIND_CPU
+    assert [d.feature for d in w0.decisions] == ["paged_attention", "prefix_caching"]
+    assert worker_state_from_pb(w1.state) is WorkerState.LOADING
+    assert not w1.HasField("realized")
+    assert w1.reasons[0].code == ReasonCode.WORKER_PENDING.value
+
+
+def test_explain_tells_the_chain_in_order(harness):
+    harness.up()
+    response = harness.call(ADMIN, "Explain", admin_pb2.ExplainRequest(worker_id="w0"))
+    prefixes = [line.split(":", 1)[0] for line in response.lines]
+    assert prefixes == [
+        "intent",
+        "capability",
+        "decision",
+        "decision",
+        "decision",
+        "realized",
+        "verdict",
+        "deployment",
+    ]
+    assert response.lines[0].startswith("intent: paged_attention 'on'")
+    assert "cpu worker, model LlamaForCausalLM" in response.lines[1]
+    assert response.lines[-2].startswith("verdict: READY")
+    assert response.worker.worker_id == "w0"
+
+
+def test_drain_and_shutdown(harness):
+    harness.up()
+    drained = harness.call(ADMIN, "Drain", admin_pb2.DrainRequest(worker_id="w0"))
+    assert worker_state_from_pb(drained.state) is WorkerState.DRAINING
+    harness.call(ADMIN, "Shutdown", admin_pb2.ShutdownRequest())
+    assert harness.shutdowns == [1]
+
+
+def test_generate_streams_what_the_worker_streams(harness):
+    worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=3)
+    try:
+        harness.up("w0", address=worker.address)
+        request = inference_pb2.GenerateRequest(
+            prompt="hi", stop=inference_pb2.StopConditions(max_tokens=3)
+        )
+        rpc = harness.server.invoke_unary_stream(
+            INFERENCE.methods_by_name["Generate"], (), request, None
+        )
+        responses = [rpc.take_response() for _ in range(3)]
+        _, code, details = rpc.termination()
+    finally:
+        worker.stop()
+    assert code is grpc.StatusCode.OK, details
+    assert [r.token_ids[0] for r in responses] == [100, 101, 102]
+    assert {r.worker_id for r in responses} == {"w0"}
+    assert responses[0].request_id  # generated when the client left it empty
+    assert worker.requests[0].request_id == responses[0].request_id

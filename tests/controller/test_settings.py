@@ -1,0 +1,89 @@
+"""ControllerSettings: `INTENTSERVE_*` env vars, the desired state, errors that name the field."""
+
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from controller.settings import ControllerSettings, describe_errors, parse_devices
+from policy import BackendIntent, DeviceKind, KvCacheDtype, Mode, paged_attention_config
+
+
+def test_defaults_give_auto_on_cuda_and_one_replica():
+    desired = ControllerSettings().desired_state()
+    assert desired.policy == paged_attention_config("auto")
+    assert desired.auto_devices == frozenset({DeviceKind.CUDA})
+    assert (desired.replicas, desired.min_ready) == (1, 1)
+
+
+def test_env_vars_with_the_prefix_configure_everything(monkeypatch):
+    for name, value in {
+        "PORT": "0",
+        "DEPLOYMENT": "chat",
+        "PAGED_ATTENTION": "ON",
+        "BLOCK_SIZE": "32",
+        "KV_CACHE_FRACTION": "0.5",
+        "PREFIX_CACHING": "off",
+        "ATTENTION_BACKEND": "torch",
+        "KV_CACHE_DTYPE": "bfloat16",
+        "AUTO_ENABLED_DEVICES": "cuda, cpu",
+        "REPLICAS": "3",
+        "MIN_READY": "2",
+        "HEARTBEAT_TIMEOUT_S": "2.5",
+    }.items():
+        monkeypatch.setenv(f"INTENTSERVE_{name}", value)
+    settings = ControllerSettings()
+    desired = settings.desired_state()
+    assert settings.port == 0 and desired.deployment == "chat"
+    assert desired.policy == paged_attention_config(
+        Mode.ON,
+        block_size=32,
+        kv_cache_fraction=0.5,
+        prefix_caching=Mode.OFF,
+        backend=BackendIntent.TORCH,
+        kv_cache_dtype=KvCacheDtype.BFLOAT16,
+    )
+    assert desired.auto_devices == frozenset(DeviceKind)
+    assert (desired.replicas, desired.min_ready) == (3, 2)
+    assert settings.heartbeat_timeout_s == 2.5
+
+
+def test_off_resolves_to_none_and_yaml_booleans_are_modes():
+    assert ControllerSettings(paged_attention="off").desired_state().policy is None
+    assert ControllerSettings(paged_attention=False).desired_state().policy is None
+    assert ControllerSettings(paged_attention=True).paged_attention is Mode.ON
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"paged_attention": "maybe"}, "paged_attention: invalid value 'maybe'; allowed values"),
+        ({"prefix_caching": "yes"}, "prefix_caching: invalid value 'yes'; allowed values"),
+        ({"attention_backend": "xformers"}, "allowed values are auto, flash, torch"),
+        ({"kv_cache_dtype": "int4"}, "kv_cache_dtype: invalid value 'int4'"),
+        ({"auto_enabled_devices": "cuda,tpu"}, "invalid value 'tpu'; allowed values are cpu, cuda"),
+        ({"block_size": 0}, "block_size"),
+        ({"replicas": 0}, "replicas"),
+        ({"heartbeat_timeout_s": 0.5}, "heartbeat_timeout_s (0.5) must be longer than"),
+        ({"paged_attention": "off", "prefix_caching": "on"}, "prefix_caching: 'on' needs a paged"),
+        ({"kv_cache_bytes": 10, "kv_cache_fraction": 0.5}, "give either kv_cache_bytes or"),
+        ({"max_outstanding_per_worker": 0}, "max_outstanding_per_worker"),
+    ],
+)
+def test_bad_values_name_the_field(overrides, fragment):
+    with pytest.raises(ValidationError, match=re.escape(fragment)):
+        ControllerSettings(**overrides)
+
+
+def test_describe_errors_names_the_env_var():
+    with pytest.raises(ValidationError) as error:
+        ControllerSettings(paged_attention="maybe")
+    assert describe_errors(error.value) == (
+        "paged_attention (INTENTSERVE_PAGED_ATTENTION): invalid value 'maybe'; "
+        "allowed values are auto, on, off"
+    )
+
+
+def test_empty_device_list_means_auto_enables_nowhere():
+    assert parse_devices("") == frozenset()
+    assert parse_devices(["CPU", DeviceKind.CUDA]) == frozenset(DeviceKind)
