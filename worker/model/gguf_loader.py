@@ -1,0 +1,210 @@
+"""Load a llama.cpp GGUF checkpoint: metadata -> ModelConfig, dequantized tensors -> LlamaModel."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import gguf
+import torch
+from gguf import GGMLQuantizationType as QType
+from torch import Tensor
+
+from worker.model.config import ModelConfig, RopeScaling, RopeScalingType
+from worker.model.gguf_tokenizer import build_gguf_tokenizer
+from worker.model.llama import LlamaModel
+from worker.model.loaded import LoadedModel, ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_TENSOR_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1)
+
+# GGUF tensor names -> transformers LlamaForCausalLM names.
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+class GGUFFile:
+    """An opened GGUF file whose header and tensor extents have been checked."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(self.path, "no such file")
+        try:
+            # The reader validates the magic, the header and that every tensor's bytes are present.
+            self._reader = gguf.GGUFReader(self.path)
+        except Exception as exc:  # it signals bad input with assorted numpy errors
+            raise ModelLoadError(
+                self.path,
+                f"not a valid GGUF file, truncated or corrupt ({type(exc).__name__}: {exc})",
+            ) from exc
+        self.metadata: dict[str, Any] = {
+            key: field.contents()
+            for key, field in self._reader.fields.items()
+            if not key.startswith("GGUF.")
+        }
+        self._tensors = {t.name: t for t in self._reader.tensors}
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._tensors)
+
+    def tensor(self, name: str) -> Tensor:
+        """Dequantized float32 tensor in row-major [rows, cols] order (torch Linear layout)."""
+        t = self._tensors[name]
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            allowed = [q.name for q in SUPPORTED_TENSOR_TYPES]
+            raise ModelLoadError(
+                self.path,
+                f"tensor {name!r} has type {t.tensor_type.name}, "
+                f"not supported (supported: {allowed})",
+            )
+        values = gguf.quants.dequantize(t.data, t.tensor_type)  # float32
+        if not values.flags.writeable:  # F32 comes back as a view of the read-only memory map
+            values = values.copy()
+        return torch.from_numpy(values)
+
+
+def gguf_model_config(f: GGUFFile) -> ModelConfig:
+    """BOS/EOS are left to the tokenizer, which knows every end token (eos, eot, eom)."""
+    meta = f.metadata
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})"
+        )
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"metadata {arch}.{name} is missing")
+        return value
+
+    num_heads = int(key("attention.head_count"))
+    hidden_size = int(key("embedding_length"))
+    head_dim = int(key("attention.key_length", hidden_size // num_heads))
+    rotary_dim = int(key("rope.dimension_count", head_dim))
+    if rotary_dim != head_dim:
+        raise ValueError(
+            f"partial rotary embedding ({rotary_dim} of {head_dim} dims) is not supported"
+        )
+    if "rope_freqs.weight" in f.tensor_names:
+        raise ValueError(
+            "per-dimension RoPE frequency factors (tensor 'rope_freqs.weight') are not supported"
+        )
+    vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    if not vocab_size:
+        raise ValueError(f"metadata {arch}.vocab_size and tokenizer.ggml.tokens are both missing")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(vocab_size),
+        hidden_size=hidden_size,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(meta, arch),
+        tie_word_embeddings="output.weight" not in f.tensor_names,
+        qkv_bias="blk.0.attn_q.bias" in f.tensor_names,
+        sliding_window=meta.get(f"{arch}.attention.sliding_window"),
+    )
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str) -> RopeScaling | None:
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind not in ("none", "linear"):
+        raise ValueError(f"RoPE scaling {kind!r} is not supported (supported: 'linear')")
+    # Older files carry only `rope.scale_linear`; llama.cpp applies any factor but YaRN's linearly.
+    factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if factor is None or factor == 1.0:
+        return None
+    return RopeScaling(type=RopeScalingType.LINEAR, factor=float(factor))
+
+
+def gguf_hf_weights(
+    f: GGUFFile, config: ModelConfig, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
+    """All tensors, dequantized and named as in transformers' LlamaForCausalLM.
+
+    Each is cast to `dtype` as soon as it is dequantized, so only one float32 tensor is alive
+    at a time.
+    """
+    return {
+        _hf_name(name): _undo_rope_permutation(f.tensor(name), name, config).to(dtype)
+        for name in f.tensor_names
+    }
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"unexpected tensor {gguf_name!r}")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def _undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Tensor:
+    """llama.cpp's converter reorders each head's Q/K rows from rotate-half pairs (i, i + D/2)
+    to adjacent pairs (2i, 2i + 1) for its interleaved RoPE; put them back for rotate-half.
+
+    Only the `llama` architecture is permuted; llama.cpp runs qwen2 with rotate-half RoPE.
+    """
+    if config.architecture != "llama":
+        return w
+    if ".attn_q." in gguf_name:
+        num_heads = config.num_heads
+    elif ".attn_k." in gguf_name:
+        num_heads = config.num_kv_heads
+    else:
+        return w
+    rest = w.shape[1:]
+    # [H, D/2, 2, ...] (row 2i + j) -> [H, 2, D/2, ...] (row j * D/2 + i)
+    return w.reshape(num_heads, config.head_dim // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: Path | str, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
+    f = GGUFFile(path)
+    try:
+        tokenizer = build_gguf_tokenizer(f.metadata)
+        config = replace(
+            gguf_model_config(f),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_ids=tokenizer.eos_token_ids,
+        )
+        weights = gguf_hf_weights(f, config, dtype)
+        model = LlamaModel.from_hf_weights(config, weights, dtype, device)
+    except KeyError as exc:
+        raise ModelLoadError(f.path, f"metadata {exc} is missing") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f.path, str(exc)) from exc
+    return LoadedModel(
+        config=config,
+        model=model,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        source_path=f.path,
+        dtype=dtype,
+    )

@@ -1,0 +1,72 @@
+"""The correctness oracle: transformers' own implementation built from the same weights.
+
+For tests and benchmarks only: it needs `transformers` (the `test` extra), which serving does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from worker.model.config import ModelConfig, RopeScalingType
+
+
+def hf_rope_parameters(config: ModelConfig) -> dict:
+    scaling = config.rope_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": config.rope_theta}
+    params = {
+        "rope_type": scaling.type.value,
+        "rope_theta": config.rope_theta,
+        "factor": scaling.factor,
+    }
+    if scaling.type is RopeScalingType.LLAMA3:
+        params |= {
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    return params
+
+
+def hf_model(config: ModelConfig, weights: Mapping[str, Tensor]) -> torch.nn.Module:
+    """A float32 transformers CausalLM of our config, loaded with exactly these weights."""
+    common = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters=hf_rope_parameters(config),
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=list(config.eos_token_ids) or None,
+        pad_token_id=None,
+    )
+    if config.architecture == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
+    elif config.architecture == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=config.sliding_window))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=config.qkv_bias))
+    model.load_state_dict(dict(weights), strict=not config.tie_word_embeddings)
+    return model.float().eval()
+
+
+@torch.inference_mode()
+def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> Tensor:  # [T, vocab] float32
+    return model(torch.tensor([token_ids])).logits[0].float()

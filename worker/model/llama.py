@@ -1,0 +1,207 @@
+"""Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2) over a flattened varlen batch.
+
+The model owns no KV cache: each layer hands its rotated q/k/v to an `AttentionBackend`, which
+stores k/v wherever it keeps them and attends. One step's tokens from all sequences are
+concatenated into T rows; which row belongs to which sequence is the backend's business (`meta`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from worker.model.config import ModelConfig
+from worker.model.rope import RotaryEmbedding, apply_rotary
+
+
+class AttentionBackend(Protocol):
+    def forward(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, meta: Any) -> Tensor:
+        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim], already rotated.
+
+        Returns [T, num_heads, head_dim]. NOTE: q, k and v are views into one fused projection
+        output and are not contiguous; copy them if the kernel needs that.
+        """
+        ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalize in float32 and scale in the model dtype, as transformers does (bf16 parity).
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        # q, k and v in one matmul: one pass over the activations instead of three.
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: Tensor,  # [T, hidden_size]
+        cos_sin: tuple[Tensor, Tensor],  # each [T, 1, head_dim // 2]
+        attn: AttentionBackend,
+        meta: Any,
+    ) -> Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+        qk = qkv[:, : self.q_size + self.kv_size].view(
+            num_tokens, self.num_heads + self.num_kv_heads, self.head_dim
+        )
+        qk = apply_rotary(qk, *cos_sin)  # q and k rotated together: same angles, fewer kernels
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = attn.forward(self.layer_idx, q, k, v, meta)  # [T, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self,
+        x: Tensor,  # [T, hidden_size]
+        cos_sin: tuple[Tensor, Tensor],  # each [T, 1, head_dim // 2]
+        attn: AttentionBackend,
+        meta: Any,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if not config.has_kv_cache:
+            raise ValueError(f"{config.architecture} is not a decoder; no LlamaModel for it")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rotary = RotaryEmbedding(config)
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend, meta: Any
+    ) -> Tensor:
+        """input_ids, positions: [T] int64 -> final-normed hidden states [T, hidden_size]."""
+        x = self.embed_tokens(input_ids)  # [T, hidden_size]
+        cos_sin = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos_sin, attn, meta)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""
+        if self.lm_head is None:  # tied head: the embedding table is the projection
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    @classmethod
+    def from_hf_weights(
+        cls,
+        config: ModelConfig,
+        weights: Mapping[str, Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> LlamaModel:
+        """Build from tensors named as in a transformers `LlamaForCausalLM` state dict.
+
+        ValueError names the first missing or unexpected weight.
+        """
+        fused = fuse_hf_weights(config, weights, dtype, torch.device(device))
+        with torch.device("meta"):  # skip random init: every parameter is replaced below
+            model = cls(config)
+        model.load_state_dict(fused, strict=True, assign=True)
+        return model.to(device).eval()
+
+
+def fuse_hf_weights(
+    config: ModelConfig, weights: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device
+) -> dict[str, Tensor]:
+    """Rename HF tensors to this module's names, concatenating q|k|v and gate|up."""
+    remaining = dict(weights)
+
+    def take(*names: str) -> Tensor:
+        missing = [name for name in names if name not in remaining]
+        if missing:
+            raise ValueError(f"checkpoint has no weight {missing[0]!r}")
+        parts = [remaining.pop(name) for name in names]
+        return torch.cat(parts).to(device=device, dtype=dtype)
+
+    fused = {
+        "embed_tokens.weight": take("model.embed_tokens.weight"),
+        "norm.weight": take("model.norm.weight"),
+    }
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        fused[dst + "self_attn.qkv_proj.weight"] = take(
+            attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"
+        )
+        if config.qkv_bias:
+            fused[dst + "self_attn.qkv_proj.bias"] = take(
+                attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"
+            )
+        fused[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
+        fused[dst + "mlp.gate_up_proj.weight"] = take(
+            src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"
+        )
+        fused[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight")
+        fused[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
+        fused[dst + "post_attention_layernorm.weight"] = take(
+            src + "post_attention_layernorm.weight"
+        )
+    if config.tie_word_embeddings:
+        # Some tied checkpoints still store the (identical) head; it is not needed.
+        remaining.pop("lm_head.weight", None)
+    else:
+        fused["lm_head.weight"] = take("lm_head.weight")
+    # Old checkpoints persist the RoPE frequencies; this model recomputes them from the config.
+    unexpected = [name for name in remaining if not name.endswith("rotary_emb.inv_freq")]
+    if unexpected:
+        raise ValueError(f"unexpected weight {unexpected[0]!r} for {config.architecture}")
+    return fused

