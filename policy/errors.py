@@ -25,13 +25,15 @@ class IntentError(PolicyError, ValueError):
 
 
 class PagedAttentionRequiredError(PolicyError):
-    """`paged_attention: on` (or another required feature) cannot be realized on this worker."""
+    """A required feature (`paged_attention: on`, `prefix_caching: on`, an explicitly named
+    attention backend) cannot be realized on this worker."""
 
-    def __init__(self, reason: Reason, setting: str = "paged_attention: on") -> None:
-        super().__init__(
-            f"PagedAttention was explicitly requested ({setting}), but {reason.message}"
-        )
+    def __init__(
+        self, reason: Reason, setting: str = "paged_attention: on", subject: str = "PagedAttention"
+    ) -> None:
+        super().__init__(f"{subject} was explicitly requested ({setting}), but {reason.message}")
         self.reason = reason
+        self.setting = setting
 
 
 class PolicyViolationError(PolicyError):

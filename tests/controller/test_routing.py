@@ -181,7 +181,8 @@ def test_the_client_deadline_reaches_the_worker(start_controller, make_worker):
     with pytest.raises(grpc.RpcError) as error:
         list(stream)
     assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    assert 0 < worker.deadlines_s[0] <= 0.5
+    # The forwarded call carries the client's deadline (clock skew between the two reads aside).
+    assert 0 < worker.deadlines_s[0] <= 0.5 + 0.05
     assert worker.cancelled.wait(5)
 
 

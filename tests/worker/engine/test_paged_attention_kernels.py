@@ -1,0 +1,203 @@
+"""The torch paged backend against dense causal attention, for steps that mix prefill chunks and
+decodes; and the flash backend's plumbing, with a reference kernel injected in place of CUDA."""
+
+import math
+
+import pytest
+import torch
+
+from policy import CacheKind
+from worker.attention.batch import build_step_batch
+from worker.attention.flash_paged import FlashPagedAttention, flash_status
+from worker.attention.torch_paged import TorchPagedAttention
+from worker.cache.kv_pool import KvGeometry, KvPool
+from worker.sched.scheduler_output import ScheduledSeq
+
+H, HKV, D, BS = 6, 2, 16, 4
+torch.manual_seed(0)
+
+
+def dense(q, k, v, window=None):
+    """q: [n, H, D] for the last n positions of a context whose k, v are [ctx, HKV, D]."""
+    n, ctx = q.shape[0], k.shape[0]
+    k = k.repeat_interleave(H // HKV, dim=1)
+    v = v.repeat_interleave(H // HKV, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
+    qpos = torch.arange(ctx - n, ctx)[:, None]
+    kpos = torch.arange(ctx)[None, :]
+    allowed = kpos <= qpos
+    if window is not None:
+        allowed &= kpos > qpos - window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def run_step(backend, pool, scheduled, history):
+    """Feed one step's new k/v (from `history`) through the backend; return outputs per seq."""
+    batch = build_step_batch(scheduled, pool.block_size, torch.device("cpu"))
+    meta = backend.prepare(batch)
+    qs, ks, vs = [], [], []
+    for item in scheduled:
+        q_all, k_all, v_all = history[item.seq_id]
+        sl = slice(item.start_pos, item.num_context_tokens)
+        qs.append(q_all[sl]), ks.append(k_all[sl]), vs.append(v_all[sl])
+    out = backend.forward(0, torch.cat(qs), torch.cat(ks), torch.cat(vs), meta)
+    return dict(zip([s.seq_id for s in scheduled], out.split(batch.query_lens), strict=True))
+
+
+def make_history(length):
+    return torch.randn(length, H, D), torch.randn(length, HKV, D), torch.randn(length, HKV, D)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window):
+    pool = KvPool(
+        CacheKind.PAGED, KvGeometry(1, HKV, D, torch.float32), 32, BS, torch.device("cpu")
+    )
+    backend = TorchPagedAttention(pool, sliding_window=window)
+    history = {"a": make_history(12), "b": make_history(9), "c": make_history(7)}
+    tables = {"a": (5, 1, 7), "b": (0, 2, 9), "c": (3, 4)}  # deliberately scattered blocks
+
+    def item(seq_id, start, end):
+        return ScheduledSeq(
+            seq_id, start, tuple(range(end - start)), True, block_table=tables[seq_id]
+        )
+
+    steps = [
+        [item("a", 0, 10), item("b", 0, 3)],  # a full prefill and a first chunk
+        [item("a", 10, 11), item("b", 3, 8), item("c", 0, 6)],  # decode, later chunk, prefill
+        [item("a", 11, 12), item("b", 8, 9), item("c", 6, 7)],  # all decodes
+    ]
+    for step in steps:
+        outs = run_step(backend, pool, step, history)
+        for s in step:
+            q, k, v = history[s.seq_id]
+            expected = dense(
+                q[s.start_pos : s.num_context_tokens],
+                k[: s.num_context_tokens],
+                v[: s.num_context_tokens],
+                window,
+            )
+            torch.testing.assert_close(outs[s.seq_id], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_contiguous_addressing_is_one_block_per_slot():
+    max_len = 16
+    pool = KvPool(
+        CacheKind.CONTIGUOUS, KvGeometry(1, HKV, D, torch.float32), 3, max_len, torch.device("cpu")
+    )
+    backend = TorchPagedAttention(pool)
+    history = {"x": make_history(10), "y": make_history(5)}
+    prefill = [
+        ScheduledSeq("x", 0, tuple(range(9)), True, slot=2),
+        ScheduledSeq("y", 0, tuple(range(4)), True, slot=0),
+    ]
+    decode = [
+        ScheduledSeq("x", 9, (0,), True, slot=2),
+        ScheduledSeq("y", 4, (0,), True, slot=0),
+    ]
+    run_step(backend, pool, prefill, history)
+    outs = run_step(backend, pool, decode, history)
+    for s in decode:
+        q, k, v = history[s.seq_id]
+        n = s.num_context_tokens
+        torch.testing.assert_close(
+            outs[s.seq_id], dense(q[n - 1 : n], k[:n], v[:n]), atol=1e-5, rtol=1e-5
+        )
+    # Slot 2 holds x's keys at rows 2 * max_len + position.
+    torch.testing.assert_close(pool.k[0][2, :10], history["x"][1])
+
+
+def reference_flash_kernel(
+    q,
+    k_cache,
+    v_cache,
+    *,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    window_size,
+    block_table,
+):
+    """What flash_attn_varlen_func computes with a block table, written plainly in torch."""
+    assert causal and q.is_contiguous() and block_table.dtype == torch.int32
+    block_size = k_cache.shape[1]
+    outs = []
+    for i in range(len(cu_seqlens_q) - 1):
+        q_i = q[cu_seqlens_q[i] : cu_seqlens_q[i + 1]]
+        ctx = int(cu_seqlens_k[i + 1] - cu_seqlens_k[i])
+        pos = torch.arange(ctx)
+        blocks = block_table[i].long()[pos // block_size]
+        k_i = k_cache[blocks, pos % block_size]
+        v_i = v_cache[blocks, pos % block_size]
+        window = None if window_size == (-1, -1) else window_size[0] + 1
+        outs.append(dense(q_i, k_i, v_i, window))
+    return torch.cat(outs)
+
+
+def test_flash_backend_plumbing_matches_torch_backend():
+    geometry = KvGeometry(1, HKV, D, torch.float32)
+    pools = [KvPool(CacheKind.PAGED, geometry, 16, BS, torch.device("cpu")) for _ in range(2)]
+    torch_backend = TorchPagedAttention(pools[0])
+    flash_backend = FlashPagedAttention(pools[1], kernel=reference_flash_kernel)
+    history = {"a": make_history(9), "b": make_history(6)}
+    steps = [
+        [
+            ScheduledSeq("a", 0, tuple(range(8)), True, block_table=(3, 0)),
+            ScheduledSeq("b", 0, tuple(range(5)), True, block_table=(7, 5)),
+        ],
+        [
+            ScheduledSeq("a", 8, (0,), True, block_table=(3, 0, 9)),
+            ScheduledSeq("b", 5, (0,), True, block_table=(7, 5)),
+        ],
+    ]
+    for step in steps:
+        a = run_step(torch_backend, pools[0], step, history)
+        b = run_step(flash_backend, pools[1], step, history)
+        for seq_id in a:
+            torch.testing.assert_close(a[seq_id], b[seq_id], atol=1e-5, rtol=1e-5)
+    # Only the rows of written positions are compared: the rest of the pool is torch.empty.
+    rows = [t[p // BS] * BS + p % BS for t, n in (((3, 0, 9), 9), ((7, 5), 6)) for p in range(n)]
+    torch.testing.assert_close(pools[0].flat(0)[0][rows], pools[1].flat(0)[0][rows])
+    torch.testing.assert_close(pools[1].flat(0)[0][rows[:9]], history["a"][1])
+
+
+def test_flash_is_a_capability_not_a_crash_on_cpu():
+    status = flash_status(torch.device("cpu"))
+    assert not status.available
+    assert "needs a CUDA device" in status.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device; the plumbing is "
+    "covered on CPU by test_flash_backend_plumbing_matches_torch_backend",
+)
+def test_flash_backend_on_cuda_matches_torch_backend():
+    status = flash_status(torch.device("cuda"))
+    if not status.available:
+        pytest.skip(f"vllm-flash-attn unavailable on this CUDA host: {status.reason}")
+    geometry = KvGeometry(1, HKV, D, torch.bfloat16)
+    dev = torch.device("cuda")
+    pools = [KvPool(CacheKind.PAGED, geometry, 64, 16, dev) for _ in range(2)]
+    torch_backend, flash_backend = TorchPagedAttention(pools[0]), FlashPagedAttention(pools[1])
+    step = [
+        ScheduledSeq("a", 0, tuple(range(20)), True, block_table=(3, 1)),
+        ScheduledSeq("b", 0, tuple(range(5)), True, block_table=(7,)),
+    ]
+    history = {
+        k: tuple(t.to(dev, torch.bfloat16) for t in make_history(n))
+        for k, n in (("a", 20), ("b", 5))
+    }
+    batch = build_step_batch(step, 16, dev)
+    outs = []
+    for backend in (torch_backend, flash_backend):
+        meta = backend.prepare(batch)
+        q = torch.cat([history[s.seq_id][0] for s in step])
+        k = torch.cat([history[s.seq_id][1] for s in step])
+        v = torch.cat([history[s.seq_id][2] for s in step])
+        outs.append(backend.forward(0, q, k, v, meta).float())
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)

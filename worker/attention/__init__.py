@@ -1,0 +1,1 @@
+"""Attention backends: each stores a step's new K/V in the KV pool and attends over the context."""

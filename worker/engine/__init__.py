@@ -1,0 +1,1 @@
+"""The serving engine: requests in, tokens out, over a model, a KV cache and a scheduler."""

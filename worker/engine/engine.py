@@ -1,0 +1,173 @@
+"""The engine loop: schedule, run, postprocess; plus the request surface around it.
+
+output = scheduler.schedule()
+sampled = runner.run(output, params_of)
+finished = scheduler.postprocess(output, sampled)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from collections.abc import Sequence as Seq
+
+from worker.engine.realized import RealizedReport
+from worker.engine.request import RequestOutput, RequestState
+from worker.engine.runner import Runner
+from worker.engine.sampling import InvalidRequestError, SamplingParams
+from worker.model.tokenizer import IncrementalDecoder, Tokenizer
+from worker.sched.scheduler import Scheduler
+from worker.sched.sequence import FinishReason, Sequence
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        tokenizer: Tokenizer,
+        scheduler: Scheduler,
+        runner: Runner,
+        realized: RealizedReport,
+        max_model_len: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.runner = runner
+        self.realized = realized
+        self.max_model_len = max_model_len
+        self._requests: dict[str, RequestState] = {}
+        self._seqs: dict[str, Sequence] = {}
+        scheduler.check_stop = self._check_stop
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; InvalidRequestError names the field when it cannot be served."""
+        params = params or SamplingParams()
+        request_id = request_id or f"engine-{uuid.uuid4().hex}"
+        if request_id in self._requests:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            prompt_ids = self.tokenizer.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+            vocab = self.runner.model.config.vocab_size
+            bad = [t for t in prompt_ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    "prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
+                )
+        if not prompt_ids:
+            raise InvalidRequestError("prompt", "must not be empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt",
+                f"has {len(prompt_ids)} tokens; at most {self.max_model_len - 1} fit "
+                f"max_model_len={self.max_model_len}",
+            )
+        if params.max_tokens > self.max_model_len - len(prompt_ids):
+            raise InvalidRequestError(
+                "max_tokens",
+                f"{params.max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens and "
+                f"max_model_len is {self.max_model_len} (at most "
+                f"{self.max_model_len - len(prompt_ids)})",
+            )
+        seq = Sequence(request_id, prompt_ids, params.max_tokens, params=params)
+        self.scheduler.add(seq)
+        decoder = IncrementalDecoder(self.tokenizer, prompt_ids)
+        self._requests[request_id] = RequestState(request_id, params, decoder)
+        self._seqs[request_id] = seq
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its KV; False when it is unknown or already finished."""
+        if not self.scheduler.abort(request_id):
+            return False
+        self._forget(request_id)
+        return True
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            return []
+        sampled = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
+        finished = {seq.seq_id for seq in self.scheduler.postprocess(output, sampled)}
+        outputs = [self._output(seq_id, seq_id in finished) for seq_id in sampled]
+        for seq_id in finished:
+            self._forget(seq_id)
+        return outputs
+
+    def stream(self) -> Iterator[RequestOutput]:
+        """Run until every request finishes, yielding deltas as they are produced."""
+        while self.has_unfinished:
+            yield from self.step()
+
+    def generate(
+        self, prompts: Iterable[str | Seq[int]], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; one combined output per prompt, in order."""
+        order = [self.add_request(p, params) for p in prompts]
+        tokens: dict[str, list[int]] = {r: [] for r in order}
+        text: dict[str, list[str]] = {r: [] for r in order}
+        last: dict[str, RequestOutput] = {}
+        for out in self.stream():
+            tokens[out.request_id] += out.new_token_ids
+            text[out.request_id].append(out.new_text)
+            last[out.request_id] = out
+        return [
+            RequestOutput(
+                r,
+                tuple(tokens[r]),
+                "".join(text[r]),
+                True,
+                last[r].finish_reason,
+                last[r].num_prompt_tokens,
+                last[r].num_output_tokens,
+            )
+            for r in order
+        ]
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params: SamplingParams = seq.params
+        state = self._requests[seq.seq_id]
+        if state.on_token(token_id):
+            return FinishReason.STOP
+        if token_id in params.stop_token_ids:
+            return FinishReason.STOP
+        if not params.ignore_eos and token_id in self.tokenizer.eos_token_ids:
+            return FinishReason.STOP
+        return None
+
+    def _output(self, seq_id: str, finished: bool) -> RequestOutput:
+        seq, state = self._seqs[seq_id], self._requests[seq_id]
+        new_ids = tuple(seq.output_token_ids[state.num_emitted_tokens :])
+        state.num_emitted_tokens = seq.num_output_tokens
+        return RequestOutput(
+            request_id=seq_id,
+            new_token_ids=new_ids,
+            new_text=state.take_text(finished),
+            finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+        )
+
+    def _forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        self._seqs.pop(request_id, None)
+        self.runner.forget(request_id)

@@ -1,0 +1,28 @@
+"""What the worker really built: the report it sends the controller and prints at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policy import RealizedCache
+
+
+@dataclass(frozen=True)
+class RealizedReport:
+    cache: RealizedCache
+    dtype: str  # model compute dtype
+    max_model_len: int
+    model: str  # the reference it was loaded from
+
+    def describe(self) -> str:
+        c = self.cache
+        scheduler = c.scheduler.value if c.scheduler else "none"
+        lines = [
+            f"model {self.model} ({self.dtype}), max_model_len {self.max_model_len}",
+            f"cache {c.kind.value}, backend {c.backend.value}, scheduler {scheduler}",
+            f"{c.num_blocks} blocks x {c.block_size} tokens, {c.kv_cache_bytes / 2**20:.1f} MiB "
+            f"{c.kv_cache_dtype}, {c.max_num_seqs} sequences at max length, "
+            f"prefix caching {'on' if c.prefix_caching else 'off'}",
+        ]
+        lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
+        return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""The runner of the `no_kv_cache` debug mode: no KV cache at all.
+
+Every step recomputes each sampled sequence's whole context with cache-free causal attention,
+one sequence at a time: O(n^2) work per sequence, meant for isolating cache bugs, not serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from worker.engine.sampler import Sampler
+from worker.engine.sampling import SamplingParams
+from worker.model.llama import LlamaModel
+from worker.model.reference_attention import CausalAttention
+from worker.sched.scheduler_output import SchedulerOutput
+
+
+class RecomputeRunner:
+    def __init__(self, model: LlamaModel, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.sampler = Sampler()
+        self.attention = CausalAttention(model.config.sliding_window)
+        # Token ids each sequence has been fed so far: the only per-sequence state kept.
+        self._history: dict[str, list[int]] = {}
+
+    @torch.inference_mode()
+    def run(
+        self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
+    ) -> dict[str, int]:
+        seq_ids, last_logits = [], []
+        for item in output.scheduled:
+            # NOTE: start_pos drops back to 0 after a preemption; slicing keeps history exact.
+            history = self._history.get(item.seq_id, [])[: item.start_pos] + list(item.token_ids)
+            self._history[item.seq_id] = history
+            if not item.needs_logits:
+                continue
+            ids = torch.tensor(history, dtype=torch.int64, device=self.device)
+            positions = torch.arange(len(history), device=self.device)
+            hidden = self.model(ids, positions, self.attention, None)  # [n, hidden]
+            last_logits.append(self.model.compute_logits(hidden[-1:]))
+            seq_ids.append(item.seq_id)
+        if not seq_ids:
+            return {}
+        tokens = self.sampler.sample(
+            torch.cat(last_logits), seq_ids, [params_of(s) for s in seq_ids]
+        )
+        return dict(zip(seq_ids, tokens, strict=True))
+
+    def forget(self, seq_id: str) -> None:
+        self._history.pop(seq_id, None)
+        self.sampler.forget(seq_id)

@@ -1,0 +1,62 @@
+"""Per-request state the engine keeps beside the scheduler's Sequence: text and stop strings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.engine.sampling import SamplingParams
+from worker.model.tokenizer import IncrementalDecoder
+from worker.sched.sequence import FinishReason
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One streaming delta: what a request produced since its previous output."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+class RequestState:
+    """Detokenizes as tokens arrive and holds back text that could still begin a stop string."""
+
+    def __init__(
+        self, request_id: str, params: SamplingParams, decoder: IncrementalDecoder
+    ) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.decoder = decoder
+        self.text = ""
+        self.num_emitted_chars = 0
+        self.num_emitted_tokens = 0
+        self.stopped_by_string = False
+        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+
+    def on_token(self, token_id: int) -> bool:
+        """Append one token's text; True when a stop string has now appeared."""
+        self.text += self.decoder.append([token_id])
+        if not self.params.stop:
+            return False
+        # NOTE: a stop string can only end inside the newest text plus the held-back tail.
+        search_from = max(0, self.num_emitted_chars - self._holdback)
+        hits = [i for i in (self.text.find(s, search_from) for s in self.params.stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped_by_string = True
+        return self.stopped_by_string
+
+    def take_text(self, finished: bool) -> str:
+        """Text not yet emitted; while running, keeps back what might start a stop string."""
+        end = (
+            len(self.text)
+            if finished
+            else max(self.num_emitted_chars, len(self.text) - self._holdback)
+        )
+        delta = self.text[self.num_emitted_chars : end]
+        self.num_emitted_chars = end
+        return delta

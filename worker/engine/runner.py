@@ -1,0 +1,59 @@
+"""Runs one scheduled step through the model: inputs -> forward -> logits -> sampled tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from worker.attention.batch import build_step_batch
+from worker.engine.sampler import Sampler
+from worker.engine.sampling import SamplingParams
+from worker.model.llama import LlamaModel
+from worker.sched.scheduler_output import SchedulerOutput
+
+
+class Runner(Protocol):
+    """What the engine needs from a runner: one step in, sampled tokens out."""
+
+    model: LlamaModel
+
+    def run(
+        self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
+    ) -> dict[str, int]: ...
+
+    def forget(self, seq_id: str) -> None: ...
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, attention, block_size: int, device: torch.device) -> None:
+        self.model = model
+        self.attention = attention  # TorchPagedAttention or FlashPagedAttention over the KV pool
+        self.block_size = block_size
+        self.device = device
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def run(
+        self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
+    ) -> dict[str, int]:
+        """Returns {seq_id: sampled token} for the sequences whose step reaches their end."""
+        scheduled = output.scheduled
+        batch = build_step_batch(scheduled, self.block_size, self.device)
+        input_ids = torch.tensor(
+            [t for item in scheduled for t in item.token_ids], dtype=torch.int64, device=self.device
+        )
+        meta = self.attention.prepare(batch)
+        hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
+        wanted = [i for i, item in enumerate(scheduled) if item.needs_logits]
+        if not wanted:
+            return {}
+        last_rows = torch.tensor([batch.query_start[i + 1] - 1 for i in wanted], device=self.device)
+        logits = self.model.compute_logits(hidden[last_rows])  # [N, vocab] float32
+        seq_ids = [scheduled[i].seq_id for i in wanted]
+        tokens = self.sampler.sample(logits, seq_ids, [params_of(s) for s in seq_ids])
+        return dict(zip(seq_ids, tokens, strict=True))
+
+    def forget(self, seq_id: str) -> None:
+        self.sampler.forget(seq_id)

@@ -1,0 +1,55 @@
+"""Next-token choice for a batch of rows: greedy rows by argmax, the rest by temperature, top-k,
+top-p and an optional per-request seed (a request's draws do not depend on its batch mates)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from worker.engine.sampling import SamplingParams
+
+
+class Sampler:
+    def __init__(self) -> None:
+        # One generator per seeded request, advanced only by that request's own draws.
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, seq_id: str) -> None:
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, seq_id: str, params: SamplingParams) -> torch.Generator | None:
+        if params.seed is None:
+            return None
+        gen = self._generators.get(seq_id)
+        if gen is None:
+            gen = self._generators[seq_id] = torch.Generator().manual_seed(params.seed)
+        return gen
+
+    def sample(
+        self, logits: Tensor, seq_ids: Sequence[str], params: Sequence[SamplingParams]
+    ) -> list[int]:
+        """logits: [N, vocab] float32 on any device -> one token id per row."""
+        chosen = logits.argmax(dim=-1).tolist()
+        for row, (seq_id, p) in enumerate(zip(seq_ids, params, strict=True)):
+            if not p.greedy:
+                chosen[row] = self._sample_row(
+                    logits[row].float().cpu(), p, self._generator(seq_id, p)
+                )
+        return chosen
+
+    @staticmethod
+    def _sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+        logits = logits / p.temperature
+        if p.top_k:
+            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=gen))

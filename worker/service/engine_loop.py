@@ -1,0 +1,292 @@
+"""The engine loop: one background thread owns the engine and steps it while there is work.
+
+Every engine call (add, abort, step, stats) runs on that thread, so the engine needs no locks.
+Other threads hand it operations through a queue and wait for the result:
+
+    stream = loop.submit("Hello", SamplingParams(max_tokens=8), "req-1")  # validates now
+    for output in stream:  # RequestOutput deltas; the last one has finished=True
+        ...
+
+NOTE: operations queued while a step runs are applied before the next step, so a caller waits
+at most one step; the loop never starves callers the way a lock re-taken in a tight loop can.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from worker.engine.engine import Engine
+from worker.engine.request import RequestOutput
+from worker.engine.sampling import SamplingParams
+from worker.sched.sequence import FinishReason
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoopClosedError(RuntimeError):
+    """The loop was closed: no new requests, and in-flight streams end with this error."""
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What a heartbeat reports: sequences by state and KV cache blocks (or slots)."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_used: int
+    num_kv_total: int
+
+
+_END = object()  # queued after a stream's last item
+
+
+class RequestStream:
+    """The RequestOutput deltas of one request, in order; ends after the finished output.
+
+    Iterating raises the engine's error if a step failed while the request was in flight.
+    """
+
+    def __init__(self, request_id: str, cancel: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self._cancel = cancel
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = False  # set by the consumer once it has seen the end
+        self.finished = False  # set by the loop once the last item is queued
+        self._num_prompt_tokens = 0
+        self._num_output_tokens = 0
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        return self
+
+    def __next__(self) -> RequestOutput:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if item is _END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """Abort the request without waiting; the stream then ends with an ABORT output."""
+        if not self.finished:
+            self._cancel(self.request_id)
+
+    # -- called on the loop thread only ------------------------------------------------------
+
+    def _put(self, output: RequestOutput) -> None:
+        self._num_prompt_tokens = output.num_prompt_tokens
+        self._num_output_tokens = output.num_output_tokens
+        self._items.put(output)
+        if output.finished:
+            self._end()
+
+    def _put_aborted(self) -> None:
+        # NOTE: a request aborted before its first step has reported no prompt length yet (0).
+        self._put(
+            RequestOutput(
+                self.request_id,
+                (),
+                "",
+                True,
+                FinishReason.ABORT,
+                self._num_prompt_tokens,
+                self._num_output_tokens,
+            )
+        )
+
+    # NOTE: `finished` is set before the last item is queued, so a consumer that has seen the
+    # end never sends a needless abort from `cancel()`.
+    def _fail(self, error: BaseException) -> None:
+        self.finished = True
+        self._items.put(error)
+
+    def _end(self) -> None:
+        self.finished = True
+        self._items.put(_END)
+
+
+class EngineLoop:
+    """Runs `engine.step()` on a background thread while requests are unfinished.
+
+    An exception inside a step fails the streams in flight with that error (and aborts their
+    sequences); the loop logs it and keeps serving new requests.
+    """
+
+    def __init__(self, engine: Engine, *, name: str = "engine-loop") -> None:
+        self.engine = engine
+        self._wakeup = threading.Condition()
+        self._ops: deque[tuple[Future | None, Callable[..., Any], tuple]] = deque()
+        self._closed = False
+        self._has_work = False
+        self._streams: dict[str, RequestStream] = {}  # NOTE: touched on the loop thread only
+        self._load = self._read_load()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- the callers' surface (any thread) ---------------------------------------------------
+
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> RequestStream:
+        """Queue a request and return its stream; InvalidRequestError (naming the field) when
+        the engine cannot serve it, EngineLoopClosedError after `close()`."""
+        return self._call(self._add, (prompt, params, request_id))
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request and free its KV; False when it is unknown or already finished."""
+        return self._call(self._abort, (request_id,))
+
+    def load(self) -> EngineLoad:
+        """Load as of the latest step or operation (no waiting)."""
+        return self._load
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout_s: float | None = 10.0) -> None:
+        """Stop the thread after the current step; streams still in flight end with
+        EngineLoopClosedError and their sequences are aborted. Idempotent."""
+        with self._wakeup:
+            self._closed = True
+            self._wakeup.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> EngineLoop:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _call(self, op: Callable[..., Any], args: tuple) -> Any:
+        if threading.current_thread() is self._thread:
+            return op(*args)
+        future: Future = Future()
+        self._enqueue(future, op, args)
+        return future.result()
+
+    def _cancel_later(self, request_id: str) -> None:
+        """What `RequestStream.cancel` does: queue an abort and return at once."""
+        with contextlib.suppress(EngineLoopClosedError):  # close() ends every stream anyway
+            self._enqueue(None, self._abort, (request_id,))
+
+    def _enqueue(self, future: Future | None, op: Callable[..., Any], args: tuple) -> None:
+        with self._wakeup:
+            if self._closed or not self._thread.is_alive():
+                raise EngineLoopClosedError("the engine loop is closed")
+            self._ops.append((future, op, args))
+            self._wakeup.notify()
+
+    # -- the loop thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                self._wakeup.wait_for(lambda: self._closed or self._ops or self._has_work)
+                if self._closed:
+                    break
+                ops, self._ops = self._ops, deque()
+            try:
+                self._apply(ops)
+                if self.engine.has_unfinished:
+                    self._step()
+                self._has_work = self.engine.has_unfinished
+            except Exception as error:  # NOTE: one failure must never stop the loop
+                log.exception(
+                    "engine loop failed; failing %d in-flight request(s)", len(self._streams)
+                )
+                self._fail_all(error)
+                self._has_work = self.engine.has_unfinished
+                self._load = self._read_load()
+        self._shut_down()
+
+    def _apply(self, ops: deque[tuple[Future | None, Callable[..., Any], tuple]]) -> None:
+        """Run the queued operations, then answer their callers (before the next step)."""
+        outcomes: list[tuple[Future, Any, Exception | None]] = []
+        for future, op, args in ops:
+            try:
+                result, error = op(*args), None
+            except Exception as exc:
+                result, error = None, exc
+            if future is not None:
+                outcomes.append((future, result, error))
+        try:
+            # NOTE: refreshed first: an abort's caller may read load() as soon as it is answered.
+            self._load = self._read_load()
+        finally:
+            for future, result, error in outcomes:
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(error)
+
+    def _add(
+        self, prompt: str | Sequence[int], params: SamplingParams | None, request_id: str | None
+    ) -> RequestStream:
+        request_id = self.engine.add_request(prompt, params, request_id)
+        stream = RequestStream(request_id, self._cancel_later)
+        self._streams[request_id] = stream
+        return stream
+
+    def _abort(self, request_id: str) -> bool:
+        aborted = self.engine.abort(request_id)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream._put_aborted()
+        return aborted
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
+        self._load = self._read_load()
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream._put(output)
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id, stream in list(self._streams.items()):
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                log.exception("aborting %s after the failure failed too", request_id)
+            stream._fail(error)
+        self._streams.clear()
+
+    def _shut_down(self) -> None:
+        with self._wakeup:
+            ops, self._ops = self._ops, deque()
+        closed = EngineLoopClosedError("the engine loop is closed")
+        for future, _, _ in ops:
+            if future is not None:
+                future.set_exception(closed)
+        self._fail_all(closed)
+        self._load = self._read_load()
+
+    def _read_load(self) -> EngineLoad:
+        stats = self.engine.scheduler.stats()
+        return EngineLoad(
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            num_kv_used=stats.kv.num_used_blocks,
+            num_kv_total=stats.kv.num_blocks,
+        )

@@ -1,0 +1,111 @@
+"""The worker's gRPC server: Inference, WorkerInfoService, `grpc.health.v1` and reflection,
+over one engine driven by an `EngineLoop`.
+
+    server = WorkerServer(engine, "worker-0", "smollm2-135m").start()
+    ...  # register server.address with the controller; heartbeat with server.loop.load()
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+from policy import Capability
+from worker.engine.engine import Engine
+from worker.service.engine_loop import EngineLoop
+from worker.service.interceptor import ErrorInterceptor
+from worker.service.servicer import InferenceServicer, WorkerInfoServicer
+
+log = logging.getLogger(__name__)
+
+# Threads beyond the streams, so Info, health and reflection never queue behind inference.
+CONTROL_THREADS = 4
+# Streams admitted per sequence slot of the scheduler; the excess waits in the engine's queue.
+STREAMS_PER_SEQ = 4
+SERVED_NAMES = (
+    inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerInfoService"].full_name,
+)
+HEALTH_NAMES = ("", *SERVED_NAMES)  # "" is the whole server, as grpc_health_probe asks
+REFLECTION_NAMES = (
+    *SERVED_NAMES,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+
+
+class WorkerServer:
+    """`start()`, then `stop()`; or use it as a context. The port is bound at construction."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        model_ref: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        capability: Capability | None = None,
+        max_streams: int | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.host = host
+        max_streams = max_streams or STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
+        self.loop = EngineLoop(engine, name=f"engine-loop-{worker_id}")
+        # NOTE: public so the host can publish NOT_SERVING while it drains.
+        self.health = health.HealthServicer()
+        for name in HEALTH_NAMES:
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_streams + CONTROL_THREADS, thread_name_prefix=f"{worker_id}-rpc"
+            ),
+            interceptors=[ErrorInterceptor()],
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.loop, worker_id, max_streams), self._server
+        )
+        worker_pb2_grpc.add_WorkerInfoServiceServicer_to_server(
+            WorkerInfoServicer(worker_id, model_ref, engine.realized, capability), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(REFLECTION_NAMES, self._server)
+        try:
+            self.bound_port = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            self.bound_port = 0
+        if not self.bound_port:
+            self.loop.close()
+            raise OSError(f"worker {worker_id}: cannot listen on {host}:{port}")
+
+    @property
+    def address(self) -> str:
+        """Where the controller and clients reach it (loopback when bound to every interface)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "[::]", "::") else self.host
+        return f"{host}:{self.bound_port}"
+
+    def start(self) -> WorkerServer:
+        self._server.start()
+        for name in HEALTH_NAMES:
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("worker %s serving on %s", self.worker_id, self.address)
+        return self
+
+    def stop(self, grace_s: float | None = 1.0) -> None:
+        """Health goes NOT_SERVING, running streams get `grace_s` to finish, then the server
+        and the engine loop stop (streams still running are cancelled, their KV freed)."""
+        self.health.enter_graceful_shutdown()
+        self._server.stop(grace_s).wait()
+        self.loop.close()
+
+    def __enter__(self) -> WorkerServer:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop(grace_s=0)

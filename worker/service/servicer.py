@@ -1,0 +1,83 @@
+"""Thin servicers: decode the request, call the engine loop, encode the answer.
+
+Errors propagate as exceptions; `interceptor.ErrorInterceptor` turns them into status codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import grpc
+from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+from policy import Capability
+from worker.engine.realized import RealizedReport
+from worker.service import convert
+from worker.service.engine_loop import EngineLoop
+
+
+class WorkerOverloadedError(RuntimeError):
+    """Every stream slot of the worker is taken (RESOURCE_EXHAUSTED, never a silent queue)."""
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, loop: EngineLoop, worker_id: str, max_streams: int) -> None:
+        self._loop = loop
+        # NOTE: read-only here (chat template, vocabulary size), so safe off the loop thread.
+        self._tokenizer = loop.engine.tokenizer
+        self._worker_id = worker_id
+        self._max_streams = max_streams
+        self._slots = threading.BoundedSemaphore(max_streams)
+
+    def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[inference_pb2.GenerateResponse]:
+        prompt, params, request_id = convert.generate_request_from_pb(request, self._tokenizer)
+        with self._stream_slot():
+            with convert.proto_field_names():
+                stream = self._loop.submit(prompt, params, request_id)
+            # Client cancel or deadline: abort at once, even while the request is still queued.
+            if not context.add_callback(stream.cancel):
+                stream.cancel()
+            try:
+                for output in stream:
+                    if not context.is_active():
+                        break
+                    yield convert.generate_response_to_pb(output, self._worker_id)
+            finally:
+                stream.cancel()  # a no-op once the stream finished
+
+    @contextlib.contextmanager
+    def _stream_slot(self) -> Iterator[None]:
+        # NOTE: each stream holds a server thread; past max_streams a call would queue unseen.
+        if not self._slots.acquire(blocking=False):
+            raise WorkerOverloadedError(
+                f"worker {self._worker_id} is serving its maximum of {self._max_streams} streams"
+            )
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+
+class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServiceServicer):
+    def __init__(
+        self,
+        worker_id: str,
+        model_ref: str,
+        realized: RealizedReport,
+        capability: Capability | None = None,
+    ) -> None:
+        self._worker_id = worker_id
+        self._model_ref = model_ref
+        self._realized = realized
+        self._capability = capability
+
+    def Info(
+        self, request: worker_pb2.InfoRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        return convert.worker_info_to_pb(
+            self._worker_id, self._model_ref, self._realized, self._capability
+        )
