@@ -62,3 +62,8 @@ class UpstreamError(Exception):
     def __init__(self, code, message: str) -> None:  # code: grpc.StatusCode
         super().__init__(message)
         self.code = code
+
+    @property
+    def grpc_code(self):
+        """Read by the shared interceptor: the worker's status passes through unchanged."""
+        return self.code

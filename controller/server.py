@@ -15,6 +15,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.status import ErrorInterceptor
 from intentserve.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -26,7 +27,7 @@ from intentserve.v1 import (
 from pydantic import ValidationError
 
 from controller.deployment import Deployment, deployment_state
-from controller.interceptor import ErrorInterceptor
+from controller.interceptor import STATUS_CODES
 from controller.reconcile import LoopMetrics, Reconciler
 from controller.router import Router
 from controller.servicers import AdminServicer, InferenceServicer, WorkerRegistryServicer
@@ -74,7 +75,7 @@ class ControllerServer:
         num_threads = settings.max_outstanding_total + CONTROL_THREADS
         self._server = grpc.server(
             futures.ThreadPoolExecutor(num_threads, thread_name_prefix="controller-rpc"),
-            interceptors=[ErrorInterceptor()],
+            interceptors=[ErrorInterceptor(STATUS_CODES)],
             options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
         )
         worker_pb2_grpc.add_WorkerRegistryServicer_to_server(

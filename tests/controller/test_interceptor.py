@@ -4,6 +4,7 @@ import collections
 
 import grpc
 import pytest
+from intentserve.status import ErrorInterceptor
 
 from controller.errors import (
     InvalidRequest,
@@ -15,7 +16,7 @@ from controller.errors import (
     WorkerUnavailable,
     WrongState,
 )
-from controller.interceptor import ErrorInterceptor, status_for
+from controller.interceptor import STATUS_CODES, status_for
 from policy import IntentError, PolicyViolationError, Reason, ReasonCode
 
 REASON = Reason(ReasonCode.MODEL_HAS_NO_KV_CACHE, "the model (BertModel) has no KV cache")
@@ -58,7 +59,7 @@ Details = collections.namedtuple("Details", "method invocation_metadata")
 
 
 def intercept(handler, method="/intentserve.v1.Admin/Status"):
-    return ErrorInterceptor().intercept_service(lambda _: handler, Details(method, ()))
+    return ErrorInterceptor(STATUS_CODES).intercept_service(lambda _: handler, Details(method, ()))
 
 
 def failing(*args):

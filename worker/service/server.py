@@ -14,12 +14,13 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.status import ErrorInterceptor
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 from policy import Capability
 from worker.engine.engine import Engine
 from worker.service.engine_loop import EngineLoop
-from worker.service.interceptor import ErrorInterceptor
+from worker.service.interceptor import STATUS_CODES
 from worker.service.servicer import InferenceServicer, WorkerInfoServicer
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class WorkerServer:
             futures.ThreadPoolExecutor(
                 max_streams + CONTROL_THREADS, thread_name_prefix=f"{worker_id}-rpc"
             ),
-            interceptors=[ErrorInterceptor()],
+            interceptors=[ErrorInterceptor(STATUS_CODES)],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, worker_id, max_streams), self._server
