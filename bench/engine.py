@@ -1,0 +1,103 @@
+"""Engine benchmark: the paged engine, the default (contiguous) engine and transformers'
+`generate`, side by side in one run on this machine, plus the machine's own matmul ceiling.
+
+    python bench/engine.py                      # full run, writes bench/results/engine.json
+    python bench/engine.py --quick              # a smaller run to check the script
+
+Every figure that a target is judged by is a ratio between numbers measured in this same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.workloads import (  # noqa: E402
+    FLOP_PER_TOKEN,
+    admission,
+    engine_throughput,
+    hf_throughput,
+    kv_waste,
+    load_models,
+    matmul_flops,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="concurrency 1,8 and 16 tokens")
+    parser.add_argument("--skip-hf", action="store_true", help="leave transformers out")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine.json")
+    args = parser.parse_args(argv)
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    max_tokens = args.max_tokens
+    if args.quick:
+        concurrency, max_tokens = [1, 8], 16
+
+    results: dict = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "num_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "workload": {"max_tokens": max_tokens, "greedy": True, "ignore_eos": True},
+        "roofline": {},
+        "throughput": [],
+    }
+    for name in args.dtypes.split(","):
+        dtype = DTYPES[name]
+        flops = matmul_flops(dtype)
+        results["roofline"][name] = {"matmul_flops": flops, "tokens_per_s": flops / FLOP_PER_TOKEN}
+        print(
+            f"[{name}] matmul ceiling {flops / 1e9:.1f} GFLOP/s "
+            f"= {flops / FLOP_PER_TOKEN:.0f} tok/s roofline",
+            flush=True,
+        )
+        models = load_models(dtype, with_hf=not args.skip_hf)
+        for n in concurrency:
+            row = {"dtype": name, "concurrency": n}
+            for kind in ("paged", "default"):
+                row[kind] = engine_throughput(models, kind, n, max_tokens)
+            if not args.skip_hf:
+                row["transformers"] = hf_throughput(models, n, max_tokens)
+            roof = results["roofline"][name]["tokens_per_s"]
+            row["paged_roofline_fraction"] = row["paged"] / roof
+            if "transformers" in row:
+                row["paged_vs_transformers"] = row["paged"] / row["transformers"]
+            results["throughput"].append(row)
+            line = f"[{name}] n={n:<3} paged {row['paged']:7.1f} tok/s"
+            line += f"  default {row['default']:7.1f}"
+            if "transformers" in row:
+                line += f"  transformers {row['transformers']:7.1f}"
+                line += f"  x{row['paged_vs_transformers']:.2f}"
+            print(line + f"  roofline {row['paged_roofline_fraction']:.1%}", flush=True)
+        if name == "bfloat16" or len(args.dtypes.split(",")) == 1:
+            results["kv_waste"] = kv_waste(models)
+            results["admission"] = admission(models)
+            print(json.dumps({k: results[k] for k in ("kv_waste", "admission")}, indent=2))
+        del models
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    code = main()
+    print(f"total {time.time() - t0:.0f} s")
+    sys.exit(code)

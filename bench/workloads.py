@@ -1,0 +1,167 @@
+"""The measurements behind bench/engine.py, one function each."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from worker.engine.builder import EngineBuilder
+from worker.engine.sampling import SamplingParams
+from worker.model.gguf_loader import GGUFFile, gguf_hf_weights, gguf_model_config
+from worker.model.loaded import LoadedModel
+from worker.model.registry import load_model, resolve_model_path
+
+# SmolLM2-135M: about 2 x 134.5 M multiply-adds per generated token.
+FLOP_PER_TOKEN = 2 * 134.5e6
+MODEL = "smollm2-135m"
+MAX_MODEL_LEN = 512
+PROMPTS = [
+    "The history of the printing press begins in",
+    "Write a short poem about the sea and the wind at night.",
+    "def quicksort(items):\n    # sort a list of integers",
+    "In a distant galaxy, a small robot woke up and",
+    "Explain why the sky is blue in simple terms for a child.",
+    "The three most important inventions of the twentieth century are",
+    "Once upon a time, in a small village by the mountains, there lived",
+    "A recipe for a simple tomato soup: first,",
+]
+
+
+@dataclass
+class Models:
+    ours: LoadedModel
+    hf: torch.nn.Module | None
+
+
+def load_models(dtype: torch.dtype, with_hf: bool) -> Models:
+    ours = load_model(MODEL, dtype=str(dtype).removeprefix("torch."))
+    hf = None
+    if with_hf:
+        from worker.model.hf_reference import hf_model  # transformers: a bench/test dependency
+
+        gguf = GGUFFile(resolve_model_path(MODEL))
+        config = gguf_model_config(gguf)
+        hf = hf_model(config, gguf_hf_weights(gguf, config)).to(dtype)
+    return Models(ours, hf)
+
+
+def matmul_flops(dtype: torch.dtype, size: int = 2048, seconds: float = 3.0) -> float:
+    """The machine's dense matmul ceiling in FLOP/s for this dtype (all torch threads)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    a @ b  # warm-up: thread pool, kernels
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * size**3 * count / (time.perf_counter() - start)
+
+
+def _engine(models: Models, kind: str, max_num_seqs: int, kv_bytes: int):
+    mode = "on" if kind == "paged" else "off"
+    return (
+        EngineBuilder()
+        .paged_attention(mode, prefix_caching="off")
+        .kv_cache_memory(bytes=kv_bytes)
+        .scheduler(
+            max_model_len=MAX_MODEL_LEN, max_num_seqs=max_num_seqs, max_num_batched_tokens=4096
+        )
+        .build(loaded=models.ours)
+    )
+
+
+def _bytes_per_token(models: Models) -> int:
+    c = models.ours.config
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * models.ours.dtype.itemsize
+
+
+def engine_throughput(models: Models, kind: str, concurrency: int, max_tokens: int) -> float:
+    """Output tokens/s for `concurrency` requests submitted together, run to completion."""
+    kv_bytes = concurrency * MAX_MODEL_LEN * _bytes_per_token(models)
+    engine = _engine(models, kind, concurrency, kv_bytes)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    engine.generate([PROMPTS[0]], SamplingParams(max_tokens=4))  # warm-up
+    start = time.perf_counter()
+    outputs = engine.generate([PROMPTS[i % len(PROMPTS)] for i in range(concurrency)], params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.new_token_ids) == max_tokens for o in outputs)
+    return concurrency * max_tokens / elapsed
+
+
+@torch.inference_mode()
+def hf_throughput(models: Models, concurrency: int, max_tokens: int) -> float:
+    """transformers `generate`, batched and left-padded, greedy, EOS ignored."""
+    tok = models.ours.tokenizer
+    pad = tok.eos_token_ids[0]
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(concurrency)]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generate = dict(do_sample=False, pad_token_id=pad, eos_token_id=None)
+    models.hf.generate(
+        input_ids[:1], attention_mask=attention_mask[:1], max_new_tokens=4, **generate
+    )
+    start = time.perf_counter()
+    out = models.hf.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        **generate,
+    )
+    elapsed = time.perf_counter() - start
+    assert out.shape[1] == width + max_tokens
+    return concurrency * max_tokens / elapsed
+
+
+def chat_prompt(i: int) -> str:
+    """A chat-sized prompt (about 50 to 130 tokens): several of the short prompts in a row."""
+    return " ".join(PROMPTS[(i + j) % len(PROMPTS)] for j in range(4 + i % 8))
+
+
+def kv_waste(models: Models, num_requests: int = 32) -> dict:
+    """KV reserved versus held by live tokens, summed over every step of a workload with
+    chat-sized prompts and mixed output lengths (16..256 tokens), for both caches under the same
+    budget. Waste is reserved-but-empty token slots over reserved token slots."""
+    kv_bytes = num_requests * MAX_MODEL_LEN * _bytes_per_token(models)
+    report = {}
+    for kind in ("paged", "default"):
+        engine = _engine(models, kind, num_requests, kv_bytes)
+        for i in range(num_requests):
+            length = 16 + (240 * i) // (num_requests - 1)
+            engine.add_request(chat_prompt(i), SamplingParams(max_tokens=length, ignore_eos=True))
+        reserved = live = 0
+        while engine.has_unfinished:
+            engine.step()
+            kv = engine.scheduler.stats().kv
+            reserved += kv.num_reserved_tokens
+            live += kv.num_live_tokens
+        pool_tokens = kv.num_blocks * kv.block_size
+        report[kind] = {
+            "block_size": kv.block_size,
+            "pool_tokens": pool_tokens,
+            "waste_of_reserved": 1 - live / reserved,
+        }
+    return report
+
+
+def admission(models: Models, budget_seqs_at_max_len: int = 4, num_requests: int = 256) -> dict:
+    """Concurrent sequences each cache admits under one KV budget (room for a few max-length
+    sequences) when prompts are far shorter than max_model_len."""
+    kv_bytes = budget_seqs_at_max_len * MAX_MODEL_LEN * _bytes_per_token(models)
+    report = {"kv_budget_bytes": kv_bytes, "max_model_len": MAX_MODEL_LEN}
+    for kind in ("paged", "default"):
+        engine = _engine(models, kind, num_requests, kv_bytes)
+        for i in range(num_requests):
+            engine.add_request(
+                PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=8, ignore_eos=True)
+            )
+        peak = 0
+        while engine.has_unfinished:
+            engine.step()
+            peak = max(peak, engine.scheduler.stats().num_running)
+        report[kind] = peak
+    report["ratio"] = report["paged"] / report["default"]
+    return report
