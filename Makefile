@@ -26,9 +26,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not integration"
 
-## The main job. Until the launcher lands it prints the policy the controller enforces.
+## The main job: a controller plus two CPU workers on an embedded Ray cluster (deploy/local.yaml),
+## PagedAttention required; serves gRPC on 127.0.0.1:50051 until Ctrl-C.
 run: setup
-	$(VENV)/bin/intentserve policy-table
+	$(VENV)/bin/intentserve up deploy/local.yaml
 
 ## Regenerate the gRPC modules after editing proto/intentserve/v1/*.proto.
 proto: setup

@@ -1,17 +1,28 @@
 """The `intentserve` command line.
 
-Exit codes: 0 success; 1 the operation failed (e.g. a policy could not be realized);
-2 bad input (an invalid flag, mode or manifest field: the message names it).
+    intentserve up deploy/local.yaml          # bring a deployment up and serve it
+    intentserve status | workers | explain W | drain W | down | generate PROMPT
+    intentserve policy-table                  # the decision table the controller enforces
+
+Exit codes: 0 success; 1 the operation failed (e.g. a policy could not be realized, the
+controller is unreachable); 2 bad input (an invalid flag, mode or manifest field, an unknown
+worker: the message names it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from policy.examples import decision_table, render_markdown
+# NOTE: set before grpc is imported (it reads it once): `up` starts Ray, which fork + execs its
+# processes while the controller's gRPC threads run; gRPC's fork handlers have nothing to do
+# there and would only log that they skip.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from controller import cli_admin, cli_up  # noqa: E402
+from controller.cli_admin import EXIT_OK  # noqa: E402
+from policy.examples import decision_table, render_markdown  # noqa: E402
 
 
 def _policy_table(args: argparse.Namespace) -> int:
@@ -39,12 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     table.add_argument("--markdown", action="store_true", help="print a Markdown table")
     table.set_defaults(handler=_policy_table)
+    cli_up.add_parser(commands)
+    cli_admin.add_parsers(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except BrokenPipeError:  # `intentserve status | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""Text for people: the status report, the worker table, a realized cache in one phrase.
+
+Everything here reads the plain data of `controller.cli_client` (the same dicts `--json` prints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+WORKER_COLUMNS = (
+    "WORKER",
+    "STATE",
+    "DEVICE",
+    "ADDRESS",
+    "CACHE",
+    "BACKEND",
+    "BLOCKS",
+    "KV MEM",
+    "SCHEDULER",
+    "KV USED",
+    "REQS",
+    "BEAT",
+)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(headers)] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.0f} MiB" if num_bytes >= 2**20 else f"{num_bytes} B"
+
+
+def describe_policy(policy: dict[str, Any] | None) -> str:
+    if policy is None:
+        return "unknown"
+    if policy["mode"] == "off":
+        return "paged_attention off"
+    budget = ""
+    if policy["kv_cache_bytes"]:
+        budget = f", kv_cache {mib(policy['kv_cache_bytes'])}"
+    elif policy["kv_cache_fraction"]:
+        budget = f", kv_cache {policy['kv_cache_fraction']:.0%} of free memory"
+    return (
+        f"paged_attention {policy['mode']} (block_size {policy['block_size'] or 16}{budget}, "
+        f"prefix_caching {policy['prefix_caching']}, backend {policy['backend']}, "
+        f"kv_cache_dtype {policy['kv_cache_dtype'] or 'auto'})"
+    )
+
+
+def describe_realized(realized: dict[str, Any] | None) -> str:
+    """`paged cache (torch_paged), 728 blocks x 16 tokens, 256 MiB, paged scheduler`."""
+    if realized is None:
+        return "nothing realized yet"
+    unit = "blocks" if realized["cache_kind"] == "paged" else "slots"
+    text = (
+        f"{realized['cache_kind']} cache ({realized['backend']}), "
+        f"{realized['num_blocks']} {unit} x {realized['block_size']} tokens, "
+        f"{mib(realized['kv_cache_bytes'])}, {realized['scheduler']} scheduler"
+    )
+    if realized["prefix_caching"]:
+        text += ", prefix caching"
+    return text
+
+
+def worker_rows(workers: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for w in workers:
+        r = w["realized"]
+        rows.append(
+            [
+                w["worker_id"],
+                w["state"],
+                w["device_kind"],
+                w["address"],
+                r["cache_kind"] if r else "-",
+                r["backend"] if r else "-",
+                f"{r['num_blocks']} x {r['block_size']}" if r else "-",
+                mib(r["kv_cache_bytes"]) if r else "-",
+                r["scheduler"] if r else "-",
+                f"{w['num_kv_used']}/{w['num_kv_total']}" if w["num_kv_total"] else "-",
+                w["num_outstanding"],
+                f"{w['last_heartbeat_age_s']:.1f}s",
+            ]
+        )
+    return rows
+
+
+def workers_text(workers: list[dict[str, Any]]) -> str:
+    if not workers:
+        return "no worker has registered"
+    lines = [table(WORKER_COLUMNS, worker_rows(workers))]
+    reasons = [(w["worker_id"], r) for w in workers for r in w["reasons"]]
+    if reasons:
+        lines += ["", "reasons:"]
+        lines += [f"  {wid}: {r['code']}: {r['message']}" for wid, r in reasons]
+    return "\n".join(lines)
+
+
+def status_text(status: dict[str, Any]) -> str:
+    reason = status["reason"] or {"code": "", "message": ""}
+    return "\n".join(
+        [
+            f"deployment {status['deployment']}: {status['state'].upper()} "
+            f"({status['num_verified']} of {status['min_ready']} required replicas verified)",
+            f"reason: {reason['code']}: {reason['message']}",
+            f"policy: {describe_policy(status['policy'])}",
+            "",
+            workers_text(status["workers"]),
+        ]
+    )

@@ -1,0 +1,307 @@
+"""`intentserve up MANIFEST`: bring a deployment up, serve it, take it down.
+
+manifest -> controller (health NOT_SERVING) -> Ray (embedded, or `--ray-address`) -> one worker
+actor per replica -> progress until the deployment is READY -> status table -> serve until
+Ctrl-C, SIGTERM or `intentserve down` -> controller stopped, actors killed, Ray shut down.
+
+Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
+reason is printed) or start-up failed; 2 bad manifest (the field, the value, what is allowed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from controller.cli_admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from controller.cli_client import ControllerClient
+from controller.cli_render import describe_realized, status_text
+from controller.launcher import ActorProbe, ActorState, LaunchError, RayLauncher, Replica
+from controller.manifest import Manifest, ManifestError, load_manifest
+from controller.server import ControllerServer
+
+POLL_S = 0.25
+ACTOR_POLL_S = 2.0  # while serving: how often the actors are asked whether they live
+WAITING_NOTE_S = 15.0  # while starting: how often a "still waiting" line is printed
+_ANY_HOST = ("0.0.0.0", "::", "[::]")
+
+
+class Progress:
+    """Prints what changed since the last look, with the time since `up` started: actors before
+    they register, then the controller's view of each worker and of the deployment."""
+
+    def __init__(self) -> None:
+        self.started_s = time.monotonic()
+        self._actors: dict[str, tuple] = {}
+        self._workers: dict[str, tuple] = {}
+        self._deployment: str | None = None
+        self.signals: list[str] = []  # names of the signals received, in order
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_s
+
+    def say(self, text: str) -> None:
+        print(f"[{self.elapsed_s:6.1f}s] {text}", flush=True)
+
+    def actors(self, probes: dict[str, ActorProbe]) -> None:
+        for worker_id, probe in probes.items():
+            if probe.state is ActorState.STARTING:
+                continue  # no answer yet: busy starting, or loading with the GIL held
+            phase = (probe.status or {}).get("phase", "")
+            key = (probe.state, phase)
+            if self._actors.get(worker_id) == key:
+                continue
+            self._actors[worker_id] = key
+            if probe.state is ActorState.RESTARTING:
+                self.say(f"{worker_id}: its actor died; Ray is restarting it")
+            elif probe.state is ActorState.DEAD:
+                self.say(f"{worker_id}: its actor is dead: {probe.error}")
+            elif phase == "probing":
+                self.say(f"{worker_id}: actor up (pid {probe.status['pid']}), reading the model")
+            elif phase == "registering":
+                self.say(f"{worker_id}: registering with the controller")
+            elif phase == "failed":
+                self.say(f"{worker_id}: FAILED - {probe.status['detail']}")
+
+    def controller(self, status: dict[str, Any]) -> None:
+        for w in status["workers"]:
+            # NOTE: registered turns into loading at once; the two read as one event.
+            key = (w["state"].replace("registered", "loading"), w["address"])
+            if self._workers.get(w["worker_id"]) == key:
+                continue
+            self._workers[w["worker_id"]] = key
+            self.say(f"{w['worker_id']}: {_worker_event(w)}")
+        if status["state"] != self._deployment:
+            self._deployment = status["state"]
+            reason = status["reason"]
+            self.say(
+                f"deployment {status['deployment']}: {status['state'].upper()} - "
+                f"{reason['code']}: {reason['message']}"
+            )
+
+
+def _worker_event(w: dict[str, Any]) -> str:
+    first = w["reasons"][0] if w["reasons"] else None
+    why = f"{first['code']}: {first['message']}" if first else ""
+    if w["state"] in ("registered", "loading"):
+        return (
+            f"registered at {w['address']} ({w['device_kind']}); "
+            "loading the model and realizing the KV cache"
+        )
+    if w["state"] == "ready":
+        fallbacks = (w["realized"] or {}).get("fallback_reasons") or []
+        note = "".join(f"; fallback {r['code']}: {r['message']}" for r in fallbacks)
+        return f"READY - {describe_realized(w['realized'])}{note}"
+    return f"{w['state'].upper()} - {why}"
+
+
+def _startup_failure(status: dict[str, Any], probes: dict[str, ActorProbe]) -> str | None:
+    if status["state"] == "failed":
+        lines = [f"the policy cannot be realized: {status['reason']['message']}"]
+        lines += [
+            f"  {w['worker_id']}: {r['code']}: {r['message']}"
+            for w in status["workers"]
+            if w["state"] == "rejected"
+            for r in w["reasons"][:1]
+        ]
+        return "\n".join(lines)
+    for worker_id, probe in probes.items():
+        if probe.state is ActorState.DEAD:
+            return f"worker {worker_id} died and its restart budget is spent: {probe.error}"
+        if (probe.status or {}).get("phase") == "failed":
+            return f"worker {worker_id} failed before registering: {probe.status['detail']}"
+    return None
+
+
+def _controller_address(manifest: Manifest, server: ControllerServer, launcher: RayLauncher):
+    """host:port where the workers reach the controller."""
+    c = manifest.spec.controller
+    if c.advertise_host:
+        return f"{c.advertise_host}:{server.bound_port}"
+    if launcher.embedded or c.host not in _ANY_HOST:
+        if not launcher.embedded and c.host.startswith("127."):
+            print(
+                f"warning: spec.controller.host is {c.host}: workers on other nodes of the "
+                "cluster cannot register (use 0.0.0.0)",
+                file=sys.stderr,
+            )
+        return server.address
+    return f"{launcher.driver_host()}:{server.bound_port}"
+
+
+def _replicas(manifest: Manifest, controller_address: str, host: str) -> list[Replica]:
+    r = manifest.spec.resources
+    return [
+        Replica(
+            worker_id,
+            manifest.worker_config(worker_id, controller_address, host),
+            r.num_cpus,
+            r.num_gpus,
+            manifest.spec.max_restarts,
+        )
+        for worker_id in manifest.worker_ids()
+    ]
+
+
+def _install_signals(server: ControllerServer, received: list[str]) -> None:
+    """SIGINT / SIGTERM ask the controller to shut down; the main loop notices and says so.
+    NOTE: the handler only records and sets an event: printing here could re-enter a print."""
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signal.Signals(signum).name)
+        server.request_shutdown()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        manifest = load_manifest(args.manifest)
+    except ManifestError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    progress = Progress()
+    s = manifest.spec
+    progress.say(
+        f"manifest {args.manifest}: deployment {manifest.name}, {s.replicas} x {s.model.name} on "
+        f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
+    )
+    try:
+        server = ControllerServer(manifest.controller_settings()).start()
+    except RuntimeError as error:  # the port is taken or the host is not ours
+        c = s.controller
+        print(f"error: cannot start the controller on {c.host}:{c.port}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    _install_signals(server, progress.signals)
+    progress.say(f"controller listening on {server.address} (health NOT_SERVING until READY)")
+    launcher = RayLauncher(
+        address=args.ray_address,
+        num_cpus=args.ray_num_cpus,
+        temp_dir=args.ray_temp_dir,
+        log_to_driver=args.worker_logs,
+    )
+    client = ControllerClient(server.address)
+    try:
+        return _up(manifest, server, launcher, client, progress)
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if progress.signals:
+            progress.say(f"{progress.signals[0]}: shutting down")
+        server.stop(grace_s=2.0)
+        launcher.shutdown()
+        client.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        progress.say("stopped: controller down, worker actors killed, Ray shut down")
+
+
+def _up(
+    manifest: Manifest,
+    server: ControllerServer,
+    launcher: RayLauncher,
+    client: ControllerClient,
+    progress: Progress,
+) -> int:
+    s, r = manifest.spec, manifest.spec.resources
+    progress.say(f"ray: {'starting an embedded cluster' if launcher.embedded else 'joining'}")
+    described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
+    _install_signals(server, progress.signals)  # NOTE: ray.init installed its own SIGTERM one
+    progress.say(f"ray: {described}, GCS at {launcher.gcs_address()}")
+    replicas = _replicas(
+        manifest, _controller_address(manifest, server, launcher), launcher.worker_host()
+    )
+    launcher.launch(replicas)
+    progress.say(
+        f"workers: {len(replicas)} actors created (numCpus {r.num_cpus:g}, numGpus "
+        f"{r.num_gpus:g}, maxRestarts {manifest.spec.max_restarts})"
+    )
+    deadline_s = time.monotonic() + manifest.spec.startup_timeout_s
+    next_note_s = time.monotonic() + WAITING_NOTE_S
+    while True:
+        if server.wait(POLL_S):
+            print("error: interrupted before the deployment became ready", file=sys.stderr)
+            return EXIT_FAILED
+        status = client.status()
+        probes = launcher.probe(POLL_S)
+        progress.controller(status)
+        progress.actors(probes)
+        if status["state"] == "ready":
+            break
+        failure = _startup_failure(status, probes)
+        if failure is not None:
+            print(f"error: {failure}", file=sys.stderr)
+            return EXIT_FAILED
+        if time.monotonic() > deadline_s:
+            print(
+                f"error: not ready after spec.startupTimeoutS={manifest.spec.startup_timeout_s:g}"
+                f" s: {status['reason']['code']}: {status['reason']['message']}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        if time.monotonic() > next_note_s:
+            next_note_s += WAITING_NOTE_S
+            progress.say(f"still waiting: {status['reason']['message']}")
+    progress.say(f"READY after {progress.elapsed_s:.1f} s")
+    print(f"\n{status_text(status)}\n", flush=True)
+    print(
+        f"serving gRPC on {server.address} (intentserve.v1.Inference/Generate); "
+        f"try: intentserve generate 'Hello' --controller {server.address}\n"
+        "Ctrl-C, SIGTERM or `intentserve down` stops it.",
+        flush=True,
+    )
+    _serve(server, launcher, client, progress)
+    return EXIT_OK
+
+
+def _serve(
+    server: ControllerServer, launcher: RayLauncher, client: ControllerClient, progress: Progress
+) -> None:
+    """Report every change until shutdown is requested; Ray restarts dead workers meanwhile."""
+    next_actor_poll_s = 0.0
+    while not server.wait(1.0):
+        try:
+            progress.controller(client.status())
+            if time.monotonic() > next_actor_poll_s:
+                next_actor_poll_s = time.monotonic() + ACTOR_POLL_S
+                progress.actors(launcher.probe(POLL_S))
+        except Exception as error:  # NOTE: reporting must never stop serving
+            progress.say(f"cannot read the status: {type(error).__name__}: {error}")
+
+
+def add_parser(commands) -> None:
+    up = commands.add_parser(
+        "up",
+        help="bring up a deployment from a manifest and serve it",
+        description=__doc__.split("\n\n")[1],
+        epilog=__doc__.split("\n\n")[2],
+    )
+    up.add_argument("manifest", help="the deployment manifest (e.g. deploy/local.yaml)")
+    up.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="join this Ray cluster (auto, HOST:6379, ray://HOST:10001); default: start an "
+        "embedded one",
+    )
+    up.add_argument(
+        "--ray-num-cpus",
+        type=float,
+        default=None,
+        metavar="N",
+        help="CPUs of the embedded cluster (default: what the replicas need)",
+    )
+    up.add_argument("--ray-temp-dir", default=None, metavar="DIR", help="embedded Ray's temp dir")
+    up.add_argument(
+        "--worker-logs", action="store_true", help="print the workers' logs here as well"
+    )
+    up.set_defaults(handler=run)

@@ -1,0 +1,218 @@
+"""The Ray side of `intentserve up`: start an embedded Ray cluster (or join one) and keep one actor
+per worker replica, with the manifest's resources and a restart budget.
+
+NOTE: the only controller module that imports ray. The worker class is named by its import path
+(`WORKER_CLASS`) and imported inside the actor's process by `_WorkerHost`, so the controller's
+process never imports worker/ or torch, and controller/ has no `import worker` anywhere.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+
+WORKER_CLASS = "worker.actor:WorkerActor"
+NAMESPACE = "intentserve"
+EMBEDDED_OBJECT_STORE_BYTES = 128 << 20  # actors exchange only small status dicts
+LOOPBACK = "127.0.0.1"
+
+
+class LaunchError(RuntimeError):
+    """Ray could not be started or joined, or the workers cannot be placed."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One worker actor to keep alive."""
+
+    worker_id: str
+    config: dict[str, Any]  # what the worker class is constructed with
+    num_cpus: float
+    num_gpus: float
+    max_restarts: int  # -1: unlimited
+
+
+class ActorState(enum.Enum):
+    STARTING = "starting"  # being created or restarted: no answer yet
+    RUNNING = "running"  # answered; its `status()` is in the probe
+    RESTARTING = "restarting"  # died; Ray is restarting it within its budget
+    DEAD = "dead"  # died with its restart budget spent (or killed for good)
+
+
+@dataclass(frozen=True)
+class ActorProbe:
+    state: ActorState
+    status: dict[str, Any] | None = None  # the worker's own status when RUNNING
+    error: str = ""  # why, when DEAD
+
+
+class _WorkerHost:
+    """The actor class: constructs the worker class named by `target` ("module:Class") inside the
+    actor's process and forwards `status()` / `stop()` to it."""
+
+    def __init__(self, target: str, config: dict[str, Any]) -> None:
+        module, _, name = target.partition(":")
+        self._worker = getattr(importlib.import_module(module), name)(config)
+
+    def status(self) -> dict[str, Any]:
+        return self._worker.status()
+
+    def stop(self) -> dict[str, Any]:
+        return self._worker.stop()
+
+
+class RayLauncher:
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        num_cpus: float | None = None,
+        temp_dir: str | None = None,
+        log_to_driver: bool = False,
+        worker_class: str = WORKER_CLASS,
+    ) -> None:
+        """`address` None starts an embedded cluster; anything else (`auto`, `HOST:6379`,
+        `ray://HOST:10001`) joins one."""
+        self.address = address
+        self._num_cpus = num_cpus
+        self._temp_dir = temp_dir
+        self._log_to_driver = log_to_driver
+        self._worker_class = worker_class
+        self._actors: dict[str, Any] = {}
+
+    @property
+    def embedded(self) -> bool:
+        return self.address is None
+
+    def start(self, num_cpus: float, num_gpus: float) -> str:
+        """Start or join Ray for workers that need `num_cpus` and `num_gpus` in all; a sentence
+        saying which cluster, with its resources."""
+        options: dict[str, Any] = {
+            "namespace": NAMESPACE,
+            "log_to_driver": self._log_to_driver,
+            "include_dashboard": False,
+            "logging_level": logging.WARNING,
+        }
+        if self.embedded:
+            # NOTE: "local" always starts a new cluster (None would join one named by RAY_ADDRESS).
+            options |= {
+                "address": "local",
+                "num_cpus": int(-(-(self._num_cpus or max(num_cpus, 1)) // 1)),
+                "object_store_memory": EMBEDDED_OBJECT_STORE_BYTES,
+                "_temp_dir": self._temp_dir,
+            }
+        else:
+            options["address"] = self.address
+        try:
+            ray.init(**options)
+        except Exception as error:
+            where = "start an embedded Ray cluster" if self.embedded else f"join {self.address}"
+            why = f"{type(error).__name__}: {summary(error)}"
+            if error.__cause__ is not None:  # e.g. the AuthenticationError behind the refusal
+                why += f" ({type(error.__cause__).__name__}: {summary(error.__cause__)})"
+            raise LaunchError(f"cannot {where}: {why}") from error
+        resources = ray.cluster_resources()
+        if self.embedded:  # NOTE: a joined cluster may autoscale; the start-up timeout covers it
+            self._check_fits({"CPU": num_cpus, "GPU": num_gpus}, resources)
+        gpus = f", {resources['GPU']:g} GPUs" if resources.get("GPU") else ""
+        kind = "embedded Ray cluster" if self.embedded else f"Ray cluster at {self.address}"
+        return f"{kind} ({resources.get('CPU', 0):g} CPUs{gpus})"
+
+    def worker_host(self) -> str:
+        """Where worker servers bind: loopback on the embedded cluster, every interface else."""
+        return LOOPBACK if self.embedded else "0.0.0.0"
+
+    def driver_host(self) -> str:
+        """The address of this process's node as the cluster's nodes see it."""
+        return LOOPBACK if self.embedded else ray.util.get_node_ip_address()
+
+    def gcs_address(self) -> str:
+        """What another driver passes to `ray.init(address=...)` to reach this cluster."""
+        return ray.get_runtime_context().gcs_address
+
+    def launch(self, replicas: list[Replica]) -> None:
+        """One actor per replica; Ray restarts a dead one up to its `max_restarts`."""
+        host = ray.remote(_WorkerHost)
+        for replica in replicas:
+            try:
+                self._actors[replica.worker_id] = host.options(
+                    name=replica.worker_id,
+                    num_cpus=replica.num_cpus,
+                    num_gpus=replica.num_gpus,
+                    max_restarts=replica.max_restarts,
+                    max_concurrency=2,  # status() answers while stop() runs
+                ).remote(self._worker_class, replica.config)
+            except ValueError as error:  # e.g. the name is taken by another deployment
+                raise LaunchError(f"cannot create worker {replica.worker_id}: {error}") from error
+
+    def probe(self, timeout_s: float = 0.5) -> dict[str, ActorProbe]:
+        """Each actor's state (and its worker's status when it answers within the timeout)."""
+        refs = {worker_id: actor.status.remote() for worker_id, actor in self._actors.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
+        probes = {}
+        for worker_id, ref in refs.items():
+            probes[worker_id] = (
+                self._probe_one(ref) if ref in done else ActorProbe(ActorState.STARTING)
+            )
+        return probes
+
+    def kill(self, worker_id: str, *, restart: bool = True) -> None:
+        """Kill a worker's actor; with `restart` Ray restarts it (within its budget)."""
+        ray.kill(self._actors[worker_id], no_restart=not restart)
+
+    def shutdown(self) -> None:
+        """Kill every actor for good, then leave Ray (which stops an embedded cluster)."""
+        if not ray.is_initialized():
+            return
+        for actor in self._actors.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # NOTE: already dead: nothing to stop
+                logging.getLogger(__name__).debug("actor already gone", exc_info=True)
+        self._actors.clear()
+        ray.shutdown()
+
+    def _probe_one(self, ref) -> ActorProbe:
+        try:
+            return ActorProbe(ActorState.RUNNING, ray.get(ref, timeout=0))
+        except ActorUnavailableError:
+            return ActorProbe(ActorState.RESTARTING)
+        except ActorDiedError as error:
+            return ActorProbe(ActorState.DEAD, error=summary(error))
+        except GetTimeoutError:
+            return ActorProbe(ActorState.STARTING)
+        except Exception as error:  # the worker's status() raised: a broken worker, not a crash
+            detail = f"its status() raised: {summary(error)}"
+            return ActorProbe(ActorState.RUNNING, {"phase": "failed", "detail": detail})
+
+    @staticmethod
+    def _check_fits(needs: dict[str, float], resources: dict[str, float]) -> None:
+        for kind, need in needs.items():
+            have = resources.get(kind, 0.0)
+            if need > have:
+                raise LaunchError(
+                    f"the workers need {need:g} {kind}s in all (replicas x "
+                    f"spec.resources.num{kind.capitalize()}s) but the embedded Ray cluster has "
+                    f"{have:g}"
+                )
+
+
+_EXCEPTION_LINE = re.compile(r"\w+(Error|Exception|Interrupt)\b.*")
+
+
+def summary(error: Exception) -> str:
+    """One line from Ray's multi-line error text: the exception that ended a creation task
+    (e.g. `ModuleNotFoundError: ...`), else the first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    raised = [line for line in lines[1:] if _EXCEPTION_LINE.fullmatch(line)]
+    return f"{lines[0].split(',')[0]}: {raised[-1]}" if raised else lines[0]

@@ -1,0 +1,375 @@
+"""The deployment manifest: a YAML file validated by pydantic, overridable through env vars.
+
+    apiVersion: intentserve/v1
+    kind: Deployment
+    metadata: {name: local}
+    spec: {model: {...}, replicas: 2, resources: {...}, pagedAttention: {...}, scheduler: {...},
+           controller: {...}}
+
+Env vars `INTENTSERVE_<PATH>` override the file, one `__` per level and case-insensitive:
+`INTENTSERVE_SPEC__REPLICAS=1`, `INTENTSERVE_SPEC__PAGEDATTENTION__MODE=off`.
+
+A bad manifest is refused before anything starts: `ManifestError` has one line per invalid field,
+naming its path in the file (`spec.pagedAttention.mode`), the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic.alias_generators import to_camel
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controller.settings import ENV_PREFIX, ControllerSettings
+from policy import (
+    DEFAULT_AUTO_DEVICES,
+    DEFAULT_BLOCK_SIZE,
+    BackendIntent,
+    DeviceKind,
+    KvCacheDtype,
+    Mode,
+)
+from policy.config import MAX_BLOCK_SIZE
+
+API_VERSION = "intentserve/v1"
+KIND = "Deployment"
+# NOTE: mirrors worker.model.dtype.ALLOWED_DTYPES (controller/ never imports worker/); a test
+# keeps the two equal.
+MODEL_DTYPES = ("auto", "float32", "bfloat16")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+_QUANTITY = re.compile(r"(\d+)\s*(Ki|Mi|Gi|Ti|K|M|G|T)?")
+_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_UNITS |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_KV_MEMORY_FORMS = "bytes (268435456, 256Mi, 1Gi) or a share of free device memory (10%)"
+
+
+class ManifestError(ValueError):
+    """The manifest cannot be used; `problems` has one line per invalid field."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"invalid manifest {source}:\n" + "\n".join(f"  {p}" for p in problems))
+        self.source = source
+        self.problems = problems
+
+
+def _choice(enum_cls: type[enum.Enum], value: object) -> enum.Enum:
+    """Parse an enum member from the word an operator writes (YAML's bare on/off included)."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, bool) and "on" in enum_cls._value2member_map_:
+        value = "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in enum_cls._value2member_map_:
+        return enum_cls(value.strip().lower())
+    raise ValueError(f"allowed values are {', '.join(m.value for m in enum_cls)}")
+
+
+def parse_kv_memory(value: int | str | None) -> tuple[int | None, float | None]:
+    """`kvCacheMemory` -> (kv_cache_bytes, kv_cache_fraction); at most one is set."""
+    if value is None:
+        return None, None
+    text = str(value).strip()
+    if not isinstance(value, bool) and text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            percent = -1.0
+        if 0.0 < percent <= 100.0:
+            return None, percent / 100.0
+    match = _QUANTITY.fullmatch(text)
+    if not isinstance(value, bool | float) and match and int(match.group(1)) > 0:
+        return int(match.group(1)) * _UNITS[match.group(2)], None
+    raise ValueError(f"allowed: {_KV_MEMORY_FORMS}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True)
+
+
+class ModelSpec(_Section):
+    name: str = Field("smollm2-135m", min_length=1, description="short name, .gguf file or folder")
+    dtype: str = "auto"
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        if value not in MODEL_DTYPES:
+            raise ValueError(f"allowed values are {', '.join(MODEL_DTYPES)}")
+        return value
+
+
+class ResourcesSpec(_Section):
+    device: DeviceKind = DeviceKind.CPU
+    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float = Field(0.0, ge=0, validate_default=True)
+    device_map: tuple[str, ...] = ()  # device of each decoder layer; empty: all on `device`
+    no_kv_cache: bool = False  # debug mode: the worker reports it has no KV cache at all
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, value: object) -> DeviceKind:
+        return _choice(DeviceKind, value)
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _gpus(cls, value: float, info: ValidationInfo) -> float:
+        if info.data.get("device") is DeviceKind.CUDA and value <= 0:
+            raise ValueError("must be > 0 when device is cuda (a Ray actor sees no GPU without it)")
+        return value
+
+    @field_validator("device_map")
+    @classmethod
+    def _device_map(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [d for d in value if not _DEVICE.fullmatch(d)]
+        if bad:
+            raise ValueError(f"entries must be cpu, cuda or cuda:N; {bad[0]!r} is not")
+        return value
+
+
+class PagedAttentionSpec(_Section):
+    mode: Mode = Mode.AUTO
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=MAX_BLOCK_SIZE)
+    kv_cache_memory: int | str | None = None
+    prefix_caching: Mode = Field(Mode.AUTO, validate_default=True)
+    backend: BackendIntent = BackendIntent.AUTO
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
+    auto_enabled_devices: tuple[DeviceKind, ...] | None = None  # default: policy's (cuda)
+
+    @field_validator("mode", "prefix_caching", mode="before")
+    @classmethod
+    def _mode(cls, value: object) -> Mode:
+        return _choice(Mode, value)
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend(cls, value: object) -> BackendIntent:
+        return _choice(BackendIntent, value)
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _kv_dtype(cls, value: object) -> KvCacheDtype:
+        return _choice(KvCacheDtype, value)
+
+    @field_validator("auto_enabled_devices", mode="before")
+    @classmethod
+    def _devices(cls, value: object) -> object:
+        return [_choice(DeviceKind, d) for d in value] if isinstance(value, list) else value
+
+    @field_validator("kv_cache_memory")
+    @classmethod
+    def _kv_memory(cls, value: int | str | None) -> int | str | None:
+        parse_kv_memory(value)
+        return value
+
+    @field_validator("prefix_caching")
+    @classmethod
+    def _prefix(cls, value: Mode, info: ValidationInfo) -> Mode:
+        if value is Mode.ON and info.data.get("mode") is Mode.OFF:
+            raise ValueError("'on' needs a paged KV cache, but mode is 'off'")
+        return value
+
+
+class SchedulerSpec(_Section):
+    max_num_seqs: int = Field(16, ge=1)
+    max_model_len: int | None = Field(None, ge=2, description="default: the model's, capped")
+    max_num_batched_tokens: int = Field(2048, ge=1)
+
+
+class ControllerSpec(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
+    advertise_host: str | None = None  # where workers reach it; default: found from the route
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_timeout_s: float = Field(5.0, gt=0)
+    max_outstanding_per_worker: int = Field(32, ge=1)
+
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _timeout(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("heartbeat_interval_s")
+        if interval is not None and value <= interval:
+            raise ValueError(f"must be longer than heartbeatIntervalS ({interval:g})")
+        return value
+
+
+class DeploymentSpec(_Section):
+    model: ModelSpec = ModelSpec()
+    replicas: int = Field(1, ge=1)
+    min_ready: int | None = Field(None, ge=1, description="default: replicas")
+    max_restarts: int = Field(3, ge=-1, description="Ray restarts per worker; -1: unlimited")
+    startup_timeout_s: float = Field(300.0, gt=0)
+    resources: ResourcesSpec = ResourcesSpec()
+    paged_attention: PagedAttentionSpec = PagedAttentionSpec()
+    scheduler: SchedulerSpec = SchedulerSpec()
+    controller: ControllerSpec = ControllerSpec()
+
+    @field_validator("min_ready")
+    @classmethod
+    def _min_ready(cls, value: int | None, info: ValidationInfo) -> int | None:
+        replicas = info.data.get("replicas")
+        if value is not None and replicas is not None and value > replicas:
+            raise ValueError(f"must be at most replicas ({replicas})")
+        return value
+
+
+class Metadata(_Section):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError("must be 1-63 lower-case letters, digits or '-' (a DNS label)")
+        return value
+
+
+class Manifest(BaseSettings):
+    """The whole file. The env source comes first, so `INTENTSERVE_SPEC__...` beats the file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    metadata: Metadata
+    spec: DeploymentSpec = DeploymentSpec()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_):
+        return (env_settings, init_settings)
+
+    @field_validator("api_version")
+    @classmethod
+    def _api_version(cls, value: str) -> str:
+        if value != API_VERSION:
+            raise ValueError(f"allowed value is {API_VERSION}")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value != KIND:
+            raise ValueError(f"allowed value is {KIND}")
+        return value
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def worker_ids(self) -> list[str]:
+        return [f"{self.name}-{i}" for i in range(self.spec.replicas)]
+
+    def controller_settings(self) -> ControllerSettings:
+        s, pa, c = self.spec, self.spec.paged_attention, self.spec.controller
+        kv_bytes, kv_fraction = parse_kv_memory(pa.kv_cache_memory)
+        auto_devices = DEFAULT_AUTO_DEVICES
+        if pa.auto_enabled_devices is not None:
+            auto_devices = frozenset(pa.auto_enabled_devices)
+        return ControllerSettings(
+            host=c.host,
+            port=c.port,
+            deployment=self.name,
+            paged_attention=pa.mode,
+            block_size=pa.block_size,
+            kv_cache_bytes=kv_bytes,
+            kv_cache_fraction=kv_fraction,
+            prefix_caching=pa.prefix_caching,
+            attention_backend=pa.backend,
+            kv_cache_dtype=pa.kv_cache_dtype,
+            auto_enabled_devices=auto_devices,
+            replicas=s.replicas,
+            min_ready=s.min_ready,
+            heartbeat_interval_s=c.heartbeat_interval_s,
+            heartbeat_timeout_s=c.heartbeat_timeout_s,
+            max_outstanding_per_worker=c.max_outstanding_per_worker,
+        )
+
+    def worker_config(self, worker_id: str, controller_address: str, host: str) -> dict[str, Any]:
+        """What one worker is started with (`worker.runtime.spec.WorkerSpec`'s fields), as plain
+        data: it crosses into a Ray actor and controller/ never imports worker/."""
+        s = self.spec
+        kv_bytes, kv_fraction = parse_kv_memory(s.paged_attention.kv_cache_memory)
+        return {
+            "worker_id": worker_id,
+            "controller_address": controller_address,
+            "model": s.model.name,
+            "dtype": s.model.dtype,
+            "device": s.resources.device.value,
+            "device_map": list(s.resources.device_map),
+            "no_kv_cache": s.resources.no_kv_cache,
+            "max_model_len": s.scheduler.max_model_len,
+            "max_num_seqs": s.scheduler.max_num_seqs,
+            "max_num_batched_tokens": s.scheduler.max_num_batched_tokens,
+            # The budget of a cache built without paging (mode off, or auto falling back).
+            "kv_cache_bytes": kv_bytes,
+            "kv_cache_fraction": kv_fraction,
+            "num_threads": max(int(s.resources.num_cpus), 1),
+            "host": host,
+        }
+
+
+def parse_manifest(data: object, source: str = "<manifest>") -> Manifest:
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ManifestError(source, ["the document must be a mapping (apiVersion, kind, ...)"])
+    try:
+        return Manifest(**data)
+    except ValidationError as error:
+        raise ManifestError(source, describe_validation_error(error)) from None
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read, parse and validate; `ManifestError` says what is wrong and where."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ManifestError(source, [f"cannot read it: {error.strerror or error}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ManifestError(source, [f"not valid YAML: {error}"]) from None
+    return parse_manifest(data, source)
+
+
+def describe_validation_error(error: ValidationError) -> list[str]:
+    """One line per invalid field: `path: invalid value X; what is allowed`."""
+    lines = []
+    for item in error.errors():
+        names, section = _as_written(item["loc"])
+        path = ".".join(names) or "manifest"
+        message = item["msg"].removeprefix("Value error, ")
+        message = message[:1].lower() + message[1:]
+        if item["type"] == "extra_forbidden":
+            allowed = ", ".join(f.alias or n for n, f in (section or {}).items())
+            lines.append(f"{path}: unknown field; allowed fields here are {allowed}")
+        elif item["type"] == "missing":
+            lines.append(f"{path}: required field is missing")
+        elif isinstance(item["input"], str | int | float | bool) or item["input"] is None:
+            lines.append(f"{path}: invalid value {item['input']!r}; {message}")
+        else:
+            lines.append(f"{path}: {message}")
+    return lines
+
+
+def _as_written(loc: tuple) -> tuple[list[str], dict | None]:
+    """The path as the file spells it (camelCase), and the fields of the section holding it."""
+    names: list[str] = []
+    model: type[BaseModel] | None = Manifest
+    section = None
+    for part in map(str, loc):
+        section = model.model_fields if model is not None else None
+        field = next((f for n, f in (section or {}).items() if part in (n, f.alias)), None)
+        names.append(field.alias or part if field is not None else part)
+        annotation = field.annotation if field is not None else None
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+    return names, section

@@ -1,0 +1,142 @@
+"""Every YAML file under deploy/ parses; the intentserve manifests (files, and the one embedded in
+the Kubernetes ConfigMap) validate against the schema; the Kubernetes and Ray pieces fit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.manifest import API_VERSION, load_manifest, parse_manifest
+from policy import DeviceKind, Mode
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+YAML_FILES = sorted(DEPLOY.rglob("*.yaml"))
+
+
+def documents(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def k8s_object(kind: str) -> dict:
+    found = [
+        d
+        for p in sorted((DEPLOY / "k8s").glob("*.yaml"))
+        for d in documents(p)
+        if d["kind"] == kind
+    ]
+    assert len(found) == 1, f"expected one {kind} under deploy/k8s, found {len(found)}"
+    return found[0]
+
+
+def test_the_expected_files_exist():
+    names = {str(p.relative_to(DEPLOY)) for p in YAML_FILES}
+    assert {
+        "local.yaml",
+        "local-auto.yaml",
+        "cuda.yaml",
+        "ray/cluster.yaml",
+        "ray/deployment.yaml",
+        "k8s/raycluster.yaml",
+        "k8s/controller.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_yaml_file_parses_and_every_intentserve_manifest_validates(path):
+    docs = documents(path)
+    assert docs, f"{path} is empty"
+    for doc in docs:
+        assert isinstance(doc, dict)
+        if doc.get("apiVersion") == API_VERSION:
+            parse_manifest(doc, str(path))
+
+
+def test_local_requires_paged_attention_on_two_cpu_workers():
+    m = load_manifest(DEPLOY / "local.yaml")
+    assert (m.name, m.spec.replicas, m.spec.resources.device) == ("local", 2, DeviceKind.CPU)
+    assert m.spec.paged_attention.mode is Mode.ON
+    assert m.spec.controller.port == 50051
+
+
+def test_local_auto_is_local_with_auto():
+    auto, local = load_manifest(DEPLOY / "local-auto.yaml"), load_manifest(DEPLOY / "local.yaml")
+    assert auto.spec.paged_attention.mode is Mode.AUTO
+    assert auto.spec.resources == local.spec.resources
+    assert auto.spec.scheduler == local.spec.scheduler
+    assert auto.spec.controller.port != local.spec.controller.port  # both can run at once
+
+
+def test_cuda_gives_each_worker_one_gpu_and_requires_paged_attention():
+    m = load_manifest(DEPLOY / "cuda.yaml")
+    assert (m.spec.resources.device, m.spec.resources.num_gpus) == (DeviceKind.CUDA, 1)
+    assert m.spec.paged_attention.mode is Mode.ON
+
+
+def test_the_ray_cluster_config_starts_a_head_and_workers():
+    config = documents(DEPLOY / "ray" / "cluster.yaml")[0]
+    assert {
+        "cluster_name",
+        "provider",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    } <= set(config)
+    assert any("--head" in c for c in config["head_start_ray_commands"])
+    cluster = load_manifest(DEPLOY / "ray" / "deployment.yaml")
+    assert cluster.spec.controller.host == "0.0.0.0"  # workers on other nodes must reach it
+
+
+def test_the_raycluster_is_kuberay_v1_with_a_head_and_a_worker_group():
+    cluster = k8s_object("RayCluster")
+    assert cluster["apiVersion"] == "ray.io/v1"
+    spec = cluster["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {p["containerPort"] for p in head["ports"]} >= {6379, 10001}
+    assert spec["workerGroupSpecs"] and all(
+        g["template"]["spec"]["containers"] for g in spec["workerGroupSpecs"]
+    )
+
+
+def test_the_controller_deployment_is_ready_only_when_grpc_health_says_serving():
+    deployment = k8s_object("Deployment")
+    pod = deployment["spec"]["template"]
+    assert (
+        deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    )
+    container = pod["spec"]["containers"][0]
+    probe = container["readinessProbe"]["grpc"]
+    assert probe["service"] == ""
+    grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+    assert probe["port"] == grpc_port
+    # It runs `intentserve up` on the ConfigMap's manifest, joining the RayCluster's head service.
+    command = container["command"]
+    assert command[:2] == ["intentserve", "up"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "manifest")
+    config_map = k8s_object("ConfigMap")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "manifest")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    key = Path(command[2]).relative_to(mount["mountPath"]).as_posix()
+    manifest = parse_manifest(yaml.safe_load(config_map["data"][key]), "ConfigMap")
+    assert manifest.spec.controller.port == grpc_port
+    assert manifest.spec.controller.host == "0.0.0.0"
+    ray_address = command[command.index("--ray-address") + 1]
+    head_service = f"{k8s_object('RayCluster')['metadata']['name']}-head-svc"
+    assert re.fullmatch(rf"ray://{head_service}:10001", ray_address)
+
+
+def test_the_service_routes_grpc_to_the_controller_pods():
+    service = k8s_object("Service")
+    pod_labels = k8s_object("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["grpc"]
+
+
+def test_make_run_brings_up_the_local_deployment():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^run: (.*)\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe, "Makefile has no run target"
+    assert "setup" in recipe.group(1)
+    assert "intentserve up deploy/local.yaml" in recipe.group(2)

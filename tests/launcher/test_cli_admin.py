@@ -1,0 +1,134 @@
+"""The admin CLI against a real controller on loopback with scripted workers: tables, `--json`,
+streaming generate, drain, down, and the exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller.cli import main
+from controller.server import ControllerServer
+from controller.settings import ControllerSettings
+from policy.examples import BERT, cpu
+from tests.controller.conftest import FAST, eventually
+from tests.controller.scripted_worker import ScriptedWorker
+
+
+@pytest.fixture
+def deployment():
+    """A controller requiring PagedAttention, two honest CPU workers, READY."""
+    server = ControllerServer(ControllerSettings(**FAST, paged_attention="on", replicas=2)).start()
+    workers = [ScriptedWorker(server.address, f"w-{i}", cpu(), num_tokens=3) for i in range(2)]
+    for worker in workers:
+        worker.up()
+    assert server.wait_until_settled(5).ready
+    yield server
+    for worker in workers:
+        worker.stop()
+    server.stop(grace_s=0)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_status_prints_the_state_policy_and_worker_table(deployment, capsys):
+    code, out, _ = run(capsys, "status", "--controller", deployment.address)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "deployment test-deployment: READY (2 of 2 required replicas verified)"
+    assert lines[2].startswith("policy: paged_attention on (block_size 16")
+    header = next(line for line in lines if line.startswith("WORKER"))
+    assert header.split()[:6] == ["WORKER", "STATE", "DEVICE", "ADDRESS", "CACHE", "BACKEND"]
+    rows = [line.split() for line in lines if line.startswith("w-")]
+    assert [r[:5] for r in rows] == [
+        ["w-0", "ready", "cpu", deployment.deployment.workers()[0].address, "paged"],
+        ["w-1", "ready", "cpu", deployment.deployment.workers()[1].address, "paged"],
+    ]
+
+
+def test_status_json_has_each_workers_realized_cache(deployment, capsys):
+    code, out, _ = run(capsys, "status", "--json", "--controller", deployment.address)
+    assert code == 0
+    status = json.loads(out)
+    assert (status["state"], status["num_verified"], status["min_ready"]) == ("ready", 2, 2)
+    assert status["policy"]["mode"] == "on"
+    for worker in status["workers"]:
+        realized = worker["realized"]
+        assert (realized["cache_kind"], realized["scheduler"]) == ("paged", "paged")
+        assert (realized["num_blocks"], realized["block_size"]) == (64, 16)
+        assert realized["backend"] == "torch_paged"
+
+
+def test_workers_and_explain(deployment, capsys):
+    code, out, _ = run(capsys, "workers", "--json", "--controller", deployment.address)
+    assert code == 0
+    assert [w["worker_id"] for w in json.loads(out)] == ["w-0", "w-1"]
+    code, out, _ = run(capsys, "explain", "w-1", "--controller", deployment.address)
+    assert code == 0
+    assert [line.split(":")[0] for line in out.splitlines()][:2] == ["intent", "capability"]
+    assert out.splitlines()[-1].startswith("deployment: READY")
+
+
+def test_generate_streams_the_text_and_reports_the_worker(deployment, capsys):
+    code, out, err = run(
+        capsys, "generate", "hello", "--max-tokens", "3", "--controller", deployment.address
+    )
+    assert code == 0
+    assert out == "t0 t1 t2 \n"
+    assert "3 tokens, finish length" in err
+    code, out, _ = run(
+        capsys, "generate", "hello", "--json", "--chat", "--controller", deployment.address
+    )
+    chunks = [json.loads(line) for line in out.splitlines()]
+    assert [c["text"] for c in chunks] == ["t0 ", "t1 ", "t2 "]
+    assert chunks[-1]["finish_reason"] == "length"
+
+
+def test_drain_then_down(deployment, capsys):
+    code, out, _ = run(capsys, "drain", "w-0", "--controller", deployment.address)
+    assert (code, out) == (0, "w-0: draining, 0 streams running\n")
+    code, out, _ = run(capsys, "down", "--controller", deployment.address)
+    assert code == 0
+    assert deployment.wait(5), "Admin.Shutdown did not reach the controller"
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["explain", "nobody"], 2, "error: NOT_FOUND: unknown worker 'nobody'"),
+        (["drain", "nobody"], 2, "error: NOT_FOUND"),
+        (["generate", "hi", "--temperature", "-1"], 2, "error: INVALID_ARGUMENT: sampling"),
+    ],
+)
+def test_bad_input_exits_2_naming_it(deployment, capsys, argv, code, message):
+    got, _, err = run(capsys, *argv, "--controller", deployment.address)
+    assert got == code
+    assert err.startswith(message)
+
+
+def test_not_ready_is_exit_1_with_the_reason(capsys):
+    server = ControllerServer(ControllerSettings(**FAST, paged_attention="on")).start()
+    worker = ScriptedWorker(server.address, "enc-0", cpu(model=BERT))
+    try:
+        with pytest.raises(Exception, match="FAILED_PRECONDITION"):
+            worker.register()
+        eventually(lambda: server.verdict().failed, what="the FAILED verdict")
+        code, _, err = run(capsys, "generate", "hi", "--controller", server.address)
+        assert code == 1
+        assert "UNAVAILABLE: deployment is not ready: policy_violation" in err
+        code, out, _ = run(capsys, "status", "--controller", server.address)
+        assert code == 0
+        assert "enc-0: model_has_no_kv_cache" in out
+    finally:
+        worker.stop()
+        server.stop(grace_s=0)
+
+
+def test_no_controller_is_exit_1(capsys):
+    code, _, err = run(capsys, "status", "--controller", "127.0.0.1:1", "--rpc-timeout", "2")
+    assert code == 1
+    assert err.startswith("error: ")

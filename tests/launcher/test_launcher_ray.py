@@ -1,0 +1,95 @@
+"""The launcher on an embedded Ray cluster, with a stand-in worker class named by its import path:
+actors start, die, are restarted within their budget, and nothing outlives `shutdown()`."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from controller.launcher import ActorState, LaunchError, RayLauncher, Replica, summary
+from tests.launcher.processes import processes_mentioning, short_temp_dir
+
+FAKE = "tests.launcher.fake_worker:FakeWorker"
+
+
+def replica(worker_id: str, max_restarts: int = 1) -> Replica:
+    return Replica(worker_id, {"worker_id": worker_id}, 0.25, 0, max_restarts)
+
+
+def probe_until(launcher: RayLauncher, worker_id: str, done, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        probe = launcher.probe(0.5)[worker_id]
+        if done(probe):
+            return probe
+        if time.monotonic() > deadline:
+            pytest.fail(f"{worker_id}: still {probe} after {timeout_s} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    temp_dir = short_temp_dir()
+    launcher = RayLauncher(worker_class=FAKE, num_cpus=1, temp_dir=temp_dir)
+    assert launcher.start(0.5, 0) == "embedded Ray cluster (1 CPUs)"
+    yield launcher, temp_dir
+    launcher.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_a_killed_actor_is_restarted_until_its_budget_is_spent(ray_session):
+    launcher, _ = ray_session
+    launcher.launch([replica("f-0", max_restarts=1)])
+    first = probe_until(launcher, "f-0", lambda p: p.state is ActorState.RUNNING)
+    assert first.status["worker_id"] == "f-0"
+    launcher.kill("f-0", restart=True)
+    second = probe_until(
+        launcher,
+        "f-0",
+        lambda p: p.state is ActorState.RUNNING and p.status["pid"] != first.status["pid"],
+    )
+    assert second.status["worker_id"] == "f-0"  # constructed again with the same config
+    launcher.kill("f-0", restart=True)  # its one restart is spent
+    dead = probe_until(launcher, "f-0", lambda p: p.state is ActorState.DEAD)
+    assert dead.error
+
+
+@pytest.mark.integration
+def test_a_class_that_cannot_be_imported_leaves_a_dead_actor_with_the_reason(ray_session):
+    broken = RayLauncher(worker_class="tests.launcher.fake_worker:Missing")
+    broken.launch([replica("f-missing", max_restarts=0)])
+    dead = probe_until(broken, "f-missing", lambda p: p.state is ActorState.DEAD)
+    assert "AttributeError" in dead.error and "Missing" in dead.error
+
+
+@pytest.mark.integration
+def test_shutdown_leaves_no_ray_process(ray_session):
+    launcher, temp_dir = ray_session
+    assert processes_mentioning(temp_dir)  # the cluster's processes name their temp dir
+    launcher.shutdown()
+    deadline = time.monotonic() + 15
+    while processes_mentioning(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(temp_dir) == []
+
+
+def test_an_embedded_cluster_too_small_for_the_workers_is_refused():
+    with pytest.raises(LaunchError, match="need 4 CPUs .* has 2"):
+        RayLauncher._check_fits({"CPU": 4.0, "GPU": 0.0}, {"CPU": 2.0})
+    RayLauncher._check_fits({"CPU": 2.0, "GPU": 0.0}, {"CPU": 2.0})
+
+
+def test_a_ray_error_is_summarized_by_the_exception_that_ended_it():
+    error = RuntimeError(
+        "The actor died because of an error raised in its creation task, ray::x (pid=1)\n"
+        "  File 'a.py', line 3, in <module>\n"
+        "ModuleNotFoundError: No module named 'nope'"
+    )
+    assert summary(error) == (
+        "The actor died because of an error raised in its creation task: "
+        "ModuleNotFoundError: No module named 'nope'"
+    )
+    assert summary(RuntimeError("one line")) == "one line"

