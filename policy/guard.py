@@ -47,6 +47,8 @@ class RealizedCache:
     kv_cache_dtype: str = ""
     scheduler: SchedulerKind | None = None  # None until the guard has selected one
     fallback_reasons: tuple[Reason, ...] = ()
+    dtype: str = ""  # model compute dtype
+    max_model_len: int = 0  # longest sequence (prompt + output) the engine accepts
 
 
 @dataclass(frozen=True)

@@ -181,9 +181,7 @@ def decision_from_pb(msg: pb.Decision) -> Decision:
     )
 
 
-def realized_to_pb(
-    realized: RealizedCache, dtype: str = "", max_model_len: int = 0
-) -> pb.RealizedState:
+def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
     return pb.RealizedState(
         cache_kind=_enum_to_pb(realized.kind, pb.CacheKind),
         backend=_enum_to_pb(realized.backend, pb.BackendKind),
@@ -195,8 +193,8 @@ def realized_to_pb(
         kv_cache_dtype=realized.kv_cache_dtype,
         scheduler=_enum_to_pb(realized.scheduler, pb.SchedulerKind) if realized.scheduler else 0,
         fallback_reasons=[reason_to_pb(r) for r in realized.fallback_reasons],
-        dtype=dtype,
-        max_model_len=max_model_len,
+        dtype=realized.dtype,
+        max_model_len=realized.max_model_len,
     )
 
 
@@ -216,6 +214,8 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
             else None
         ),
         fallback_reasons=tuple(reason_from_pb(r) for r in msg.fallback_reasons),
+        dtype=msg.dtype,
+        max_model_len=msg.max_model_len,
     )
 
 

@@ -32,6 +32,8 @@ realized = st.builds(
     kv_cache_dtype=st.sampled_from(["", "float32", "bfloat16"]),
     scheduler=st.sampled_from([None, *SchedulerKind]),
     fallback_reasons=st.lists(reasons, max_size=3).map(tuple),
+    dtype=st.sampled_from(["", "float32", "bfloat16"]),
+    max_model_len=st.integers(0, 1 << 20),
 )
 
 

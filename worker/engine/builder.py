@@ -19,7 +19,6 @@ import torch
 from policy import (
     DEFAULT_AUTO_DEVICES,
     DeviceKind,
-    ModelFacts,
     PagedAttentionConfig,
     Resolution,
     paged_attention_config,
@@ -31,11 +30,11 @@ from worker.engine.kv_setup import realize_kv, realize_without_cache
 from worker.engine.policy_apply import apply_resolution
 from worker.engine.recompute_runner import RecomputeRunner
 from worker.engine.runner import ModelRunner
+from worker.model.facts import model_facts, serving_max_model_len
 from worker.model.loaded import LoadedModel, ModelLoadError
 from worker.model.packed_linear import prepack_available, prepack_linears
 from worker.model.registry import load_model
 
-DEFAULT_MAX_MODEL_LEN = 2048
 log = logging.getLogger(__name__)
 
 
@@ -58,40 +57,17 @@ class EngineConfig:
     cpu_prepack: bool = True  # oneDNN-packed projection weights on CPU (packed_linear.py)
 
 
-def model_facts(loaded: LoadedModel, max_model_len: int) -> ModelFacts:
-    c = loaded.config
-    return ModelFacts(
-        architecture=c.architecture,
-        has_kv_cache=c.has_kv_cache,
-        head_dim=c.head_dim,
-        num_layers=c.num_layers,
-        num_kv_heads=c.num_kv_heads,
-        max_model_len=max_model_len,
-    )
-
-
-def _max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:
-    limit = loaded.config.max_position_embeddings
-    if config.max_model_len is None:
-        return min(limit, DEFAULT_MAX_MODEL_LEN)
-    if not 2 <= config.max_model_len <= limit:
-        raise ValueError(
-            f"max_model_len: {config.max_model_len} is out of range; this model allows 2 to {limit}"
-        )
-    return config.max_model_len
-
-
 def build_engine(
     config: EngineConfig, resolution: Resolution | None = None, loaded: LoadedModel | None = None
 ) -> Engine:
     """`resolution` comes from the controller on a worker; standalone, it is resolved here with
     the same policy functions."""
     loaded = loaded or load_model(config.model, config.dtype, config.device)
-    max_model_len = _max_model_len(config, loaded)
+    max_model_len = serving_max_model_len(loaded.config, config.max_model_len)
     device = torch.device(config.device)
     capability = probe_capability(
         device,
-        model_facts(loaded, max_model_len),
+        model_facts(loaded.config, max_model_len),
         device_map=config.device_map,
         no_kv_cache=config.no_kv_cache,
     )

@@ -123,9 +123,12 @@ def realize_kv(
         else TorchPagedAttention(pool, sliding_window=window)
     )
     report = RealizedReport(
-        cache=replace(realized, scheduler=choice.kind),
-        dtype=str(loaded.dtype).removeprefix("torch."),
-        max_model_len=max_model_len,
+        cache=replace(
+            realized,
+            scheduler=choice.kind,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            max_model_len=max_model_len,
+        ),
         model=model_ref,
     )
     return RealizedKv(pool, attention, scheduler, report)
@@ -149,9 +152,13 @@ def realize_without_cache(
     # The default scheduler's slots are bookkeeping only here: no KV is reserved behind them.
     scheduler = DefaultScheduler(max_num_seqs, max_model_len, max_num_batched_tokens)
     report = RealizedReport(
-        cache=replace(realized, scheduler=choice.kind, max_num_seqs=max_num_seqs),
-        dtype=str(loaded.dtype).removeprefix("torch."),
-        max_model_len=max_model_len,
+        cache=replace(
+            realized,
+            scheduler=choice.kind,
+            max_num_seqs=max_num_seqs,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            max_model_len=max_model_len,
+        ),
         model=model_ref,
     )
     return scheduler, report

@@ -10,9 +10,15 @@ from policy import RealizedCache
 @dataclass(frozen=True)
 class RealizedReport:
     cache: RealizedCache
-    dtype: str  # model compute dtype
-    max_model_len: int
     model: str  # the reference it was loaded from
+
+    @property
+    def dtype(self) -> str:
+        return self.cache.dtype
+
+    @property
+    def max_model_len(self) -> int:
+        return self.cache.max_model_len
 
     def describe(self) -> str:
         c = self.cache

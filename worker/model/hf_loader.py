@@ -41,7 +41,7 @@ def load_hf_folder(
             raise ValueError("config.json is missing")
         architecture = (raw.get("architectures") or [raw.get("model_type", "?")])[0]
         if raw.get("model_type") in ENCODER_MODEL_TYPES:
-            return _encoder_facts(folder, architecture, raw, dtype)
+            return encoder_facts(folder, architecture, raw, dtype)
         if architecture not in DECODER_ARCHITECTURES:
             raise ValueError(
                 f"architecture {architecture!r} is not supported "
@@ -104,7 +104,7 @@ def decoder_config(family: str, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _encoder_facts(
+def encoder_facts(
     folder: Path, architecture: str, raw: dict[str, Any], dtype: torch.dtype
 ) -> LoadedModel:
     """An encoder's facts for the policy layer: its shape, no KV cache, and no model built."""

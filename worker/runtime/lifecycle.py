@@ -24,7 +24,7 @@ import torch
 from policy import PagedAttentionRequiredError, Reason, ReasonCode
 from worker.cache.kv_pool import KvBudgetError
 from worker.capability import probe_capability
-from worker.engine.builder import DEFAULT_MAX_MODEL_LEN, build_engine
+from worker.engine.builder import build_engine
 from worker.engine.engine import Engine
 from worker.model.facts import read_model_facts
 from worker.model.registry import load_model
@@ -134,7 +134,7 @@ class WorkerRuntime:
             self._set(Phase.PROBING)
             capability = probe_capability(
                 self.spec.device,
-                read_model_facts(self.spec.model, self.spec.max_model_len, DEFAULT_MAX_MODEL_LEN),
+                read_model_facts(self.spec.model, self.spec.max_model_len),
                 device_map=self.spec.device_map,
                 no_kv_cache=self.spec.no_kv_cache,
             )

@@ -99,7 +99,7 @@ class RegistryClient:
     def report_realized(self, realized: RealizedReport) -> Reason | None:
         """None when the controller verified the report, else its reason; NotRegistered when
         it forgot the worker (restarted) or counts it as lost."""
-        state = convert.realized_to_pb(realized.cache, realized.dtype, realized.max_model_len)
+        state = convert.realized_to_pb(realized.cache)
         request = worker_pb2.RealizedReport(worker_id=self.worker_id, realized=state)
         try:
             verification = self._stub.ReportRealized(request, timeout=self._timeout_s)

@@ -118,7 +118,7 @@ def worker_info_to_pb(
     info = worker_pb2.WorkerInfo(
         worker_id=worker_id,
         model=model_ref,
-        realized=realized_to_pb(realized.cache, realized.dtype, realized.max_model_len),
+        realized=realized_to_pb(realized.cache),
     )
     if capability is not None:
         info.capability.CopyFrom(capability_to_pb(capability))
