@@ -117,7 +117,7 @@ def hf_throughput(models: Models, concurrency: int, max_tokens: int) -> float:
 
 
 def chat_prompt(i: int) -> str:
-    """A chat-sized prompt (about 50 to 130 tokens): several of the short prompts in a row."""
+    """A chat-sized prompt (46 to 125 tokens): several of the short prompts in a row."""
     return " ".join(PROMPTS[(i + j) % len(PROMPTS)] for j in range(4 + i % 8))
 
 
