@@ -15,14 +15,17 @@ import logging
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.cli_admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from controller.cli_client import ControllerClient
 from controller.cli_render import describe_realized, status_text
-from controller.launcher import ActorProbe, ActorState, LaunchError, RayLauncher, Replica
+from controller.launch_types import ActorProbe, ActorState, LaunchError, Replica
 from controller.manifest import Manifest, ManifestError, load_manifest
 from controller.server import ControllerServer
+
+if TYPE_CHECKING:
+    from controller.launcher import RayLauncher
 
 POLL_S = 0.25
 ACTOR_POLL_S = 2.0  # while serving: how often the actors are asked whether they live
@@ -182,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
     _install_signals(server, progress.signals)
     progress.say(f"controller listening on {server.address} (health NOT_SERVING until READY)")
+    from controller.launcher import RayLauncher  # ray is imported only when `up` runs
+
     launcher = RayLauncher(
         address=args.ray_address,
         num_cpus=args.ray_num_cpus,

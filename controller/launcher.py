@@ -8,49 +8,22 @@ process never imports worker/ or torch, and controller/ has no `import worker` a
 
 from __future__ import annotations
 
-import enum
 import importlib
 import logging
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
 
+from controller.launch_types import ActorProbe, ActorState, LaunchError, Replica
+
+__all__ = ["ActorProbe", "ActorState", "LaunchError", "RayLauncher", "Replica"]
+
 WORKER_CLASS = "worker.actor:WorkerActor"
 NAMESPACE = "intentserve"
 EMBEDDED_OBJECT_STORE_BYTES = 128 << 20  # actors exchange only small status dicts
 LOOPBACK = "127.0.0.1"
-
-
-class LaunchError(RuntimeError):
-    """Ray could not be started or joined, or the workers cannot be placed."""
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One worker actor to keep alive."""
-
-    worker_id: str
-    config: dict[str, Any]  # what the worker class is constructed with
-    num_cpus: float
-    num_gpus: float
-    max_restarts: int  # -1: unlimited
-
-
-class ActorState(enum.Enum):
-    STARTING = "starting"  # being created or restarted: no answer yet
-    RUNNING = "running"  # answered; its `status()` is in the probe
-    RESTARTING = "restarting"  # died; Ray is restarting it within its budget
-    DEAD = "dead"  # died with its restart budget spent (or killed for good)
-
-
-@dataclass(frozen=True)
-class ActorProbe:
-    state: ActorState
-    status: dict[str, Any] | None = None  # the worker's own status when RUNNING
-    error: str = ""  # why, when DEAD
 
 
 class _WorkerHost:
