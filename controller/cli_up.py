@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -163,7 +164,14 @@ def _install_signals(server: ControllerServer, received: list[str]) -> None:
         signal.signal(signum, on_signal)
 
 
+# `--paged-attention MODE` is the manifest field's env override, so it is validated (and its error
+# names spec.pagedAttention.mode) exactly as the file's value would be.
+PAGED_ATTENTION_ENV = "INTENTSERVE_SPEC__PAGEDATTENTION__MODE"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.paged_attention is not None:
+        os.environ[PAGED_ATTENTION_ENV] = args.paged_attention
     try:
         manifest = load_manifest(args.manifest)
     except ManifestError as error:
@@ -291,6 +299,13 @@ def add_parser(commands) -> None:
         epilog=__doc__.split("\n\n")[2],
     )
     up.add_argument("manifest", help="the deployment manifest (e.g. deploy/local.yaml)")
+    up.add_argument(
+        "--paged-attention",
+        default=None,
+        metavar="MODE",
+        help="auto, on or off: overrides spec.pagedAttention.mode (on: realized on every worker "
+        "or the deployment does not start)",
+    )
     up.add_argument(
         "--ray-address",
         default=None,

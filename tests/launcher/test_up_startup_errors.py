@@ -21,3 +21,20 @@ def test_a_taken_port_is_exit_1_naming_it(monkeypatch, capsys):
 def test_a_missing_manifest_is_exit_2(tmp_path, capsys):
     assert main(["up", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+def test_a_bad_paged_attention_flag_is_exit_2_naming_the_field(monkeypatch, capsys):
+    # Recorded by monkeypatch, so what the flag writes into the environment is undone afterwards.
+    monkeypatch.setenv("INTENTSERVE_SPEC__PAGEDATTENTION__MODE", "on")
+    assert main(["up", "deploy/local.yaml", "--paged-attention", "sometimes"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.pagedAttention.mode" in err and "sometimes" in err
+    assert "auto, on, off" in err
+
+
+def test_the_paged_attention_flag_overrides_the_manifest(monkeypatch):
+    from controller.cli_up import PAGED_ATTENTION_ENV
+    from controller.manifest import load_manifest
+
+    monkeypatch.setenv(PAGED_ATTENTION_ENV, "off")  # what `--paged-attention off` sets
+    assert load_manifest("deploy/local.yaml").spec.paged_attention.mode.value == "off"
