@@ -13,7 +13,7 @@ import torch
 
 from policy import ModelFacts
 from worker.model.config import ModelConfig
-from worker.model.gguf_loader import GGUFFile, gguf_model_config
+from worker.model.gguf_loader import gguf_model_config, open_gguf
 from worker.model.hf_loader import (
     DECODER_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
@@ -35,7 +35,7 @@ def read_model_config(ref: str) -> ModelConfig:
     try:
         if path.is_dir():
             return _folder_config(path)
-        return gguf_model_config(GGUFFile(path))
+        return gguf_model_config(open_gguf(path))
     except KeyError as exc:
         raise ModelLoadError(path, f"field {exc} is missing") from exc
     except (ValueError, OSError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,25 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def open_gguf(path: Path | str) -> GGUFFile:
+    """The parsed file, shared within this process while it is unchanged on disk.
+
+    NOTE: parsing the header takes seconds; a worker reads the model's facts before registering
+    and loads the weights after, and this keeps that to one parse.
+    """
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return GGUFFile(path)  # raises ModelLoadError naming the path
+    return _open_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
+    return GGUFFile(path)
 
 
 class GGUFFile:
@@ -186,7 +206,7 @@ def _undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Te
 
 
 def load_gguf(path: Path | str, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
-    f = GGUFFile(path)
+    f = open_gguf(path)
     try:
         tokenizer = build_gguf_tokenizer(f.metadata)
         config = replace(

@@ -133,3 +133,10 @@ def test_truncated_file_names_path(tmp_path, num_bytes_cut):
     with pytest.raises(ModelLoadError, match="truncated or corrupt") as err:
         load_model(str(path))
     assert str(path) in str(err.value)
+
+
+def test_one_parse_serves_the_facts_read_and_the_load(smollm2_path):
+    from worker.model.gguf_loader import open_gguf
+
+    first = open_gguf(smollm2_path)
+    assert open_gguf(str(smollm2_path)) is first  # same file, unchanged: parsed once
