@@ -59,11 +59,13 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, seconds: float = 3.0) -> 
     return 2 * size**3 * count / (time.perf_counter() - start)
 
 
-def _engine(models: Models, kind: str, max_num_seqs: int, kv_bytes: int):
+def _engine(models: Models, kind: str, max_num_seqs: int, kv_bytes: int, block_size: int = 16):
+    """kind: "paged" (mode on, blocks of `block_size`) or "default" (mode off, contiguous)."""
     mode = "on" if kind == "paged" else "off"
+    options = {"block_size": block_size} if kind == "paged" else {}
     return (
         EngineBuilder()
-        .paged_attention(mode, prefix_caching="off")
+        .paged_attention(mode, prefix_caching="off", **options)
         .kv_cache_memory(bytes=kv_bytes)
         .scheduler(
             max_model_len=MAX_MODEL_LEN, max_num_seqs=max_num_seqs, max_num_batched_tokens=4096
@@ -127,8 +129,13 @@ def kv_waste(models: Models, num_requests: int = 32) -> dict:
     budget. Waste is reserved-but-empty token slots over reserved token slots."""
     kv_bytes = num_requests * MAX_MODEL_LEN * _bytes_per_token(models)
     report = {}
-    for kind in ("paged", "default"):
-        engine = _engine(models, kind, num_requests, kv_bytes)
+    # The default block size, a finer one (half the tail per sequence), and the contiguous slots.
+    for name, kind, block_size in (
+        ("paged", "paged", 16),
+        ("paged_block_8", "paged", 8),
+        ("default", "default", 16),
+    ):
+        engine = _engine(models, kind, num_requests, kv_bytes, block_size)
         for i in range(num_requests):
             length = 16 + (240 * i) // (num_requests - 1)
             engine.add_request(chat_prompt(i), SamplingParams(max_tokens=length, ignore_eos=True))
@@ -138,10 +145,9 @@ def kv_waste(models: Models, num_requests: int = 32) -> dict:
             kv = engine.scheduler.stats().kv
             reserved += kv.num_reserved_tokens
             live += kv.num_live_tokens
-        pool_tokens = kv.num_blocks * kv.block_size
-        report[kind] = {
+        report[name] = {
             "block_size": kv.block_size,
-            "pool_tokens": pool_tokens,
+            "pool_tokens": kv.num_blocks * kv.block_size,
             "waste_of_reserved": 1 - live / reserved,
         }
     return report
