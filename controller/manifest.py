@@ -35,6 +35,7 @@ from policy import (
     Mode,
 )
 from policy.config import MAX_BLOCK_SIZE
+from policy.modes import allowed_values, lookup_choice
 
 API_VERSION = "intentserve/v1"
 KIND = "Deployment"
@@ -60,13 +61,10 @@ class ManifestError(ValueError):
 
 def _choice(enum_cls: type[enum.Enum], value: object) -> enum.Enum:
     """Parse an enum member from the word an operator writes (YAML's bare on/off included)."""
-    if isinstance(value, enum_cls):
-        return value
-    if isinstance(value, bool) and "on" in enum_cls._value2member_map_:
-        value = "on" if value else "off"
-    if isinstance(value, str) and value.strip().lower() in enum_cls._value2member_map_:
-        return enum_cls(value.strip().lower())
-    raise ValueError(f"allowed values are {', '.join(m.value for m in enum_cls)}")
+    member = lookup_choice(enum_cls, value)
+    if member is None:
+        raise ValueError(f"allowed values are {allowed_values(enum_cls)}")
+    return member
 
 
 def parse_kv_memory(value: int | str | None) -> tuple[int | None, float | None]:

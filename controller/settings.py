@@ -23,6 +23,7 @@ from policy import (
     paged_attention_config,
 )
 from policy.config import MAX_BLOCK_SIZE
+from policy.modes import allowed_values, lookup_choice
 
 ENV_PREFIX = "INTENTSERVE_"
 
@@ -32,18 +33,15 @@ def parse_devices(value: object) -> frozenset[DeviceKind]:
     items = value.replace(",", " ").split() if isinstance(value, str) else value
     if not isinstance(items, list | tuple | set | frozenset):
         raise IntentError("auto_enabled_devices", f"expected a list of devices, got {value!r}")
-    allowed = ", ".join(d.value for d in DeviceKind)
     devices = set()
     for item in items:
-        if isinstance(item, DeviceKind):
-            devices.add(item)
-            continue
-        try:
-            devices.add(DeviceKind(str(item).strip().lower()))
-        except ValueError:
+        device = lookup_choice(DeviceKind, item)
+        if device is None:
             raise IntentError(
-                "auto_enabled_devices", f"invalid value {item!r}; allowed values are {allowed}"
-            ) from None
+                "auto_enabled_devices",
+                f"invalid value {item!r}; allowed values are {allowed_values(DeviceKind)}",
+            )
+        devices.add(device)
     return frozenset(devices)
 
 

@@ -8,6 +8,26 @@ from typing import TypeVar
 from policy.errors import IntentError
 
 E = TypeVar("E", bound="_ParsedEnum")
+M = TypeVar("M", bound=enum.Enum)
+
+
+def lookup_choice(enum_cls: type[M], value: object) -> M | None:
+    """The member an operator's word names, case-insensitively; None when it names none.
+
+    NOTE: YAML 1.1 reads a bare `on` / `off` as a boolean; that spelling counts for enums that
+    have an `on` member.
+    """
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, bool) and "on" in enum_cls._value2member_map_:
+        value = "on" if value else "off"
+    if isinstance(value, str):
+        return enum_cls._value2member_map_.get(value.strip().lower())  # type: ignore[return-value]
+    return None
+
+
+def allowed_values(enum_cls: type[enum.Enum]) -> str:
+    return ", ".join(member.value for member in enum_cls)
 
 
 class _ParsedEnum(enum.Enum):
@@ -15,21 +35,15 @@ class _ParsedEnum(enum.Enum):
 
     @classmethod
     def allowed(cls) -> str:
-        return ", ".join(member.value for member in cls)
+        return allowed_values(cls)
 
     @classmethod
     def parse(cls: type[E], value: object, field: str) -> E:
         """Parse `value` case-insensitively; anything else names `field` and the allowed values."""
-        if isinstance(value, cls):
-            return value
-        # NOTE: YAML 1.1 reads a bare `on` / `off` as a boolean; accept that spelling for modes.
-        if isinstance(value, bool) and "on" in cls._value2member_map_:
-            value = "on" if value else "off"
-        if isinstance(value, str):
-            member = cls._value2member_map_.get(value.strip().lower())
-            if member is not None:
-                return member  # type: ignore[return-value]
-        raise IntentError(field, f"invalid value {value!r}; allowed values are {cls.allowed()}")
+        member = lookup_choice(cls, value)
+        if member is None:
+            raise IntentError(field, f"invalid value {value!r}; allowed values are {cls.allowed()}")
+        return member
 
 
 class Mode(_ParsedEnum):
