@@ -60,6 +60,8 @@ class FlashMetadata:
 
 
 class FlashPagedAttention:
+    decode_impl = "vllm-flash-attn flash_attn_varlen_func"  # what runs decodes (start-up log)
+
     def __init__(
         self, pool: KvPool, kernel: Callable | None = None, sliding_window: int | None = None
     ) -> None:

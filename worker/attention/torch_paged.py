@@ -1,9 +1,15 @@
 """torch backend over the KV pool: gather K/V through block tables, then scaled-dot-product
 attention. Runs on any device; serves both the paged and the contiguous cache (they differ only in
-block size and who hands out the blocks). A step may mix prefill chunks and decodes."""
+block size and who hands out the blocks). A step may mix prefill chunks and decodes.
+
+On the CPU, decodes go to a compiled kernel that reads K/V in place through the block table
+(`worker/attention/cpu_kernels/paged_decode.c`) when it can be built; otherwise, and on other
+devices, they gather K/V with `index_select` and run two matmuls. Prefill chunks always use SDPA.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -11,14 +17,29 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from worker.attention.batch import StepBatch
+from worker.attention.cpu_kernels import KernelUnavailable, PagedDecodeKernel, paged_decode_kernel
 from worker.cache.kv_pool import KvPool
+
+log = logging.getLogger(__name__)
+
+# Storage dtypes the compiled decode kernel reads (q, cache and output all in that dtype).
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
 class DecodeGroup:
     rows: Tensor | None  # [B] rows of the decodes in the token batch; None when rows == 0..B-1
-    key_rows: Tensor  # [B * L] flat cache rows of every context position (padding: position 0)
-    bias: Tensor  # [B, 1, 1, L] float32: 0 where the key is attended, -inf where not
+    # The gather path: flat cache rows of every context position (padding: position 0), [B * L];
+    # and the bias, [B, 1, 1, L] float32: 0 where the key is attended, -inf where not.
+    key_rows: Tensor | None
+    bias: Tensor | None
+    # The kernel path: block tables [B, W] and context lengths [B], both int64.
+    tables: Tensor | None = None
+    context_lens: Tensor | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.bias.shape[0] if self.bias is not None else self.context_lens.shape[0]
 
 
 @dataclass(frozen=True)
@@ -47,17 +68,56 @@ def _window_floor(query_pos: Tensor, window: int | None) -> Tensor | None:
     return None if window is None else query_pos - window + 1
 
 
+def _decode_kernel_for(pool: KvPool, use_kernel: bool) -> tuple[PagedDecodeKernel | None, str]:
+    """(kernel, "") when decodes on this pool can use the compiled kernel, else (None, why)."""
+    if not use_kernel:
+        return None, "the compiled decode kernel was not asked for"
+    k_cache, _ = pool.flat(0)
+    if k_cache.device.type != "cpu":
+        return None, f"the compiled decode kernel is CPU-only (the cache is on {k_cache.device})"
+    if k_cache.dtype not in _KERNEL_DTYPES:
+        return None, f"the compiled decode kernel does not read a {k_cache.dtype} cache"
+    head_dim = k_cache.shape[-1]
+    if head_dim % 16 or head_dim > 256:
+        return (
+            None,
+            f"the compiled decode kernel needs head_dim a multiple of 16 up to 256, not {head_dim}",
+        )
+    try:
+        return paged_decode_kernel(), ""
+    except KernelUnavailable as exc:
+        return None, exc.reason
+
+
 class TorchPagedAttention:
-    def __init__(self, pool: KvPool, sliding_window: int | None = None) -> None:
+    def __init__(
+        self, pool: KvPool, sliding_window: int | None = None, use_kernel: bool = True
+    ) -> None:
         self.pool = pool
         self.window = sliding_window
+        self.kernel, why_not = _decode_kernel_for(pool, use_kernel)
+        if self.kernel is None and use_kernel:
+            log.warning("decode attention uses index_select + matmul: %s", why_not)
+        # What runs a step's decodes, for the start-up log and the benchmark.
+        self.decode_impl = "compiled CPU kernel" if self.kernel else f"torch gather ({why_not})"
 
     def prepare(self, batch: StepBatch) -> TorchPagedMetadata:
         device = batch.tables.device
         decode_idx = [i for i, n in enumerate(batch.query_lens) if n == 1]
         prefill_idx = [i for i, n in enumerate(batch.query_lens) if n > 1]
         decode = None
-        if decode_idx:
+        if decode_idx and self.kernel is not None:
+            all_decodes = len(decode_idx) == batch.num_seqs
+            decode = DecodeGroup(
+                rows=None
+                if decode_idx == list(range(len(decode_idx)))
+                else torch.tensor([batch.query_start[i] for i in decode_idx], device=device),
+                key_rows=None,
+                bias=None,
+                tables=(batch.tables if all_decodes else batch.tables[decode_idx]).contiguous(),
+                context_lens=torch.tensor([batch.context_lens[i] for i in decode_idx]),
+            )
+        elif decode_idx:
             ctx = torch.tensor([batch.context_lens[i] for i in decode_idx], device=device)
             length = int(ctx.max())
             key_rows = _key_rows(batch.tables[decode_idx], batch.block_size, length)
@@ -100,6 +160,44 @@ class TorchPagedAttention:
             )
         return TorchPagedMetadata(batch.slot_mapping, decode, tuple(prefills))
 
+    def _decode_kernel(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, d: DecodeGroup, out: Tensor
+    ) -> None:
+        """The compiled kernel: K/V read in place, float32 softmax, one (sequence, kv head) per
+        task. NOTE: q may be a strided view of the fused projection; rows must be dense."""
+        batch = d.num_seqs
+        qd = (q if d.rows is None else q[d.rows])[:batch]
+        if qd.dtype != k_cache.dtype or qd.stride(2) != 1 or qd.stride(1) != qd.shape[2]:
+            qd = qd.to(k_cache.dtype).contiguous()
+        direct = d.rows is None and out.dtype == k_cache.dtype  # write straight into `out`
+        result = out[:batch] if direct else torch.empty(qd.shape, dtype=k_cache.dtype)
+        fn = self.kernel.bf16 if k_cache.dtype == torch.bfloat16 else self.kernel.f32
+        num_heads, head_dim = qd.shape[1], qd.shape[2]
+        code = fn(
+            qd.data_ptr(),
+            qd.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            d.tables.data_ptr(),
+            d.tables.shape[1],
+            d.context_lens.data_ptr(),
+            batch,
+            num_heads,
+            k_cache.shape[1],
+            head_dim,
+            self.pool.block_size,
+            self.window or 0,
+            head_dim**-0.5,
+            result.data_ptr(),
+        )
+        if code != 0:
+            raise RuntimeError(f"paged decode kernel failed (code {code})")
+        if not direct:
+            if d.rows is None:
+                out[:batch] = result
+            else:
+                out[d.rows] = result.to(out.dtype)
+
     @staticmethod
     def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, d: DecodeGroup, out: Tensor) -> None:
         """One new token per sequence, written into `out`. Matmuls over [B, Hkv, G, D] x
@@ -131,8 +229,10 @@ class TorchPagedAttention:
         k_cache, v_cache = self.pool.flat(layer_idx)  # [rows, Hkv, D]
         k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-        out = torch.empty_like(q)  # [T, H, D]
-        if meta.decode is not None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D], dense
+        if meta.decode is not None and meta.decode.tables is not None:
+            self._decode_kernel(q, k_cache, v_cache, meta.decode, out)
+        elif meta.decode is not None:
             self._decode(q, k_cache, v_cache, meta.decode, out)
         for chunk in meta.prefills:
             qp = q[chunk.row_start : chunk.row_end].transpose(0, 1)[None]  # [1, H, n, D]

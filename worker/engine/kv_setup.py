@@ -130,6 +130,7 @@ def realize_kv(
             max_model_len=max_model_len,
         ),
         model=model_ref,
+        decode_attention=attention.decode_impl,
     )
     return RealizedKv(pool, attention, scheduler, report)
 

@@ -11,6 +11,9 @@ from policy import RealizedCache
 class RealizedReport:
     cache: RealizedCache
     model: str  # the reference it was loaded from
+    # What computes decode attention (e.g. "compiled CPU kernel", or the gather path and why):
+    # an implementation detail, not policy, so it is logged but not sent to the controller.
+    decode_attention: str = ""
 
     @property
     def dtype(self) -> str:
@@ -30,5 +33,7 @@ class RealizedReport:
             f"{c.kv_cache_dtype}, {c.max_num_seqs} sequences at max length, "
             f"prefix caching {'on' if c.prefix_caching else 'off'}",
         ]
+        if self.decode_attention:
+            lines.append(f"decode attention: {self.decode_attention}")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

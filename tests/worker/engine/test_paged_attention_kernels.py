@@ -22,7 +22,7 @@ def dense(q, k, v, window=None):
     n, ctx = q.shape[0], k.shape[0]
     k = k.repeat_interleave(H // HKV, dim=1)
     v = v.repeat_interleave(H // HKV, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
     qpos = torch.arange(ctx - n, ctx)[:, None]
     kpos = torch.arange(ctx)[None, :]
     allowed = kpos <= qpos
@@ -49,12 +49,14 @@ def make_history(length):
     return torch.randn(length, H, D), torch.randn(length, HKV, D), torch.randn(length, HKV, D)
 
 
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "gather"])
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window):
+def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window, use_kernel):
     pool = KvPool(
         CacheKind.PAGED, KvGeometry(1, HKV, D, torch.float32), 32, BS, torch.device("cpu")
     )
-    backend = TorchPagedAttention(pool, sliding_window=window)
+    backend = TorchPagedAttention(pool, sliding_window=window, use_kernel=use_kernel)
+    assert (backend.kernel is not None) == use_kernel, backend.decode_impl
     history = {"a": make_history(12), "b": make_history(9), "c": make_history(7)}
     tables = {"a": (5, 1, 7), "b": (0, 2, 9), "c": (3, 4)}  # deliberately scattered blocks
 
@@ -81,12 +83,13 @@ def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window):
             torch.testing.assert_close(outs[s.seq_id], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_contiguous_addressing_is_one_block_per_slot():
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "gather"])
+def test_contiguous_addressing_is_one_block_per_slot(use_kernel):
     max_len = 16
     pool = KvPool(
         CacheKind.CONTIGUOUS, KvGeometry(1, HKV, D, torch.float32), 3, max_len, torch.device("cpu")
     )
-    backend = TorchPagedAttention(pool)
+    backend = TorchPagedAttention(pool, use_kernel=use_kernel)
     history = {"x": make_history(10), "y": make_history(5)}
     prefill = [
         ScheduledSeq("x", 0, tuple(range(9)), True, slot=2),
@@ -201,3 +204,85 @@ def test_flash_backend_on_cuda_matches_torch_backend():
         v = torch.cat([history[s.seq_id][2] for s in step])
         outs.append(backend.forward(0, q, k, v, meta).float())
     torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
+
+
+def _decode_batch(num_seqs, dtype, use_kernel, window=None, head_dim=D):
+    """num_seqs sequences of different lengths, all decoding one token, on scattered blocks."""
+    gen = torch.Generator().manual_seed(num_seqs)
+    num_blocks = 8 * num_seqs
+    pool = KvPool(
+        CacheKind.PAGED, KvGeometry(1, HKV, head_dim, dtype), num_blocks, BS, torch.device("cpu")
+    )
+    backend = TorchPagedAttention(pool, sliding_window=window, use_kernel=use_kernel)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    scheduled, history = [], {}
+    for i in range(num_seqs):
+        ctx = 3 + (5 * i) % 27  # 3..29 tokens: partial and full blocks
+        table = tuple(order[8 * i : 8 * i + -(-ctx // BS)])
+        history[f"s{i}"] = tuple(
+            torch.randn(ctx, h, head_dim, generator=gen).to(dtype) for h in (H, HKV, HKV)
+        )
+        scheduled.append((f"s{i}", ctx, table))
+    # Prefill everything but the last token, then decode it: the decode reads the pool.
+    prefill = [
+        ScheduledSeq(s, 0, tuple(range(c - 1)), True, block_table=t) for s, c, t in scheduled
+    ]
+    decode = [ScheduledSeq(s, c - 1, (0,), True, block_table=t) for s, c, t in scheduled]
+    run_step(backend, pool, prefill, history)
+    return backend, run_step(backend, pool, decode, history), history, scheduled
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("num_seqs", [3, 12])  # split by kv head below 8 sequences, whole above
+def test_decode_kernel_matches_dense_attention_fp32(num_seqs, window):
+    backend, outs, history, scheduled = _decode_batch(num_seqs, torch.float32, True, window)
+    assert backend.kernel is not None, backend.decode_impl
+    for seq_id, ctx, _ in scheduled:
+        q, k, v = history[seq_id]
+        expected = dense(q[ctx - 1 : ctx], k, v, window)
+        torch.testing.assert_close(outs[seq_id], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_kernel_bf16_is_closer_to_fp32_than_the_gather_path():
+    """bf16: the kernel keeps scores and probabilities in float32, the gather path rounds them to
+    bf16 between its two matmuls; both must be within bf16 error of the float32 result."""
+    _, kernel_outs, history, scheduled = _decode_batch(12, torch.bfloat16, True)
+    _, gather_outs, _, _ = _decode_batch(12, torch.bfloat16, False)
+    kernel_err = gather_err = 0.0
+    for seq_id, ctx, _ in scheduled:
+        q, k, v = (t.float() for t in history[seq_id])
+        expected = dense(q[ctx - 1 : ctx], k, v)
+        kernel_err = max(kernel_err, (kernel_outs[seq_id].float() - expected).abs().max().item())
+        gather_err = max(gather_err, (gather_outs[seq_id].float() - expected).abs().max().item())
+    assert kernel_outs["s0"].dtype == torch.bfloat16
+    assert kernel_err < 2e-2 and gather_err < 5e-2
+    assert kernel_err <= gather_err
+
+
+def test_decode_kernel_is_batch_invariant():
+    """A sequence's decode output is bit-identical whether it runs alone or among 11 others."""
+    _, together, history, scheduled = _decode_batch(12, torch.bfloat16, True)
+    pool = KvPool(
+        CacheKind.PAGED, KvGeometry(1, HKV, D, torch.bfloat16), 96, BS, torch.device("cpu")
+    )
+    backend = TorchPagedAttention(pool)
+    seq_id, ctx, table = scheduled[5]
+    run_step(
+        backend,
+        pool,
+        [ScheduledSeq(seq_id, 0, tuple(range(ctx - 1)), True, block_table=table)],
+        history,
+    )
+    alone = run_step(
+        backend, pool, [ScheduledSeq(seq_id, ctx - 1, (0,), True, block_table=table)], history
+    )
+    assert torch.equal(alone[seq_id], together[seq_id])
+
+
+def test_unsupported_head_dim_falls_back_to_the_gather_path_with_the_reason():
+    backend, outs, history, scheduled = _decode_batch(3, torch.float32, True, head_dim=12)
+    assert backend.kernel is None
+    assert "head_dim a multiple of 16" in backend.decode_impl
+    seq_id, ctx, _ = scheduled[0]
+    q, k, v = history[seq_id]
+    torch.testing.assert_close(outs[seq_id], dense(q[ctx - 1 : ctx], k, v), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,140 @@
+"""CPU kernels compiled on the host at first use: C sources built with the system's C compiler
+into a shared library (cached by source and CPU), called through ctypes.
+
+A kernel that cannot be built is not an error: the caller keeps its pure-torch path and says why
+(`KernelUnavailable.reason`). `INTENTSERVE_CPU_KERNELS=0` turns them off; `INTENTSERVE_KERNEL_CACHE`
+moves the cache (default `~/.cache/intentserve/kernels`).
+
+NOTE: the library is built with -fopenmp and so links `libgomp.so.1`; torch's CPU wheels ship
+their own `libgomp.so.1`, which is already loaded by then, so the dynamic loader binds the kernel
+to torch's OpenMP runtime: one thread pool, sized by `torch.set_num_threads`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+COMPILE_TIMEOUT_S = 120
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel could not be built or loaded; `reason` says why in one sentence."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the machine and its CPU flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{flags}"
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("INTENTSERVE_KERNEL_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "intentserve" / "kernels"
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    raise KernelUnavailable("no C compiler found (set CC, or install gcc)")
+
+
+def build(name: str) -> Path:
+    """The path of `<name>.c` compiled for this host, building it if the cache lacks it."""
+    source = SOURCE_DIR / f"{name}.c"
+    text = source.read_bytes()
+    compiler = _compiler()
+    key = hashlib.sha256(
+        b"\0".join([text, " ".join(CFLAGS).encode(), compiler.encode(), _cpu_signature().encode()])
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"{name}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("compiling CPU kernel %s with %s -> %s", source.name, compiler, target)
+    # Build beside the target and rename: concurrent workers never load a half-written file.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [compiler, *CFLAGS, str(source), "-o", tmp, "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise KernelUnavailable(f"{compiler} failed on {source.name}: {last}")
+        os.replace(tmp, target)
+    except subprocess.TimeoutExpired as exc:
+        raise KernelUnavailable(f"{compiler} took over {COMPILE_TIMEOUT_S} s") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@dataclass(frozen=True)
+class PagedDecodeKernel:
+    """The two entry points of paged_decode.c, by storage dtype."""
+
+    f32: ctypes._CFuncPtr
+    bf16: ctypes._CFuncPtr
+    path: Path
+
+
+def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
+                   ctypes.c_float, ptr]  # fmt: skip
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def paged_decode_kernel() -> PagedDecodeKernel:
+    """The compiled paged decode kernel, or KernelUnavailable; built and loaded once a process."""
+    result = _load_paged_decode()
+    if isinstance(result, KernelUnavailable):
+        raise result
+    return result
+
+
+@cache
+def _load_paged_decode() -> PagedDecodeKernel | KernelUnavailable:
+    if os.environ.get("INTENTSERVE_CPU_KERNELS", "1").strip().lower() in ("0", "false", "off"):
+        return KernelUnavailable("CPU kernels are turned off (INTENTSERVE_CPU_KERNELS=0)")
+    import torch  # noqa: F401  (NOTE: torch's libgomp must be loaded before the kernel's)
+
+    try:
+        path = build("paged_decode")
+        lib = ctypes.CDLL(str(path))
+    except KernelUnavailable as exc:
+        return exc
+    except OSError as exc:
+        return KernelUnavailable(f"cannot build or load the paged decode kernel: {exc}")
+    return PagedDecodeKernel(_declare(lib.paged_decode_f32), _declare(lib.paged_decode_bf16), path)
