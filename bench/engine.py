@@ -29,6 +29,7 @@ from bench.workloads import (  # noqa: E402
     kv_waste,
     load_models,
     matmul_flops,
+    projection_floor,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -76,15 +77,27 @@ def main(argv: list[str] | None = None) -> int:
                 row["transformers"] = hf_throughput(models, n, max_tokens)
             roof = results["roofline"][name]["tokens_per_s"]
             row["paged_roofline_fraction"] = row["paged"] / roof
+            # The most any engine on these weights could give: projections + LM head alone.
+            floor_s = projection_floor(models, n)
+            row["projection_floor_ms"] = floor_s * 1e3
+            row["projection_ceiling_tokens_per_s"] = n / floor_s
             if "transformers" in row:
                 row["paged_vs_transformers"] = row["paged"] / row["transformers"]
+                row["ceiling_vs_transformers"] = (
+                    row["projection_ceiling_tokens_per_s"] / row["transformers"]
+                )
             results["throughput"].append(row)
             line = f"[{name}] n={n:<3} paged {row['paged']:7.1f} tok/s"
             line += f"  default {row['default']:7.1f}"
             if "transformers" in row:
                 line += f"  transformers {row['transformers']:7.1f}"
                 line += f"  x{row['paged_vs_transformers']:.2f}"
-            print(line + f"  roofline {row['paged_roofline_fraction']:.1%}", flush=True)
+            line += f"  roofline {row['paged_roofline_fraction']:.1%}"
+            line += f"  | projections alone {row['projection_floor_ms']:.1f} ms/step"
+            line += f" -> ceiling {row['projection_ceiling_tokens_per_s']:.0f} tok/s"
+            if "transformers" in row:
+                line += f" = x{row['ceiling_vs_transformers']:.2f} transformers"
+            print(line, flush=True)
         if name == "bfloat16" or len(args.dtypes.split(",")) == 1:
             results["kv_waste"] = kv_waste(models)
             results["admission"] = admission(models)

@@ -59,6 +59,39 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, seconds: float = 3.0) -> 
     return 2 * size**3 * count / (time.perf_counter() - start)
 
 
+@torch.inference_mode()
+def projection_floor(models: Models, num_rows: int, repeats: int = 7) -> float:
+    """Seconds per decode step that the model's own projections and LM head take for `num_rows`
+    sequences, with nothing else (no attention, norms, sampling or Python scheduling): the
+    floor under any engine built on these weights and matmul kernels. Call it after an engine
+    was built, so the projections are the ones the engine runs (packed, on the CPU)."""
+    model = models.ours.model
+    dtype = models.ours.dtype
+    c = model.config
+    inputs = {
+        width: torch.randn(num_rows, width, dtype=dtype)
+        for width in (c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size)
+    }
+    hidden, heads = inputs[c.hidden_size], inputs[c.num_heads * c.head_dim]
+    inter = inputs[c.intermediate_size]
+
+    def step() -> None:
+        for layer in model.layers:
+            layer.self_attn.qkv_proj(hidden)
+            layer.self_attn.o_proj(heads)
+            layer.mlp.gate_up_proj(hidden)
+            layer.mlp.down_proj(inter)
+        model.compute_logits(hidden)
+
+    step()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def _engine(models: Models, kind: str, max_num_seqs: int, kv_bytes: int, block_size: int = 16):
     """kind: "paged" (mode on, blocks of `block_size`) or "default" (mode off, contiguous)."""
     mode = "on" if kind == "paged" else "off"

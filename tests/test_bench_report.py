@@ -1,0 +1,54 @@
+"""bench/report.py judges the issue's targets on every run given, from the results JSON."""
+
+from bench.report import targets_table, throughput_table
+
+
+def _run(ratio32: float, fraction64: float, single: float = 1.2) -> dict:
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        for n in (1, 8, 32, 64):
+            ratio = ratio32 if n == 32 else (single if n == 1 else 1.5)
+            rows.append(
+                {
+                    "dtype": dtype,
+                    "concurrency": n,
+                    "paged": 100.0 * ratio,
+                    "default": 100.0,
+                    "transformers": 100.0,
+                    "paged_vs_transformers": ratio,
+                    "paged_roofline_fraction": fraction64 if n == 64 else 0.1,
+                    "projection_floor_ms": 30.0,
+                    "ceiling_vs_transformers": 2.5,
+                }
+            )
+    waste = {
+        "paged": {"waste_of_reserved": 0.0405},
+        "paged_block_8": {"waste_of_reserved": 0.0194},
+    }
+    return {"throughput": rows, "kv_waste": waste, "admission": {"ratio": 32.0}}
+
+
+def test_a_target_met_in_some_runs_says_how_many():
+    table = targets_table([_run(1.5, 0.43), _run(1.6, 0.35), _run(3.1, 0.41)])
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+    assert lines["paged >= 40% of the bf16 roofline at 64 requests"].endswith(
+        "| 43% / 35% / 41% | in 2 of 3 runs |"
+    )
+    three_x = lines["paged >= 3x transformers at 32 requests, bfloat16"]
+    assert "1.50x / 1.60x / 3.10x" in three_x and "in 1 of 3 runs" in three_x
+    assert "projections alone allow 2.50x / 2.50x / 2.50x" in three_x
+    assert lines["paged KV waste under 4% (blocks of 16, the default)"].endswith(
+        "| 4.05% of reserved (deterministic) | no; 1.94% with blocks of 8 |"
+    )
+    assert lines["paged admits >= 3x the contiguous cache's sequences"].endswith("| yes |")
+
+
+def test_single_request_target_fails_below_parity():
+    table = targets_table([_run(1.5, 0.5, single=0.9)])
+    assert "| single-request decode no slower than transformers, float32 | 0.90x | no |" in table
+
+
+def test_throughput_table_has_a_row_per_dtype_and_concurrency():
+    table = throughput_table(_run(1.5, 0.43))
+    assert len(table.splitlines()) == 2 + 8
+    assert "| bfloat16 | 64 | 150 | 100 | 100 | 1.50x | 43% | 30.0 | 2.50x |" in table
