@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -30,6 +30,7 @@ from worker.engine.kv_setup import realize_kv, realize_without_cache
 from worker.engine.policy_apply import apply_resolution
 from worker.engine.recompute_runner import RecomputeRunner
 from worker.engine.runner import ModelRunner
+from worker.model.cpu_ops import enable_fused_ops
 from worker.model.facts import model_facts, serving_max_model_len
 from worker.model.loaded import LoadedModel, ModelLoadError
 from worker.model.packed_linear import prepack_available, prepack_linears
@@ -120,18 +121,21 @@ def build_engine(
         default_budget=(config.kv_cache_bytes, config.kv_cache_fraction),
         model_ref=config.model,
     )
-    if config.cpu_prepack and device.type == "cpu":
-        available, why = prepack_available()
-        if available:
-            prepack_linears(loaded.model)
-        else:
-            log.info("projection weights stay unpacked: %s", why)
+    realized = kv.realized
+    if device.type == "cpu":
+        if config.cpu_prepack:
+            available, why = prepack_available()
+            if available:
+                prepack_linears(loaded.model)
+            else:
+                log.info("projection weights stay unpacked: %s", why)
+        realized = replace(realized, norms_and_activations=enable_fused_ops(loaded.model))
     runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
     return Engine(
         tokenizer=loaded.tokenizer,
         scheduler=kv.scheduler,
         runner=runner,
-        realized=kv.realized,
+        realized=realized,
         max_model_len=max_model_len,
     )
 

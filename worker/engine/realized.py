@@ -14,6 +14,7 @@ class RealizedReport:
     # What computes decode attention (e.g. "compiled CPU kernel", or the gather path and why):
     # an implementation detail, not policy, so it is logged but not sent to the controller.
     decode_attention: str = ""
+    norms_and_activations: str = ""  # the same for RMSNorm and SiLU: fused CPU kernels or torch
 
     @property
     def dtype(self) -> str:
@@ -35,5 +36,7 @@ class RealizedReport:
         ]
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")
+        if self.norms_and_activations:
+            lines.append(f"norms and activations: {self.norms_and_activations}")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from worker.model import cpu_ops
 from worker.model.config import ModelConfig
 from worker.model.rope import RotaryEmbedding, apply_rotary
 
@@ -33,12 +34,25 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalize in float32 and scale in the model dtype, as transformers does (bf16 parity).
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_forward(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual); without a residual, (norm(x), x).
+
+        NOTE: with the fused CPU op the sum is written into `residual` in place.
+        """
+        if self.fused is not None:
+            done = cpu_ops.add_rmsnorm(self.fused, x, residual, self.weight, self.eps)
+            if done is not None:
+                return done
+        total = x if residual is None else x + residual
+        return self.forward(total), total
 
 
 class LlamaAttention(nn.Module):
@@ -81,9 +95,15 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2 * I]: gate | up
+        if self.fused is not None:
+            hidden = cpu_ops.silu_and_mul(self.fused, gate_up)
+            if hidden is not None:
+                return self.down_proj(hidden)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -97,13 +117,22 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: Tensor,  # [T, hidden_size]
+        x: Tensor,  # [T, hidden_size]: the previous layer's MLP output (or the embeddings)
+        residual: Tensor | None,  # [T, hidden_size]: the residual stream so far; None at layer 0
         cos_sin: tuple[Tensor, Tensor],  # each [T, 1, head_dim // 2]
         attn: AttentionBackend,
         meta: Any,
-    ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[Tensor, Tensor]:
+        """Returns (this layer's MLP output, the residual stream it is still to be added to).
+
+        NOTE: each residual add is deferred into the next norm (`add_forward`), so on the CPU
+        the add and the RMSNorm are one fused pass. The sums, and where they are rounded, are
+        those of `x = x + attn(norm(x)); x = x + mlp(norm(x))`.
+        """
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, cos_sin, attn, meta)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -129,9 +158,10 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T] int64 -> final-normed hidden states [T, hidden_size]."""
         x = self.embed_tokens(input_ids)  # [T, hidden_size]
         cos_sin = self.rotary(positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, cos_sin, attn, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos_sin, attn, meta)
+        return self.norm.add_forward(x, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -14,9 +14,9 @@ HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("INTENTSERVE_KERNEL_CACHE", str(tmp_path))
-    cpu_kernels._load_paged_decode.cache_clear()
+    cpu_kernels._load_library.cache_clear()
     yield tmp_path
-    cpu_kernels._load_paged_decode.cache_clear()
+    cpu_kernels._load_library.cache_clear()
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")

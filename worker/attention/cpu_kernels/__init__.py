@@ -108,33 +108,69 @@ class PagedDecodeKernel:
     path: Path
 
 
-def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
-                   ctypes.c_float, ptr]  # fmt: skip
-    fn.restype = ctypes.c_int
+@dataclass(frozen=True)
+class FusedOps:
+    """The entry points of fused_ops.c, by storage dtype."""
+
+    add_rmsnorm_f32: ctypes._CFuncPtr
+    add_rmsnorm_bf16: ctypes._CFuncPtr
+    silu_mul_f32: ctypes._CFuncPtr
+    silu_mul_bf16: ctypes._CFuncPtr
+    path: Path
+
+
+def _declare(fn: ctypes._CFuncPtr, argtypes: list, restype=None) -> ctypes._CFuncPtr:
+    fn.argtypes = argtypes
+    fn.restype = restype
     return fn
+
+
+_I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_DECODE_ARGS = [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64,
+                _F32, _PTR]  # fmt: skip
+_RMSNORM_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32]
+_SILU_MUL_ARGS = [_PTR, _PTR, _I64, _I64]
 
 
 def paged_decode_kernel() -> PagedDecodeKernel:
     """The compiled paged decode kernel, or KernelUnavailable; built and loaded once a process."""
-    result = _load_paged_decode()
+    lib = _load("paged_decode")
+    return PagedDecodeKernel(
+        _declare(lib.paged_decode_f32, _DECODE_ARGS, ctypes.c_int),
+        _declare(lib.paged_decode_bf16, _DECODE_ARGS, ctypes.c_int),
+        Path(lib._name),
+    )
+
+
+def fused_ops() -> FusedOps:
+    """The compiled fused elementwise ops, or KernelUnavailable; built and loaded once."""
+    lib = _load("fused_ops")
+    return FusedOps(
+        _declare(lib.add_rmsnorm_f32, _RMSNORM_ARGS),
+        _declare(lib.add_rmsnorm_bf16, _RMSNORM_ARGS),
+        _declare(lib.silu_mul_f32, _SILU_MUL_ARGS),
+        _declare(lib.silu_mul_bf16, _SILU_MUL_ARGS),
+        Path(lib._name),
+    )
+
+
+def _load(name: str) -> ctypes.CDLL:
+    result = _load_library(name)
     if isinstance(result, KernelUnavailable):
         raise result
     return result
 
 
 @cache
-def _load_paged_decode() -> PagedDecodeKernel | KernelUnavailable:
+def _load_library(name: str) -> ctypes.CDLL | KernelUnavailable:
+    """`<name>.c` built and loaded, once a process; a failure is cached too (as its reason)."""
     if os.environ.get("INTENTSERVE_CPU_KERNELS", "1").strip().lower() in ("0", "false", "off"):
         return KernelUnavailable("CPU kernels are turned off (INTENTSERVE_CPU_KERNELS=0)")
     import torch  # noqa: F401  (NOTE: torch's libgomp must be loaded before the kernel's)
 
     try:
-        path = build("paged_decode")
-        lib = ctypes.CDLL(str(path))
+        return ctypes.CDLL(str(build(name)))
     except KernelUnavailable as exc:
         return exc
     except OSError as exc:
-        return KernelUnavailable(f"cannot build or load the paged decode kernel: {exc}")
-    return PagedDecodeKernel(_declare(lib.paged_decode_f32), _declare(lib.paged_decode_bf16), path)
+        return KernelUnavailable(f"cannot build or load the CPU kernel {name}: {exc}")

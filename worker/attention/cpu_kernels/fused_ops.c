@@ -1,0 +1,158 @@
+/* Fused elementwise steps of a decoder layer on the CPU: one pass over each row instead of the
+ * eight or so torch ops (each with its own pass, thread fork and Python call) it replaces. Built
+ * at run time like paged_decode.c; serial, since a decode step has only tens of rows.
+ *
+ *   add_rmsnorm: s = x + r; y = w * (s * rsqrt(mean(s^2) + eps)); r <- s.  Without r, s = x.
+ *   silu_mul:    y = silu(gate) * up, for rows laid out [gate | up].
+ *
+ * They round where the torch ops they replace round (s, the normalized row and the product with
+ * w are each rounded to the dtype; silu(gate) is rounded before the product), so in bfloat16 the
+ * results match torch bit for bit except where float32 summation order or the exp inside SiLU
+ * (a polynomial, relative error ~2e-7 against torch's ~1e-7) lands on the other side of a
+ * rounding boundary. Row widths must be multiples of 16 (the caller checks).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
+
+static inline __attribute__((always_inline)) v16 load16(const void *base, int64_t i,
+                                                        const int is_bf16) {
+    v16 f;
+    if (is_bf16) {
+        v16h h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        const v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(&f, &u, sizeof f);
+    } else {
+        memcpy(&f, (const float *)base + i, sizeof f);
+    }
+    return f;
+}
+
+static inline v16 select16(v16i mask, v16 yes, v16 no) {
+    v16i a, b;
+    memcpy(&a, &yes, sizeof a);
+    memcpy(&b, &no, sizeof b);
+    const v16i r = (a & mask) | (b & ~mask);
+    v16 out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* The value each lane has once stored in the dtype (round to nearest even; NaN stays NaN). */
+static inline __attribute__((always_inline)) v16 round16(v16 f, const int is_bf16) {
+    if (!is_bf16) return f;
+    v16u b;
+    memcpy(&b, &f, sizeof b);
+    const v16u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    const v16i is_nan = (v16i)((b & 0x7fffffffu) > 0x7f800000u);
+    v16 r, q;
+    const v16u quiet = (b | 0x400000u) & 0xffff0000u;
+    memcpy(&r, &rounded, sizeof r);
+    memcpy(&q, &quiet, sizeof q);
+    return select16(is_nan, q, r);
+}
+
+/* f must already be rounded to the dtype (round16). */
+static inline __attribute__((always_inline)) void store16(void *base, int64_t i, v16 f,
+                                                          const int is_bf16) {
+    if (is_bf16) {
+        v16u u;
+        memcpy(&u, &f, sizeof u);
+        const v16h h = __builtin_convertvector(u >> 16, v16h);
+        memcpy((uint16_t *)base + i, &h, sizeof h);
+    } else {
+        memcpy((float *)base + i, &f, sizeof f);
+    }
+}
+
+static inline float hsum16(v16 v) {
+    v8 lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    const v8 s = lo + hi;
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+/* exp over the float range, 16 lanes: 2^n * p(r), r = x - n ln 2; relative error ~2e-7. */
+static inline v16 exp16(v16 x) {
+    const v16 zero = {0}, lo = zero - 87.0f, hi = zero + 88.0f;
+    x = select16((v16i)(x < lo), lo, x);
+    x = select16((v16i)(x > hi), hi, x);
+    const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    v16 p = r * 1.38888889e-3f + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    /* 2^n in two halves, so n = 128 does not overflow the exponent field. */
+    const v16i ni = __builtin_convertvector(n, v16i);
+    const v16i half = ni >> 1;
+    const v16i a = (half + 127) << 23, b = (ni - half + 127) << 23;
+    v16 fa, fb;
+    memcpy(&fa, &a, sizeof fa);
+    memcpy(&fb, &b, sizeof fb);
+    return p * fa * fb;
+}
+
+static inline __attribute__((always_inline)) void add_rmsnorm(
+    const void *x, void *residual, const void *weight, void *out, int64_t rows, int64_t hidden,
+    float eps, const int is_bf16) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t base = r * hidden;
+        v16 squares = {0};
+        for (int64_t i = 0; i < hidden; i += 16) {
+            v16 s = load16(x, base + i, is_bf16);
+            if (residual) {
+                s = round16(s + load16(residual, base + i, is_bf16), is_bf16);
+                store16(residual, base + i, s, is_bf16);
+            }
+            squares += s * s;
+        }
+        const float inv = 1.0f / sqrtf(hsum16(squares) / (float)hidden + eps);
+        const void *src = residual ? residual : x;
+        for (int64_t i = 0; i < hidden; i += 16) {
+            const v16 normed = round16(load16(src, base + i, is_bf16) * inv, is_bf16);
+            store16(out, base + i, round16(load16(weight, i, is_bf16) * normed, is_bf16), is_bf16);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void silu_mul(const void *gate_up, void *out,
+                                                           int64_t rows, int64_t inter,
+                                                           const int is_bf16) {
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < inter; i += 16) {
+            const v16 g = load16(gate_up, r * 2 * inter + i, is_bf16);
+            const v16 u = load16(gate_up, r * 2 * inter + inter + i, is_bf16);
+            const v16 act = round16(g / (1.0f + exp16(-g)), is_bf16);
+            store16(out, r * inter + i, round16(act * u, is_bf16), is_bf16);
+        }
+    }
+}
+
+void add_rmsnorm_f32(const float *x, float *residual, const float *weight, float *out,
+                     int64_t rows, int64_t hidden, float eps) {
+    add_rmsnorm(x, residual, weight, out, rows, hidden, eps, 0);
+}
+
+void add_rmsnorm_bf16(const uint16_t *x, uint16_t *residual, const uint16_t *weight,
+                      uint16_t *out, int64_t rows, int64_t hidden, float eps) {
+    add_rmsnorm(x, residual, weight, out, rows, hidden, eps, 1);
+}
+
+void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inter) {
+    silu_mul(gate_up, out, rows, inter, 0);
+}
+
+void silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t inter) {
+    silu_mul(gate_up, out, rows, inter, 1);
+}
