@@ -97,7 +97,13 @@ class TorchPagedAttention:
         self.window = sliding_window
         self.kernel, why_not = _decode_kernel_for(pool, use_kernel)
         if self.kernel is None and use_kernel:
-            log.warning("decode attention uses index_select + matmul: %s", why_not)
+            # On the CPU the kernel was expected, so its absence is worth a warning.
+            on_cpu = pool.flat(0)[0].device.type == "cpu"
+            log.log(
+                logging.WARNING if on_cpu else logging.INFO,
+                "decode attention uses index_select + matmul: %s",
+                why_not,
+            )
         # What runs a step's decodes, for the start-up log and the benchmark.
         self.decode_impl = "compiled CPU kernel" if self.kernel else f"torch gather ({why_not})"
 
