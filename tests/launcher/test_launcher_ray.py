@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from controller import launcher as launcher_module
 from controller.launcher import ActorState, LaunchError, RayLauncher, Replica, summary
 from tests.launcher.processes import processes_mentioning, short_temp_dir
 
@@ -93,3 +94,56 @@ def test_a_ray_error_is_summarized_by_the_exception_that_ended_it():
         "ModuleNotFoundError: No module named 'nope'"
     )
     assert summary(RuntimeError("one line")) == "one line"
+
+
+class _FlakyRay:
+    """ray.init that fails `failures` times with `message`, then starts (no real cluster)."""
+
+    def __init__(self, failures: int, message: str) -> None:
+        self.failures, self.message = failures, message
+        self.inits = self.shutdowns = 0
+
+    def init(self, **options):
+        self.inits += 1
+        if self.inits <= self.failures:
+            raise Exception(self.message)
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+SLOW_NODE = (
+    "The current node timed out during startup. This could happen because some of the raylet "
+    "failed to startup or the GCS has become overloaded."
+)
+
+
+def test_an_embedded_node_late_at_startup_is_started_once_more(monkeypatch, caplog):
+    flaky = _FlakyRay(1, SLOW_NODE)
+    monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
+    monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
+    monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert RayLauncher(num_cpus=1).start(1, 0) == "embedded Ray cluster (2 CPUs)"
+    assert (flaky.inits, flaky.shutdowns) == (2, 1)
+    assert "timed out during start-up; starting it again" in caplog.text
+
+
+def test_a_second_late_start_or_another_error_is_a_launch_error(monkeypatch):
+    monkeypatch.setattr(launcher_module.ray, "shutdown", lambda: None)
+    flaky = _FlakyRay(2, SLOW_NODE)
+    monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
+    monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
+    with pytest.raises(LaunchError, match="cannot start an embedded Ray cluster: .*timed out"):
+        RayLauncher(num_cpus=1).start(1, 0)
+    assert flaky.inits == 2  # one retry only
+    assert flaky.shutdowns == 2  # the half-started node is cleaned up both times
+    other = _FlakyRay(1, "something else broke")
+    monkeypatch.setattr(launcher_module.ray, "init", other.init)
+    with pytest.raises(LaunchError, match="something else broke"):
+        RayLauncher(num_cpus=1).start(1, 0)
+    assert other.inits == 1
+    joined = _FlakyRay(1, SLOW_NODE)
+    monkeypatch.setattr(launcher_module.ray, "init", joined.init)
+    with pytest.raises(LaunchError, match="cannot join ray://head:10001"):
+        RayLauncher(address="ray://head:10001").start(1, 0)
+    assert joined.inits == 1  # a joined cluster is the operator's: not retried
