@@ -31,4 +31,5 @@ def test_wheel_installs_importable_grpc_modules(tmp_path):
     )
     assert all(line.startswith(str(site)) for line in out.stdout.split())
     # The CPU kernels' C sources travel in the wheel: they are compiled on the host at first use.
-    assert (site / "worker" / "attention" / "cpu_kernels" / "paged_decode.c").is_file()
+    kernels = site / "worker" / "attention" / "cpu_kernels"
+    assert all((kernels / name).is_file() for name in ("paged_decode.c", "fused_ops.c", "vec16.h"))

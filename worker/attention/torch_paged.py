@@ -72,7 +72,7 @@ def _decode_kernel_for(pool: KvPool, use_kernel: bool) -> tuple[PagedDecodeKerne
     """(kernel, "") when decodes on this pool can use the compiled kernel, else (None, why)."""
     if not use_kernel:
         return None, "the compiled decode kernel was not asked for"
-    k_cache, _ = pool.flat(0)
+    k_cache = pool.k[0]
     if k_cache.device.type != "cpu":
         return None, f"the compiled decode kernel is CPU-only (the cache is on {k_cache.device})"
     if k_cache.dtype not in _KERNEL_DTYPES:
@@ -98,9 +98,8 @@ class TorchPagedAttention:
         self.kernel, why_not = _decode_kernel_for(pool, use_kernel)
         if self.kernel is None and use_kernel:
             # On the CPU the kernel was expected, so its absence is worth a warning.
-            on_cpu = pool.flat(0)[0].device.type == "cpu"
             log.log(
-                logging.WARNING if on_cpu else logging.INFO,
+                logging.WARNING if pool.k[0].device.type == "cpu" else logging.INFO,
                 "decode attention uses index_select + matmul: %s",
                 why_not,
             )
@@ -112,12 +111,16 @@ class TorchPagedAttention:
         decode_idx = [i for i, n in enumerate(batch.query_lens) if n == 1]
         prefill_idx = [i for i, n in enumerate(batch.query_lens) if n > 1]
         decode = None
+        # The decodes' rows in the token batch; None when they are rows 0..B-1 (the usual case).
+        rows = (
+            None
+            if decode_idx == list(range(len(decode_idx)))
+            else torch.tensor([batch.query_start[i] for i in decode_idx], device=device)
+        )
         if decode_idx and self.kernel is not None:
             all_decodes = len(decode_idx) == batch.num_seqs
             decode = DecodeGroup(
-                rows=None
-                if decode_idx == list(range(len(decode_idx)))
-                else torch.tensor([batch.query_start[i] for i in decode_idx], device=device),
+                rows=rows,
                 key_rows=None,
                 bias=None,
                 tables=(batch.tables if all_decodes else batch.tables[decode_idx]).contiguous(),
@@ -135,12 +138,6 @@ class TorchPagedAttention:
             floor = _window_floor(ctx - 1, self.window)
             if floor is not None:
                 mask &= pos >= floor[:, None]
-            contiguous_rows = decode_idx == list(range(len(decode_idx)))
-            rows = (
-                None
-                if contiguous_rows
-                else torch.tensor([batch.query_start[i] for i in decode_idx], device=device)
-            )
             bias = torch.zeros(mask.shape, dtype=torch.float32, device=device)
             bias.masked_fill_(~mask, float("-inf"))
             decode = DecodeGroup(rows, key_rows.reshape(-1), bias[:, None, None, :])

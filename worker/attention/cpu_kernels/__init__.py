@@ -67,7 +67,8 @@ def _compiler() -> str:
 def build(name: str) -> Path:
     """The path of `<name>.c` compiled for this host, building it if the cache lacks it."""
     source = SOURCE_DIR / f"{name}.c"
-    text = source.read_bytes()
+    # The shared headers are part of what gets compiled, so they are part of the cache key.
+    text = b"\0".join(path.read_bytes() for path in [source, *sorted(SOURCE_DIR.glob("*.h"))])
     compiler = _compiler()
     key = hashlib.sha256(
         b"\0".join([text, " ".join(CFLAGS).encode(), compiler.encode(), _cpu_signature().encode()])

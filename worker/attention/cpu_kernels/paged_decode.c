@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "vec16.h"
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #define DENORMALS_OFF() const unsigned int saved_csr = _mm_getcsr(); _mm_setcsr(saved_csr | 0x8040)
@@ -29,36 +31,8 @@
 
 #define MAX_GROUP 16
 
-/* 16 float32 lanes: GCC vector extensions, so the compiler picks the host's widest registers
- * (-march=native) without intrinsics; unaligned (aligned(4)) so any row address works. */
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
-typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
 #define LANES 16
 #define MAX_CHUNKS 16 /* head_dim up to 256 */
-
-/* Lanes [0, 16) of a float32 or bfloat16 row, widened to float32. */
-static inline __attribute__((always_inline)) v16 load16(const char *p, const int is_bf16) {
-    v16 f;
-    if (is_bf16) {
-        v16h h;
-        memcpy(&h, p, sizeof h);
-        const v16u u = __builtin_convertvector(h, v16u) << 16;
-        memcpy(&f, &u, sizeof f);
-    } else {
-        memcpy(&f, p, sizeof f);
-    }
-    return f;
-}
-
-static inline float hsum16(v16 v) {
-    v8 lo, hi;
-    memcpy(&lo, &v, sizeof lo);
-    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
-    const v8 s = lo + hi;
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-}
 
 /* exp(x) for x <= 0 (a score minus its row maximum), vectorizable: 2^n * p(r), r = x - n ln 2,
  * with a degree-6 polynomial; relative error about 2e-7.
@@ -121,7 +95,7 @@ static inline __attribute__((always_inline)) int decode_task(
     for (int64_t h = 0; h < nh; ++h) {
         const char *qr = q + elem * (size_t)(seq * q_seq_stride + (h0 * group + h) * head_dim);
         for (int64_t c = 0; c < chunks; ++c) {
-            qv[h * chunks + c] = load16(qr + elem * (size_t)(c * LANES), is_bf16) * scale;
+            qv[h * chunks + c] = load16(qr + elem * (size_t)(c * LANES), 0, is_bf16) * scale;
             acc[h * chunks + c] = (v16){0};
         }
         mx[h] = -INFINITY;
@@ -147,7 +121,7 @@ static inline __attribute__((always_inline)) int decode_task(
                     const char *r = first + row_bytes * (size_t)t + elem * (size_t)(kvh * head_dim);
                     v16 rv[MAX_CHUNKS];
                     for (int64_t c = 0; c < chunks; ++c)
-                        rv[c] = load16(r + elem * (size_t)(c * LANES), is_bf16);
+                        rv[c] = load16(r + elem * (size_t)(c * LANES), 0, is_bf16);
                     for (int64_t h = (kvh - h0) * group; h < (kvh - h0 + 1) * group; ++h) {
                         if (pass == 0) {
                             v16 s = qv[h * chunks] * rv[0];

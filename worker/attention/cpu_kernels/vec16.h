@@ -1,0 +1,39 @@
+/* What the CPU kernels share: 16 float32 lanes as GCC vector extensions (the compiler picks the
+ * host's widest registers under -march=native, without intrinsics; aligned(4), so any row address
+ * works), loads that widen float32 or bfloat16 storage, and a horizontal sum. */
+#ifndef INTENTSERVE_VEC16_H
+#define INTENTSERVE_VEC16_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
+
+/* Elements [i, i + 16) of a float32 or bfloat16 array, widened to float32. */
+static inline __attribute__((always_inline)) v16 load16(const void *base, int64_t i,
+                                                        const int is_bf16) {
+    v16 f;
+    if (is_bf16) {
+        v16h h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        const v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(&f, &u, sizeof f);
+    } else {
+        memcpy(&f, (const float *)base + i, sizeof f);
+    }
+    return f;
+}
+
+static inline float hsum16(v16 v) {
+    v8 lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    const v8 s = lo + hi;
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+#endif
