@@ -6,12 +6,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-
-from worker.engine.builder import EngineBuilder
-from worker.engine.sampling import SamplingParams
-from worker.model.gguf_loader import GGUFFile, gguf_hf_weights, gguf_model_config
-from worker.model.loaded import LoadedModel
-from worker.model.registry import load_model, resolve_model_path
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.gguf_loader import GGUFFile, gguf_hf_weights, gguf_model_config
+from intentserve.worker.model.loaded import LoadedModel
+from intentserve.worker.model.registry import load_model, resolve_model_path
 
 # SmolLM2-135M: about 2 x 134.5 M multiply-adds per generated token.
 FLOP_PER_TOKEN = 2 * 134.5e6
@@ -39,7 +38,9 @@ def load_models(dtype: torch.dtype, with_hf: bool) -> Models:
     ours = load_model(MODEL, dtype=str(dtype).removeprefix("torch."))
     hf = None
     if with_hf:
-        from worker.model.hf_reference import hf_model  # transformers: a bench/test dependency
+        from intentserve.worker.model.hf_reference import (
+            hf_model,  # transformers: a bench/test dependency
+        )
 
         gguf = GGUFFile(resolve_model_path(MODEL))
         config = gguf_model_config(gguf)

@@ -1,9 +1,20 @@
 """Pure policy decisions: intents, capability -> decision, the fallback helper, the scheduler guard
 and the readiness verdict. Imports no grpc, torch or ray, and performs no I/O."""
 
-from policy.capability import BackendKind, BackendStatus, Capability, DeviceKind, ModelFacts
-from policy.config import DEFAULT_BLOCK_SIZE, PagedAttentionConfig, mode_of, paged_attention_config
-from policy.decide import (
+from intentserve.policy.capability import (
+    BackendKind,
+    BackendStatus,
+    Capability,
+    DeviceKind,
+    ModelFacts,
+)
+from intentserve.policy.config import (
+    DEFAULT_BLOCK_SIZE,
+    PagedAttentionConfig,
+    mode_of,
+    paged_attention_config,
+)
+from intentserve.policy.decide import (
     DEFAULT_AUTO_DEVICES,
     RULES,
     BackendChoice,
@@ -14,14 +25,14 @@ from policy.decide import (
     decide_paged_attention,
     decide_prefix_caching,
 )
-from policy.errors import (
+from intentserve.policy.errors import (
     IntentError,
     PagedAttentionRequiredError,
     PolicyError,
     PolicyViolationError,
 )
-from policy.fallback import disable_paged_attention
-from policy.guard import (
+from intentserve.policy.fallback import disable_paged_attention
+from intentserve.policy.guard import (
     CacheKind,
     RealizedCache,
     SchedulerChoice,
@@ -30,10 +41,16 @@ from policy.guard import (
     select_scheduler,
     verify_report,
 )
-from policy.modes import BackendIntent, KvCacheDtype, Mode, PagedAttentionMode, PrefixCachingMode
-from policy.readiness import Verdict, WorkerReport, readiness
-from policy.reasons import Reason, ReasonCode
-from policy.resolution import Resolution, resolve
+from intentserve.policy.modes import (
+    BackendIntent,
+    KvCacheDtype,
+    Mode,
+    PagedAttentionMode,
+    PrefixCachingMode,
+)
+from intentserve.policy.readiness import Verdict, WorkerReport, readiness
+from intentserve.policy.reasons import Reason, ReasonCode
+from intentserve.policy.resolution import Resolution, resolve
 
 __all__ = [
     "DEFAULT_AUTO_DEVICES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from policy.modes import KvCacheDtype
+from intentserve.policy.modes import KvCacheDtype
 
 
 class DeviceKind(enum.Enum):

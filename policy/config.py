@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy.errors import IntentError
-from policy.modes import BackendIntent, KvCacheDtype, Mode
+from intentserve.policy.errors import IntentError
+from intentserve.policy.modes import BackendIntent, KvCacheDtype, Mode
 
 DEFAULT_BLOCK_SIZE = 16
 MAX_BLOCK_SIZE = 1024

@@ -10,10 +10,10 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from policy.capability import BackendKind, Capability, DeviceKind
-from policy.config import PagedAttentionConfig, mode_of
-from policy.modes import BackendIntent, KvCacheDtype, Mode
-from policy.reasons import Reason, ReasonCode
+from intentserve.policy.capability import BackendKind, Capability, DeviceKind
+from intentserve.policy.config import PagedAttentionConfig, mode_of
+from intentserve.policy.modes import BackendIntent, KvCacheDtype, Mode
+from intentserve.policy.reasons import Reason, ReasonCode
 
 # Device kinds on which `auto` turns PagedAttention on (the seed system's default: CUDA only).
 DEFAULT_AUTO_DEVICES: frozenset[DeviceKind] = frozenset({DeviceKind.CUDA})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from policy.reasons import Reason
+    from intentserve.policy.reasons import Reason
 
 
 class PolicyError(Exception):

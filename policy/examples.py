@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from policy.capability import BackendKind, BackendStatus, Capability, DeviceKind, ModelFacts
-from policy.config import paged_attention_config
-from policy.modes import KvCacheDtype, Mode
-from policy.resolution import resolve
+from intentserve.policy.capability import (
+    BackendKind,
+    BackendStatus,
+    Capability,
+    DeviceKind,
+    ModelFacts,
+)
+from intentserve.policy.config import paged_attention_config
+from intentserve.policy.modes import KvCacheDtype, Mode
+from intentserve.policy.resolution import resolve
 
 FLOAT_DTYPES = frozenset({KvCacheDtype.FLOAT32, KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
 LLAMA = ModelFacts(

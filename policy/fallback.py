@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policy.config import PagedAttentionConfig
-from policy.errors import PagedAttentionRequiredError
-from policy.reasons import Reason
+from intentserve.policy.config import PagedAttentionConfig
+from intentserve.policy.errors import PagedAttentionRequiredError
+from intentserve.policy.reasons import Reason
 
 
 def disable_paged_attention(

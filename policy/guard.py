@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from policy.capability import BackendKind
-from policy.config import PagedAttentionConfig
-from policy.errors import PolicyViolationError
-from policy.modes import BackendIntent, Mode
-from policy.reasons import Reason, ReasonCode
+from intentserve.policy.capability import BackendKind
+from intentserve.policy.config import PagedAttentionConfig
+from intentserve.policy.errors import PolicyViolationError
+from intentserve.policy.modes import BackendIntent, Mode
+from intentserve.policy.reasons import Reason, ReasonCode
 
 
 class CacheKind(enum.Enum):

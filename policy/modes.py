@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
-from policy.errors import IntentError
+from intentserve.policy.errors import IntentError
 
 E = TypeVar("E", bound="_ParsedEnum")
 M = TypeVar("M", bound=enum.Enum)

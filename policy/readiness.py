@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policy.config import PagedAttentionConfig
-from policy.guard import RealizedCache, verify_report
-from policy.reasons import Reason, ReasonCode
+from intentserve.policy.config import PagedAttentionConfig
+from intentserve.policy.guard import RealizedCache, verify_report
+from intentserve.policy.reasons import Reason, ReasonCode
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy.capability import Capability, DeviceKind
-from policy.config import PagedAttentionConfig
-from policy.decide import (
+from intentserve.policy.capability import Capability, DeviceKind
+from intentserve.policy.config import PagedAttentionConfig
+from intentserve.policy.decide import (
     DEFAULT_AUTO_DEVICES,
     BackendChoice,
     Decision,
@@ -14,7 +14,7 @@ from policy.decide import (
     decide_paged_attention,
     decide_prefix_caching,
 )
-from policy.reasons import Reason, ReasonCode
+from intentserve.policy.reasons import Reason, ReasonCode
 
 
 @dataclass(frozen=True)

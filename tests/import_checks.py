@@ -1,4 +1,9 @@
-"""Helpers for the tests that keep each part's imports honest (purity and boundaries)."""
+"""Helpers for the tests that keep each part's imports honest (purity and boundaries).
+
+A *part* is what a boundary is drawn around: `intentserve.policy`, `intentserve.worker`,
+`intentserve.controller`, `intentserve.v1` inside the project, or a third-party top-level
+package (`torch`, `grpc`, `ray`).
+"""
 
 from __future__ import annotations
 
@@ -9,28 +14,54 @@ from collections.abc import Iterable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+PROJECT = "intentserve"
 
 
-def imported_roots(path: Path) -> list[str]:
-    """Top-level package of every absolute import statement in the file, in order."""
-    roots = []
+def part_of(module: str) -> str:
+    """`intentserve.worker.engine.builder` -> `intentserve.worker`; `torch.nn` -> `torch`."""
+    names = module.split(".")
+    return ".".join(names[:2]) if names[0] == PROJECT and len(names) > 1 else names[0]
+
+
+def imported_parts(path: Path) -> list[str]:
+    """The part of every absolute import statement in the file, in order."""
+    parts = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            roots += [alias.name.split(".")[0] for alias in node.names]
+            parts += [part_of(alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.append(node.module.split(".")[0])
-    return roots
+            if node.module == PROJECT:  # `from intentserve import convert`
+                parts += [part_of(f"{PROJECT}.{alias.name}") for alias in node.names]
+            else:
+                parts.append(part_of(node.module))
+    return parts
 
 
-def roots_loaded_by(modules: Iterable[str], watched: Iterable[str]) -> list[str]:
-    """Which of the `watched` top-level packages a fresh interpreter has loaded after importing
-    `modules` (a fresh one: in this process another test may have imported them already)."""
+def offenders(folder: Path, forbidden: set[str], allowed: set[tuple[str, str]] = frozenset()):
+    """`file: part` for every import of a forbidden part under `folder` (its subfolders too),
+    except the (relative file, part) pairs in `allowed`."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        name = path.relative_to(folder).as_posix()
+        found += [
+            f"{name}: {part}"
+            for part in imported_parts(path)
+            if part in forbidden and (name, part) not in allowed
+        ]
+    return found
+
+
+def parts_loaded_by(modules: Iterable[str], watched: Iterable[str]) -> list[str]:
+    """Which of the `watched` parts a fresh interpreter has loaded after importing `modules`
+    (a fresh one: in this process another test may have imported them already)."""
     code = (
         "import importlib, sys\n"
         f"for name in {list(modules)!r}:\n"
         "    importlib.import_module(name)\n"
         f"watched = {set(watched)!r}\n"
-        "print(','.join(sorted({m.split('.')[0] for m in sys.modules} & watched)))"
+        "loaded = {'.'.join(m.split('.')[:2]) if m.startswith('intentserve.') else m.split('.')[0]"
+        " for m in sys.modules}\n"
+        "print(','.join(sorted(loaded & watched)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120

@@ -3,8 +3,8 @@
 import re
 from pathlib import Path
 
-from controller.cli import main
-from policy.examples import decision_table, render_markdown
+from intentserve.controller.cli.main import main
+from intentserve.policy.examples import decision_table, render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -1,6 +1,6 @@
-"""The worker as a Ray actor's payload. `controller.launcher` hosts it by its import path
-("worker.actor:WorkerActor"), so the controller never imports worker/ and its process never
-loads torch; Ray runs this class inside the actor's own process.
+"""The worker as a Ray actor's payload. `intentserve.controller.launch.launcher` hosts it by its
+import path ("intentserve.worker.actor:WorkerActor"), so the controller never imports the worker
+and its process never loads torch; Ray runs this class inside the actor's own process.
 
 Construction returns at once: the lifecycle (probe, register, load, serve) runs on a thread and
 the actor stays responsive to `status()` meanwhile. A restarted actor is constructed again with
@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Any
 
-from worker.runtime.lifecycle import WorkerRuntime
-from worker.runtime.spec import WorkerSpec
+from intentserve.worker.runtime.lifecycle import WorkerRuntime
+from intentserve.worker.runtime.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 EXIT_RESTART = 75  # the process exits with it when only a restart can recover

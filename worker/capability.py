@@ -7,9 +7,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from policy import BackendKind, BackendStatus, Capability, DeviceKind, KvCacheDtype, ModelFacts
-from worker.attention.flash_paged import flash_status
+from intentserve.policy import (
+    BackendKind,
+    BackendStatus,
+    Capability,
+    DeviceKind,
+    KvCacheDtype,
+    ModelFacts,
+)
+from intentserve.worker.attention.flash_paged import flash_status
 
 TORCH_KV_DTYPES = frozenset({KvCacheDtype.FLOAT32, KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from intentserve.v1 import common_pb2 as pb
-from policy import (
+from intentserve.policy import (
     DEFAULT_BLOCK_SIZE,
     BackendChoice,
     BackendIntent,
@@ -31,6 +30,7 @@ from policy import (
     SchedulerKind,
     paged_attention_config,
 )
+from intentserve.v1 import common_pb2 as pb
 
 
 def _enum_to_pb(value: enum.Enum, pb_enum) -> int:

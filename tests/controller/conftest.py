@@ -8,11 +8,11 @@ from collections.abc import Callable
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.settings import ControllerSettings
+from intentserve.policy import Capability
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 
-from controller.server import ControllerServer
-from controller.settings import ControllerSettings
-from policy import Capability
 from tests.controller.scripted_worker import ScriptedWorker
 
 DEPLOYMENT = "test-deployment"

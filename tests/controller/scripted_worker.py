@@ -15,14 +15,7 @@ from concurrent import futures
 
 import grpc
 from intentserve import convert
-from intentserve.v1 import (
-    inference_pb2,
-    inference_pb2_grpc,
-    worker_pb2,
-    worker_pb2_grpc,
-)
-
-from policy import (
+from intentserve.policy import (
     BackendKind,
     CacheKind,
     Capability,
@@ -31,6 +24,12 @@ from policy import (
     Reason,
     Resolution,
     SchedulerKind,
+)
+from intentserve.v1 import (
+    inference_pb2,
+    inference_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
 )
 
 

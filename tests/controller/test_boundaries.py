@@ -1,30 +1,36 @@
-"""controller/ talks to workers over gRPC only: it never imports worker/ or torch, and ray only in
-the launcher (which creates the worker actors by import path, never importing worker/ itself)."""
+"""intentserve.controller talks to workers over gRPC only: it never imports the worker or torch,
+and ray only in the launcher (which creates the worker actors by import path, never importing
+the worker itself). The worker, in turn, never imports the controller."""
 
 from pathlib import Path
 
-from tests.import_checks import imported_roots, roots_loaded_by
+from tests.import_checks import offenders, parts_loaded_by
 
-CONTROLLER = Path(__file__).resolve().parents[2] / "controller"
-FORBIDDEN = {"worker", "torch", "ray"}
-# NOTE: `intentserve up` must start Ray and create actors; that is launcher.py's whole job.
-ALLOWED = {("launcher.py", "ray")}
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = {"intentserve.worker", "torch", "ray"}
+# NOTE: `intentserve up` must start Ray and create actors; that is the launcher's whole job.
+ALLOWED = {("launch/launcher.py", "ray")}
 
 
 def test_controller_sources_import_no_worker_torch_or_ray_outside_the_launcher():
-    offenders = [
-        f"{path.name}: {root}"
-        for path in sorted(CONTROLLER.glob("*.py"))
-        for root in imported_roots(path)
-        if root in FORBIDDEN and (path.name, root) not in ALLOWED
-    ]
-    assert offenders == []
+    assert offenders(ROOT / "controller", FORBIDDEN, ALLOWED) == []
+
+
+def test_worker_sources_never_import_the_controller():
+    assert offenders(ROOT / "worker", {"intentserve.controller"}) == []
 
 
 def test_starting_the_controller_loads_no_heavy_runtime():
-    assert roots_loaded_by(["controller.server"], FORBIDDEN) == []
+    assert parts_loaded_by(["intentserve.controller.service.server"], FORBIDDEN) == []
 
 
 def test_the_admin_cli_loads_neither_ray_nor_torch():
     # `intentserve status` should answer fast: ray is imported only when `up` runs.
-    assert roots_loaded_by(["controller.cli"], FORBIDDEN) == []
+    assert parts_loaded_by(["intentserve.controller.cli.main"], FORBIDDEN) == []
+
+
+def test_the_offender_check_sees_imports_in_subfolders(tmp_path):
+    # The check must be able to fail: a controller file deep in a subfolder importing torch.
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "bad.py").write_text("from intentserve.worker.engine import engine\n")
+    assert offenders(tmp_path, FORBIDDEN) == ["service/bad.py: intentserve.worker"]

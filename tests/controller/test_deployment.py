@@ -3,18 +3,23 @@
 from dataclasses import replace
 
 import pytest
-
-from controller.deployment import Deployment, deployment_state
-from controller.errors import UnknownWorker, WorkerRejected, WrongState
-from controller.registry import WorkerLoad
-from controller.state import DeploymentState, DesiredState, HeartbeatAction, WorkerState
-from policy import (
+from intentserve.controller.service.deployment import Deployment, deployment_state
+from intentserve.controller.service.errors import UnknownWorker, WorkerRejected, WrongState
+from intentserve.controller.service.registry import WorkerLoad
+from intentserve.controller.service.state import (
+    DeploymentState,
+    DesiredState,
+    HeartbeatAction,
+    WorkerState,
+)
+from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     Reason,
     ReasonCode,
     examples,
     paged_attention_config,
 )
+
 from tests.controller.scripted_worker import CONTIGUOUS, PAGED, realized_for
 
 TIMEOUT_S = 1.0

@@ -4,9 +4,7 @@ import collections
 
 import grpc
 import pytest
-from intentserve.status import ErrorInterceptor
-
-from controller.errors import (
+from intentserve.controller.service.errors import (
     InvalidRequest,
     NotReady,
     Overloaded,
@@ -16,8 +14,9 @@ from controller.errors import (
     WorkerUnavailable,
     WrongState,
 )
-from controller.interceptor import STATUS_CODES, status_for
-from policy import IntentError, PolicyViolationError, Reason, ReasonCode
+from intentserve.controller.service.interceptor import STATUS_CODES, status_for
+from intentserve.policy import IntentError, PolicyViolationError, Reason, ReasonCode
+from intentserve.status import ErrorInterceptor
 
 REASON = Reason(ReasonCode.MODEL_HAS_NO_KV_CACHE, "the model (BertModel) has no KV cache")
 Code = grpc.StatusCode

@@ -12,13 +12,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from intentserve import convert
+from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
+from intentserve.controller.service.server import SERVICE_NAMES, ControllerServer
+from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.service.state import DeploymentState, WorkerState
+from intentserve.policy import ReasonCode, examples
 from intentserve.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
 
-from controller.convert import deployment_state_from_pb, worker_state_from_pb
-from controller.server import SERVICE_NAMES, ControllerServer
-from controller.settings import ControllerSettings
-from controller.state import DeploymentState, WorkerState
-from policy import ReasonCode, examples
 from tests.controller.conftest import DEPLOYMENT, Client, eventually
 from tests.controller.scripted_worker import CONTIGUOUS, PAGED
 
@@ -221,7 +221,7 @@ def test_admin_shutdown_ends_wait(start_controller):
 def test_python_m_controller_server_runs_one(tmp_path):
     env = {**os.environ, "INTENTSERVE_PORT": "0", "INTENTSERVE_HOST": "127.0.0.1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "controller.server"],
+        [sys.executable, "-m", "intentserve.controller.service.server"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -242,7 +242,10 @@ def test_python_m_controller_server_runs_one(tmp_path):
 def test_python_m_controller_server_refuses_bad_settings():
     env = {**os.environ, "INTENTSERVE_PAGED_ATTENTION": "sometimes"}
     done = subprocess.run(
-        [sys.executable, "-m", "controller.server"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "intentserve.controller.service.server"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2
     assert "paged_attention (INTENTSERVE_PAGED_ATTENTION): invalid value 'sometimes'" in (

@@ -4,10 +4,10 @@ phase never stops the loop."""
 import threading
 
 from grpc_health.v1 import health, health_pb2
+from intentserve.controller.service.reconcile import Reconciler
+from intentserve.controller.service.router import Router
+from intentserve.controller.service.state import WorkerState
 
-from controller.reconcile import Reconciler
-from controller.router import Router
-from controller.state import WorkerState
 from tests.controller.conftest import eventually
 from tests.controller.test_deployment import TIMEOUT_S, make, up
 

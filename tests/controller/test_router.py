@@ -3,10 +3,9 @@
 import math
 
 import pytest
+from intentserve.controller.service.errors import InvalidRequest
+from intentserve.controller.service.router import validate
 from intentserve.v1 import inference_pb2
-
-from controller.errors import InvalidRequest
-from controller.router import validate
 
 
 def request(prompt="hi", token_ids=(), max_tokens=4, temperature=0.0, top_p=0.0):

@@ -5,11 +5,11 @@ import threading
 
 import grpc
 import pytest
+from intentserve.controller.service.convert import worker_state_from_pb
+from intentserve.controller.service.state import WorkerState
+from intentserve.policy import examples
 from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2
 
-from controller.convert import worker_state_from_pb
-from controller.state import WorkerState
-from policy import examples
 from tests.controller.conftest import eventually
 from tests.controller.scripted_worker import Behaviour
 

@@ -8,6 +8,16 @@ import grpc
 import grpc_testing
 import pytest
 from intentserve import convert
+from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
+from intentserve.controller.service.deployment import Deployment
+from intentserve.controller.service.router import Router
+from intentserve.controller.service.servicers import (
+    AdminServicer,
+    InferenceServicer,
+    WorkerRegistryServicer,
+)
+from intentserve.controller.service.state import DeploymentState, DesiredState, WorkerState
+from intentserve.policy import DEFAULT_AUTO_DEVICES, ReasonCode, examples, paged_attention_config
 from intentserve.v1 import (
     admin_pb2,
     common_pb2,
@@ -15,12 +25,6 @@ from intentserve.v1 import (
     worker_pb2,
 )
 
-from controller.convert import deployment_state_from_pb, worker_state_from_pb
-from controller.deployment import Deployment
-from controller.router import Router
-from controller.servicers import AdminServicer, InferenceServicer, WorkerRegistryServicer
-from controller.state import DeploymentState, DesiredState, WorkerState
-from policy import DEFAULT_AUTO_DEVICES, ReasonCode, examples, paged_attention_config
 from tests.controller.scripted_worker import CONTIGUOUS, ScriptedWorker, realized_for
 
 REGISTRY = worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"]

@@ -3,10 +3,13 @@
 import re
 
 import pytest
+from intentserve.controller.service.settings import (
+    ControllerSettings,
+    describe_errors,
+    parse_devices,
+)
+from intentserve.policy import BackendIntent, DeviceKind, KvCacheDtype, Mode, paged_attention_config
 from pydantic import ValidationError
-
-from controller.settings import ControllerSettings, describe_errors, parse_devices
-from policy import BackendIntent, DeviceKind, KvCacheDtype, Mode, paged_attention_config
 
 
 def test_defaults_give_auto_on_cuda_and_one_replica():

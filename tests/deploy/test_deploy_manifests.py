@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from controller.manifest import API_VERSION, load_manifest, parse_manifest
-from policy import DeviceKind, Mode
+from intentserve.controller.launch.manifest import API_VERSION, load_manifest, parse_manifest
+from intentserve.policy import DeviceKind, Mode
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -1,4 +1,5 @@
-"""A stand-in for `worker.actor.WorkerActor` in launcher tests: no model, answers at once."""
+"""A stand-in for `intentserve.worker.actor.WorkerActor` in launcher tests: no model, answers at
+once."""
 
 from __future__ import annotations
 

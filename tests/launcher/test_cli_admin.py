@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from intentserve.controller.cli.main import main
+from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.settings import ControllerSettings
+from intentserve.policy.examples import BERT, cpu
 
-from controller.cli import main
-from controller.server import ControllerServer
-from controller.settings import ControllerSettings
-from policy.examples import BERT, cpu
 from tests.controller.conftest import FAST, eventually
 from tests.controller.scripted_worker import ScriptedWorker
 

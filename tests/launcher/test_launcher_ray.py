@@ -7,9 +7,15 @@ import shutil
 import time
 
 import pytest
+from intentserve.controller.launch import launcher as launcher_module
+from intentserve.controller.launch.launcher import (
+    ActorState,
+    LaunchError,
+    RayLauncher,
+    Replica,
+    summary,
+)
 
-from controller import launcher as launcher_module
-from controller.launcher import ActorState, LaunchError, RayLauncher, Replica, summary
 from tests.launcher.processes import processes_mentioning, short_temp_dir
 
 FAKE = "tests.launcher.fake_worker:FakeWorker"

@@ -6,12 +6,16 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
-from controller.cli import main
-from controller.manifest import MODEL_DTYPES, ManifestError, load_manifest, parse_kv_memory
-from policy import DeviceKind, Mode
-from worker.model.dtype import ALLOWED_DTYPES
-from worker.runtime.spec import WorkerSpec
+from intentserve.controller.cli.main import main
+from intentserve.controller.launch.manifest import (
+    MODEL_DTYPES,
+    ManifestError,
+    load_manifest,
+    parse_kv_memory,
+)
+from intentserve.policy import DeviceKind, Mode
+from intentserve.worker.model.dtype import ALLOWED_DTYPES
+from intentserve.worker.runtime.spec import WorkerSpec
 
 
 def manifest_file(tmp_path, text: str):

@@ -17,13 +17,13 @@ import time
 import grpc
 import pytest
 import torch
+from intentserve.controller.cli.client import ControllerClient
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.registry import SHORT_NAMES
 
-from controller.cli_client import ControllerClient
 from tests.controller.conftest import eventually
 from tests.launcher.up_process import INTENTSERVE, UpProcess
-from worker.engine.builder import EngineBuilder
-from worker.engine.sampling import SamplingParams
-from worker.model.registry import SHORT_NAMES
 
 pytestmark = [
     pytest.mark.integration,

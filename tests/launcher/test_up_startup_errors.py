@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from controller.cli import main
+from intentserve.controller.cli.main import main
 
 
 def test_a_taken_port_is_exit_1_naming_it(monkeypatch, capsys):
@@ -33,8 +33,8 @@ def test_a_bad_paged_attention_flag_is_exit_2_naming_the_field(monkeypatch, caps
 
 
 def test_the_paged_attention_flag_overrides_the_manifest(monkeypatch):
-    from controller.cli_up import PAGED_ATTENTION_ENV
-    from controller.manifest import load_manifest
+    from intentserve.controller.cli.up import PAGED_ATTENTION_ENV
+    from intentserve.controller.launch.manifest import load_manifest
 
     monkeypatch.setenv(PAGED_ATTENTION_ENV, "off")  # what `--paged-attention off` sets
     assert load_manifest("deploy/local.yaml").spec.paged_attention.mode.value == "off"

@@ -8,15 +8,15 @@ import threading
 import time
 
 import pytest
+from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.service.state import WorkerState
+from intentserve.worker.runtime import lifecycle
+from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
+from intentserve.worker.runtime.spec import WorkerSpec
 
-from controller.server import ControllerServer
-from controller.settings import ControllerSettings
-from controller.state import WorkerState
 from tests.controller.conftest import FAST, Client, eventually
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
-from worker.runtime import lifecycle
-from worker.runtime.lifecycle import Phase, WorkerRuntime
-from worker.runtime.spec import WorkerSpec
 
 SETTLED = (Phase.SERVING, Phase.REJECTED, Phase.FAILED)
 KV_BYTES = 1 << 20

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from intentserve.controller.cli.client import ControllerClient
 
-from controller.cli_client import ControllerClient
 from tests.launcher.processes import processes_mentioning, short_temp_dir
 
 INTENTSERVE = Path(sys.executable).with_name("intentserve")

@@ -1,8 +1,7 @@
 """Every row of the decision table: mode x device x situation -> outcome + reason."""
 
 import pytest
-
-from policy import (
+from intentserve.policy import (
     BackendKind,
     DeviceKind,
     ReasonCode,
@@ -10,7 +9,7 @@ from policy import (
     paged_attention_config,
     resolve,
 )
-from policy.examples import BERT, backends, cpu, cuda, mixed
+from intentserve.policy.examples import BERT, backends, cpu, cuda, mixed
 
 ENABLED, DISABLED, REJECTED = "enabled", "disabled", "rejected"
 

@@ -3,8 +3,7 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from policy import (
+from intentserve.policy import (
     BackendKind,
     BackendStatus,
     CacheKind,

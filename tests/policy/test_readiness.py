@@ -1,6 +1,5 @@
 import pytest
-
-from policy import (
+from intentserve.policy import (
     BackendKind,
     CacheKind,
     RealizedCache,

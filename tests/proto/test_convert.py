@@ -4,9 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from intentserve import convert
-from intentserve.v1 import common_pb2 as pb
-
-from policy import (
+from intentserve.policy import (
     BackendKind,
     CacheKind,
     Mode,
@@ -17,6 +15,8 @@ from policy import (
     paged_attention_config,
     resolve,
 )
+from intentserve.v1 import common_pb2 as pb
+
 from tests.policy.test_properties import capabilities, configs
 
 reasons = st.builds(Reason, st.sampled_from(list(ReasonCode)), st.text(max_size=20))

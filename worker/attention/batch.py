@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from worker.sched.scheduler_output import ScheduledSeq
+from intentserve.worker.sched.scheduler_output import ScheduledSeq
 
 
 @dataclass(frozen=True)

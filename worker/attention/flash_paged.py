@@ -11,11 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from intentserve.policy import BackendKind, BackendStatus, KvCacheDtype
+from intentserve.worker.attention.batch import StepBatch
+from intentserve.worker.cache.kv_pool import KvPool
 from torch import Tensor
-
-from policy import BackendKind, BackendStatus, KvCacheDtype
-from worker.attention.batch import StepBatch
-from worker.cache.kv_pool import KvPool
 
 FLASH_KV_DTYPES = frozenset({KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
 MIN_COMPUTE_CAPABILITY = (8, 0)

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from intentserve.worker.attention.batch import StepBatch
+from intentserve.worker.attention.cpu_kernels import (
+    KernelUnavailable,
+    PagedDecodeKernel,
+    paged_decode_kernel,
+)
+from intentserve.worker.cache.kv_pool import KvPool
 from torch import Tensor
-
-from worker.attention.batch import StepBatch
-from worker.attention.cpu_kernels import KernelUnavailable, PagedDecodeKernel, paged_decode_kernel
-from worker.cache.kv_pool import KvPool
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """KV cache: the pure-python block allocator and the device cache tensors.
 
-NOTE: keep this file free of imports; the scheduler imports `worker.cache.block_allocator`,
-which must load without torch.
+NOTE: keep this file free of imports; the scheduler imports
+`intentserve.worker.cache.block_allocator`, which must load without torch.
 """

@@ -17,10 +17,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from worker.cache.kv_usage import KVUsage
+from intentserve.worker.cache.kv_usage import KVUsage
 
 if TYPE_CHECKING:
-    from worker.sched.sequence import Sequence
+    from intentserve.worker.sched.sequence import Sequence
 
 # (hash of the previous block's key or None for the first block, the block's token ids)
 BlockKey = tuple[int | None, tuple[int, ...]]

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from policy import CacheKind
+from intentserve.policy import CacheKind
 
 
 class KvBudgetError(ValueError):

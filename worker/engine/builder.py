@@ -15,8 +15,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 import torch
-
-from policy import (
+from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DeviceKind,
     PagedAttentionConfig,
@@ -24,17 +23,17 @@ from policy import (
     paged_attention_config,
     resolve,
 )
-from worker.capability import probe_capability
-from worker.engine.engine import Engine
-from worker.engine.kv_setup import realize_kv, realize_without_cache
-from worker.engine.policy_apply import apply_resolution
-from worker.engine.recompute_runner import RecomputeRunner
-from worker.engine.runner import ModelRunner
-from worker.model.cpu_ops import enable_fused_ops
-from worker.model.facts import model_facts, serving_max_model_len
-from worker.model.loaded import LoadedModel, ModelLoadError
-from worker.model.packed_linear import prepack_available, prepack_linears
-from worker.model.registry import load_model
+from intentserve.worker.capability import probe_capability
+from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.kv_setup import realize_kv, realize_without_cache
+from intentserve.worker.engine.policy_apply import apply_resolution
+from intentserve.worker.engine.recompute_runner import RecomputeRunner
+from intentserve.worker.engine.runner import ModelRunner
+from intentserve.worker.model.cpu_ops import enable_fused_ops
+from intentserve.worker.model.facts import model_facts, serving_max_model_len
+from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
+from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
+from intentserve.worker.model.registry import load_model
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
-from worker.engine.realized import RealizedReport
-from worker.engine.request import RequestOutput, RequestState
-from worker.engine.runner import Runner
-from worker.engine.sampling import InvalidRequestError, SamplingParams
-from worker.model.tokenizer import IncrementalDecoder, Tokenizer
-from worker.sched.scheduler import Scheduler
-from worker.sched.sequence import FinishReason, Sequence
+from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.engine.request import RequestOutput, RequestState
+from intentserve.worker.engine.runner import Runner
+from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
+from intentserve.worker.sched.scheduler import Scheduler
+from intentserve.worker.sched.sequence import FinishReason, Sequence
 
 
 class Engine:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-
-from policy import (
+from intentserve.policy import (
     BackendKind,
     CacheKind,
     Capability,
@@ -18,15 +17,15 @@ from policy import (
     SchedulerKind,
     select_scheduler,
 )
-from worker.attention.flash_paged import FlashPagedAttention
-from worker.attention.torch_paged import TorchPagedAttention
-from worker.cache.block_allocator import BlockAllocator
-from worker.cache.kv_pool import KvGeometry, KvPool, plan_num_blocks
-from worker.engine.realized import RealizedReport
-from worker.model.loaded import LoadedModel
-from worker.sched.default_scheduler import DefaultScheduler
-from worker.sched.paged_scheduler import PagedScheduler
-from worker.sched.scheduler import Scheduler
+from intentserve.worker.attention.flash_paged import FlashPagedAttention
+from intentserve.worker.attention.torch_paged import TorchPagedAttention
+from intentserve.worker.cache.block_allocator import BlockAllocator
+from intentserve.worker.cache.kv_pool import KvGeometry, KvPool, plan_num_blocks
+from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.model.loaded import LoadedModel
+from intentserve.worker.sched.default_scheduler import DefaultScheduler
+from intentserve.worker.sched.paged_scheduler import PagedScheduler
+from intentserve.worker.sched.scheduler import Scheduler
 
 # Share of free memory the KV cache takes when the operator sets no budget.
 DEFAULT_KV_FRACTION = {"cpu": 0.1, "cuda": 0.8}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policy import (
+from intentserve.policy import (
     Feature,
     PagedAttentionConfig,
     PagedAttentionRequiredError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy import RealizedCache
+from intentserve.policy import RealizedCache
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from worker.engine.sampler import Sampler
-from worker.engine.sampling import SamplingParams
-from worker.model.llama import LlamaModel
-from worker.model.reference_attention import CausalAttention
-from worker.sched.scheduler_output import SchedulerOutput
+from intentserve.worker.engine.sampler import Sampler
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.reference_attention import CausalAttention
+from intentserve.worker.sched.scheduler_output import SchedulerOutput
 
 
 class RecomputeRunner:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.engine.sampling import SamplingParams
-from worker.model.tokenizer import IncrementalDecoder
-from worker.sched.sequence import FinishReason
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.tokenizer import IncrementalDecoder
+from intentserve.worker.sched.sequence import FinishReason
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
-
-from worker.attention.batch import build_step_batch
-from worker.engine.sampler import Sampler
-from worker.engine.sampling import SamplingParams
-from worker.model.llama import LlamaModel
-from worker.sched.scheduler_output import SchedulerOutput
+from intentserve.worker.attention.batch import build_step_batch
+from intentserve.worker.engine.sampler import Sampler
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.sched.scheduler_output import SchedulerOutput
 
 
 class Runner(Protocol):

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from intentserve.worker.engine.sampling import SamplingParams
 from torch import Tensor
-
-from worker.engine.sampling import SamplingParams
 
 
 def argmax_rows(logits: Tensor, chunk: int = 1024) -> Tensor:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 
 import torch
+from intentserve.worker.attention.cpu_kernels import FusedOps, KernelUnavailable, fused_ops
 from torch import Tensor
-
-from worker.attention.cpu_kernels import FusedOps, KernelUnavailable, fused_ops
 
 log = logging.getLogger(__name__)
 

@@ -10,19 +10,18 @@ import json
 from pathlib import Path
 
 import torch
-
-from policy import ModelFacts
-from worker.model.config import ModelConfig
-from worker.model.gguf_loader import gguf_model_config, open_gguf
-from worker.model.hf_loader import (
+from intentserve.policy import ModelFacts
+from intentserve.worker.model.config import ModelConfig
+from intentserve.worker.model.gguf_loader import gguf_model_config, open_gguf
+from intentserve.worker.model.hf_loader import (
     DECODER_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
     decoder_config,
     encoder_facts,
     load_hf_folder,
 )
-from worker.model.loaded import ModelLoadError
-from worker.model.registry import resolve_model_path
+from intentserve.worker.model.loaded import ModelLoadError
+from intentserve.worker.model.registry import resolve_model_path
 
 # The longest sequence served by default, whatever longer context the model supports.
 DEFAULT_MAX_MODEL_LEN = 2048

@@ -11,12 +11,11 @@ from typing import Any
 import gguf
 import torch
 from gguf import GGMLQuantizationType as QType
+from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
+from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 from torch import Tensor
-
-from worker.model.config import ModelConfig, RopeScaling, RopeScalingType
-from worker.model.gguf_tokenizer import build_gguf_tokenizer
-from worker.model.llama import LlamaModel
-from worker.model.loaded import LoadedModel, ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SUPPORTED_TENSOR_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1)

@@ -8,9 +8,8 @@ from typing import Any
 
 import tokenizers
 from gguf import TokenType
+from intentserve.worker.model.tokenizer import Tokenizer
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
-
-from worker.model.tokenizer import Tokenizer
 
 # The Llama 3 and Qwen2 splitting regexes, as llama.cpp applies them for these `tokenizer.ggml.pre`.
 _LLAMA3_SPLIT = (

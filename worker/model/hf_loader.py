@@ -9,13 +9,12 @@ from typing import Any
 
 import tokenizers
 import torch
+from intentserve.worker.model.config import ModelConfig, RopeScaling
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
+from intentserve.worker.model.tokenizer import Tokenizer
 from safetensors.torch import load_file
 from torch import Tensor
-
-from worker.model.config import ModelConfig, RopeScaling
-from worker.model.llama import LlamaModel
-from worker.model.loaded import LoadedModel, ModelLoadError
-from worker.model.tokenizer import Tokenizer
 
 # `architectures[0]` -> the name this package gives the decoder family.
 DECODER_ARCHITECTURES = {

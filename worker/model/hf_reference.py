@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from intentserve.worker.model.config import ModelConfig, RopeScalingType
 from torch import Tensor
 from transformers import (
     LlamaConfig,
@@ -17,8 +18,6 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
-
-from worker.model.config import ModelConfig, RopeScalingType
 
 
 def hf_rope_parameters(config: ModelConfig) -> dict:

@@ -12,11 +12,10 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from intentserve.worker.model import cpu_ops
+from intentserve.worker.model.config import ModelConfig
+from intentserve.worker.model.rope import RotaryEmbedding, apply_rotary
 from torch import Tensor, nn
-
-from worker.model import cpu_ops
-from worker.model.config import ModelConfig
-from worker.model.rope import RotaryEmbedding, apply_rotary
 
 
 class AttentionBackend(Protocol):

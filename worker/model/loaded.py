@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from worker.model.config import ModelConfig
-from worker.model.llama import LlamaModel
-from worker.model.tokenizer import Tokenizer
+from intentserve.worker.model.config import ModelConfig
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.tokenizer import Tokenizer
 
 
 class ModelLoadError(Exception):

@@ -9,9 +9,8 @@ the batch. CUDA keeps plain `nn.Linear`.
 from __future__ import annotations
 
 import torch
+from intentserve.worker.model.llama import LlamaModel
 from torch import Tensor, nn
-
-from worker.model.llama import LlamaModel
 
 # The layout is tuned for this many rows; correctness does not depend on it.
 BATCH_HINT = 64

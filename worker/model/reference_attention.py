@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from intentserve.worker.model.llama import LlamaModel
 from torch import Tensor
-
-from worker.model.llama import LlamaModel
 
 
 class CausalAttention:

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from worker.model.dtype import resolve_dtype
-from worker.model.gguf_loader import load_gguf
-from worker.model.hf_loader import load_hf_folder
-from worker.model.loaded import LoadedModel, ModelLoadError
+from intentserve.worker.model.dtype import resolve_dtype
+from intentserve.worker.model.gguf_loader import load_gguf
+from intentserve.worker.model.hf_loader import load_hf_folder
+from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
+from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
 from torch import Tensor, nn
-
-from worker.model.config import ModelConfig, RopeScaling, RopeScalingType
 
 
 def inverse_frequencies(

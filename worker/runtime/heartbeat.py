@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable
 
 import grpc
-
-from worker.runtime.registry_client import Action, RegistryClient
-from worker.service.engine_loop import EngineLoad
+from intentserve.worker.runtime.registry_client import Action, RegistryClient
+from intentserve.worker.service.engine_loop import EngineLoad
 
 log = logging.getLogger(__name__)
 

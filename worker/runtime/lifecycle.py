@@ -20,17 +20,16 @@ from typing import Any
 
 import grpc
 import torch
-
-from policy import PagedAttentionRequiredError, Reason, ReasonCode
-from worker.cache.kv_pool import KvBudgetError
-from worker.capability import probe_capability
-from worker.engine.builder import build_engine
-from worker.engine.engine import Engine
-from worker.model.facts import read_model_facts
-from worker.model.registry import load_model
-from worker.runtime.heartbeat import IDLE, Heartbeat
-from worker.runtime.ports import PortReservation
-from worker.runtime.registry_client import (
+from intentserve.policy import PagedAttentionRequiredError, Reason, ReasonCode
+from intentserve.worker.cache.kv_pool import KvBudgetError
+from intentserve.worker.capability import probe_capability
+from intentserve.worker.engine.builder import build_engine
+from intentserve.worker.engine.engine import Engine
+from intentserve.worker.model.facts import read_model_facts
+from intentserve.worker.model.registry import load_model
+from intentserve.worker.runtime.heartbeat import IDLE, Heartbeat
+from intentserve.worker.runtime.ports import PortReservation
+from intentserve.worker.runtime.registry_client import (
     RETRYABLE,
     Action,
     NotRegistered,
@@ -38,8 +37,8 @@ from worker.runtime.registry_client import (
     RegistryClient,
     Rejected,
 )
-from worker.runtime.spec import WorkerSpec
-from worker.service.server import WorkerServer
+from intentserve.worker.runtime.spec import WorkerSpec
+from intentserve.worker.service.server import WorkerServer
 
 log = logging.getLogger(__name__)
 

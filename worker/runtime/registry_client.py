@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 import grpc
 from intentserve import convert
+from intentserve.policy import Capability, PagedAttentionConfig, Reason, ReasonCode, Resolution
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
-
-from policy import Capability, PagedAttentionConfig, Reason, ReasonCode, Resolution
-from worker.engine.realized import RealizedReport
-from worker.service.convert import heartbeat_request_to_pb
-from worker.service.engine_loop import EngineLoad
+from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.service.convert import heartbeat_request_to_pb
+from intentserve.worker.service.engine_loop import EngineLoad
 
 log = logging.getLogger(__name__)
 

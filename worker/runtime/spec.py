@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine.builder import EngineConfig
-from worker.runtime.ports import advertised_host
+from intentserve.worker.engine.builder import EngineConfig
+from intentserve.worker.runtime.ports import advertised_host
 
 
 @dataclass(frozen=True)

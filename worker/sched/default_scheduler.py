@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import heapq
 
-from worker.cache.kv_usage import KVUsage
-from worker.sched.scheduler import Scheduler, StopCheck
-from worker.sched.sequence import Sequence
+from intentserve.worker.cache.kv_usage import KVUsage
+from intentserve.worker.sched.scheduler import Scheduler, StopCheck
+from intentserve.worker.sched.sequence import Sequence
 
 
 class DefaultScheduler(Scheduler):

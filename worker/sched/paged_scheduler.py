@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from worker.cache.block_allocator import BlockAllocator
-from worker.cache.kv_usage import KVUsage
-from worker.sched.scheduler import Scheduler, StopCheck
-from worker.sched.sequence import Sequence, SequenceStatus
+from intentserve.worker.cache.block_allocator import BlockAllocator
+from intentserve.worker.cache.kv_usage import KVUsage
+from intentserve.worker.sched.scheduler import Scheduler, StopCheck
+from intentserve.worker.sched.sequence import Sequence, SequenceStatus
 
 
 class PagedScheduler(Scheduler):

@@ -18,10 +18,10 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from worker.cache.kv_usage import KVUsage
-from worker.sched.scheduler_output import ScheduledSeq, SchedulerOutput
-from worker.sched.scheduler_stats import SchedulerStats
-from worker.sched.sequence import FinishReason, Sequence, SequenceStatus
+from intentserve.worker.cache.kv_usage import KVUsage
+from intentserve.worker.sched.scheduler_output import ScheduledSeq, SchedulerOutput
+from intentserve.worker.sched.scheduler_stats import SchedulerStats
+from intentserve.worker.sched.sequence import FinishReason, Sequence, SequenceStatus
 
 # The engine's stop check, called after `token_id` was appended to the sequence's outputs:
 # EOS, stop token ids, stop strings. It returns the reason to finish, or None to go on.

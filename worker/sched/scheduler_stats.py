@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.cache.kv_usage import KVUsage
+from intentserve.worker.cache.kv_usage import KVUsage
 
 
 @dataclass(frozen=True)

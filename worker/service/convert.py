@@ -11,15 +11,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 
 from intentserve.convert import capability_to_pb, realized_to_pb
+from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
-
-from policy import Capability
-from worker.engine.realized import RealizedReport
-from worker.engine.request import RequestOutput
-from worker.engine.sampling import InvalidRequestError, SamplingParams
-from worker.model.tokenizer import Tokenizer
-from worker.sched.sequence import FinishReason
-from worker.service.engine_loop import EngineLoad
+from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.model.tokenizer import Tokenizer
+from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service.engine_loop import EngineLoad
 
 # Engine parameter name -> the GenerateRequest field a client sets for it.
 PROTO_FIELDS = {

@@ -23,10 +23,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine.engine import Engine
-from worker.engine.request import RequestOutput
-from worker.engine.sampling import SamplingParams
-from worker.sched.sequence import FinishReason
+from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.sched.sequence import FinishReason
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 
 import grpc
+from intentserve.policy import IntentError, PolicyError
 from intentserve.status import lookup
-
-from policy import IntentError, PolicyError
-from worker.service.engine_loop import EngineLoopClosedError
-from worker.service.servicer import WorkerOverloadedError
+from intentserve.worker.service.engine_loop import EngineLoopClosedError
+from intentserve.worker.service.servicer import WorkerOverloadedError
 
 # First match wins: IntentError is a PolicyError and a ValueError, and means bad input.
 # InvalidRequestError is a ValueError.

@@ -14,14 +14,13 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.policy import Capability
 from intentserve.status import ErrorInterceptor
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-
-from policy import Capability
-from worker.engine.engine import Engine
-from worker.service.engine_loop import EngineLoop
-from worker.service.interceptor import STATUS_CODES
-from worker.service.servicer import InferenceServicer, WorkerInfoServicer
+from intentserve.worker.engine.engine import Engine
+from intentserve.worker.service.engine_loop import EngineLoop
+from intentserve.worker.service.interceptor import STATUS_CODES
+from intentserve.worker.service.servicer import InferenceServicer, WorkerInfoServicer
 
 log = logging.getLogger(__name__)
 

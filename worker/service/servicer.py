@@ -10,12 +10,11 @@ import threading
 from collections.abc import Iterator
 
 import grpc
+from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-
-from policy import Capability
-from worker.engine.realized import RealizedReport
-from worker.service import convert
-from worker.service.engine_loop import EngineLoop
+from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.service import convert
+from intentserve.worker.service.engine_loop import EngineLoop
 
 
 class WorkerOverloadedError(RuntimeError):

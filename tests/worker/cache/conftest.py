@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.cache.block_allocator import BlockAllocator
-from worker.sched.sequence import Sequence
+from intentserve.worker.cache.block_allocator import BlockAllocator
+from intentserve.worker.sched.sequence import Sequence
 
 
 def _compute(allocator: BlockAllocator, seq: Sequence, num_tokens: int) -> None:

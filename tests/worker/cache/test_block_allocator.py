@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.cache.block_allocator import BlockAllocator, BlockAllocatorError
-from worker.sched.sequence import Sequence
+from intentserve.worker.cache.block_allocator import BlockAllocator, BlockAllocatorError
+from intentserve.worker.sched.sequence import Sequence
 
 
 def _seq(seq_id: str, num_tokens: int, first_token: int = 0) -> Sequence:

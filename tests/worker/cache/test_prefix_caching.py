@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.cache.block_allocator import BlockAllocator
-from worker.sched.sequence import Sequence
+from intentserve.worker.cache.block_allocator import BlockAllocator
+from intentserve.worker.sched.sequence import Sequence
 
 PREFIX = list(range(1000, 1040))  # 40 tokens: two full blocks of 16, and 8 more
 

@@ -1,6 +1,5 @@
 import pytest
-
-from worker.model.registry import load_model
+from intentserve.worker.model.registry import load_model
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-
-from worker.engine.sampler import argmax_rows
+from intentserve.worker.engine.sampler import argmax_rows
 
 
 @pytest.mark.parametrize("vocab", [49152, 49152 + 37, 5000, 100])

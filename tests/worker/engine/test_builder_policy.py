@@ -2,13 +2,18 @@
 back with the reason recorded and `on` fails at start-up naming the setting and the reason."""
 
 import pytest
-
-from policy import CacheKind, IntentError, PagedAttentionRequiredError, ReasonCode, SchedulerKind
-from worker.cache.kv_pool import KvBudgetError
-from worker.engine.builder import EngineBuilder
-from worker.engine.sampling import SamplingParams
-from worker.model.loaded import ModelLoadError
-from worker.model.registry import load_model
+from intentserve.policy import (
+    CacheKind,
+    IntentError,
+    PagedAttentionRequiredError,
+    ReasonCode,
+    SchedulerKind,
+)
+from intentserve.worker.cache.kv_pool import KvBudgetError
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.loaded import ModelLoadError
+from intentserve.worker.model.registry import load_model
 
 MIB = 1 << 20
 

@@ -4,9 +4,8 @@ cannot be had (no compiler, a compiler error, turned off), never a crash."""
 import shutil
 
 import pytest
-
-from worker.attention import cpu_kernels
-from worker.attention.cpu_kernels import KernelUnavailable, build
+from intentserve.worker.attention import cpu_kernels
+from intentserve.worker.attention.cpu_kernels import KernelUnavailable, build
 
 HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
@@ -61,10 +60,9 @@ def test_turned_off_by_the_environment(fresh_cache, monkeypatch):
 
 def test_the_backend_says_why_it_gathers_when_the_kernel_is_off(fresh_cache, monkeypatch, caplog):
     import torch
-
-    from policy import CacheKind
-    from worker.attention.torch_paged import TorchPagedAttention
-    from worker.cache.kv_pool import KvGeometry, KvPool
+    from intentserve.policy import CacheKind
+    from intentserve.worker.attention.torch_paged import TorchPagedAttention
+    from intentserve.worker.cache.kv_pool import KvGeometry, KvPool
 
     monkeypatch.setenv("INTENTSERVE_CPU_KERNELS", "0")
     pool = KvPool(CacheKind.PAGED, KvGeometry(1, 2, 16, torch.float32), 4, 4, torch.device("cpu"))

@@ -2,9 +2,8 @@
 mates, not arrival times, preemption or prefix-cache hits. Real model (SmolLM2), float32."""
 
 import pytest
-
-from worker.engine.builder import EngineBuilder
-from worker.engine.sampling import SamplingParams
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.integration
 

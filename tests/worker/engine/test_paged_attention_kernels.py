@@ -6,13 +6,12 @@ import shutil
 
 import pytest
 import torch
-
-from policy import CacheKind
-from worker.attention.batch import build_step_batch
-from worker.attention.flash_paged import FlashPagedAttention, flash_status
-from worker.attention.torch_paged import TorchPagedAttention
-from worker.cache.kv_pool import KvGeometry, KvPool
-from worker.sched.scheduler_output import ScheduledSeq
+from intentserve.policy import CacheKind
+from intentserve.worker.attention.batch import build_step_batch
+from intentserve.worker.attention.flash_paged import FlashPagedAttention, flash_status
+from intentserve.worker.attention.torch_paged import TorchPagedAttention
+from intentserve.worker.cache.kv_pool import KvGeometry, KvPool
+from intentserve.worker.sched.scheduler_output import ScheduledSeq
 
 H, HKV, D, BS = 6, 2, 16, 4
 torch.manual_seed(0)

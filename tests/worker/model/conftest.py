@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from worker.model.config import ModelConfig
-from worker.model.gguf_loader import GGUFFile, gguf_hf_weights, gguf_model_config
-from worker.model.gguf_tokenizer import build_gguf_tokenizer
-from worker.model.llama import LlamaModel
-from worker.model.registry import resolve_model_path
-from worker.model.tokenizer import Tokenizer
+from intentserve.worker.model.config import ModelConfig
+from intentserve.worker.model.gguf_loader import GGUFFile, gguf_hf_weights, gguf_model_config
+from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.registry import resolve_model_path
+from intentserve.worker.model.tokenizer import Tokenizer
 
 
 def _packaged(name: str) -> Path:
@@ -50,6 +49,6 @@ def smollm2(smollm2_path: Path) -> Checkpoint:
 
 @pytest.fixture(scope="session")
 def smollm2_hf(smollm2: Checkpoint) -> torch.nn.Module:
-    from worker.model.hf_reference import hf_model
+    from intentserve.worker.model.hf_reference import hf_model
 
     return hf_model(smollm2.config, smollm2.weights)

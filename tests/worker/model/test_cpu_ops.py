@@ -5,9 +5,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-
-from worker.attention.cpu_kernels import fused_ops
-from worker.model import cpu_ops
+from intentserve.worker.attention.cpu_kernels import fused_ops
+from intentserve.worker.model import cpu_ops
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(n) for n in ("cc", "gcc", "clang")),

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
+from intentserve.worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
+from intentserve.worker.model.gguf_loader import GGUFFile
+from intentserve.worker.model.hf_reference import hf_logits, hf_model
+from intentserve.worker.model.reference_attention import reference_logits
 from tiny_checkpoints import random_hf_weights, tiny_config, tiny_tokenizer, write_gguf
-
-from worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
-from worker.model.gguf_loader import GGUFFile
-from worker.model.hf_reference import hf_logits, hf_model
-from worker.model.reference_attention import reference_logits
 
 # Worst-case error of each format on N(0, 1) data, relative to the block's max |value|.
 ROUNDTRIP_TOLERANCE = {
@@ -136,7 +135,7 @@ def test_truncated_file_names_path(tmp_path, num_bytes_cut):
 
 
 def test_one_parse_serves_the_facts_read_and_the_load(smollm2_path):
-    from worker.model.gguf_loader import open_gguf
+    from intentserve.worker.model.gguf_loader import open_gguf
 
     first = open_gguf(smollm2_path)
     assert open_gguf(str(smollm2_path)) is first  # same file, unchanged: parsed once

@@ -6,11 +6,10 @@ import json
 
 import pytest
 import torch
+from intentserve.worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
+from intentserve.worker.model.hf_reference import hf_logits, hf_model
+from intentserve.worker.model.reference_attention import reference_logits
 from tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
-
-from worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
-from worker.model.hf_reference import hf_logits, hf_model
-from worker.model.reference_attention import reference_logits
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8  # ~100 tokens: RoPE scaling matters
 

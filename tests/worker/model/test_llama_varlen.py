@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.reference_attention import CausalAttention
 from one_sequence_cache import OneSequenceKVCache
 from tiny_checkpoints import random_hf_weights, tiny_config
-
-from worker.model.llama import LlamaModel
-from worker.model.reference_attention import CausalAttention
 
 
 class PerSequenceCausal:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from intentserve.worker.model.hf_reference import hf_logits
+from intentserve.worker.model.reference_attention import reference_logits
 from one_sequence_cache import OneSequenceKVCache
-
-from worker.model.hf_reference import hf_logits
-from worker.model.reference_attention import reference_logits
 
 # fp32 on both sides; the only differences are summation order (fused q|k|v and gate|up
 # matmuls, SDPA kernel choice), so the logits agree far below any decision-relevant scale.
@@ -74,7 +73,7 @@ def test_greedy_decoding_matches_transformers_generate(smollm2, smollm2_hf):
 @pytest.fixture
 def fused(smollm2):
     """The session's float32 model with the fused CPU norms and activations switched on."""
-    from worker.model.cpu_ops import disable_fused_ops, enable_fused_ops
+    from intentserve.worker.model.cpu_ops import disable_fused_ops, enable_fused_ops
 
     assert enable_fused_ops(smollm2.model) == "fused CPU kernels"
     yield smollm2
@@ -93,8 +92,8 @@ def test_logits_match_transformers_with_fused_cpu_ops(fused, smollm2_hf, prompt)
 def test_fused_cpu_ops_agree_with_torch_ops_in_bfloat16(smollm2_path):
     """bf16: the fused ops round where the torch ops round, so the logits match; what could
     differ is float32 summation order and the exp inside SiLU crossing a rounding boundary."""
-    from worker.model.cpu_ops import disable_fused_ops, enable_fused_ops
-    from worker.model.registry import load_model
+    from intentserve.worker.model.cpu_ops import disable_fused_ops, enable_fused_ops
+    from intentserve.worker.model.registry import load_model
 
     model = load_model(str(smollm2_path), dtype="bfloat16").model
     ids = [1, 504, 3458, 282, 4649, 314, 17, 1115, 4417, 11, 30, 3]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from intentserve.worker.model.config import RopeScaling, RopeScalingType
+from intentserve.worker.model.hf_reference import hf_rope_parameters
+from intentserve.worker.model.rope import inverse_frequencies
 from tiny_checkpoints import tiny_config
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-from worker.model.config import RopeScaling, RopeScalingType
-from worker.model.hf_reference import hf_rope_parameters
-from worker.model.rope import inverse_frequencies
 
 
 def test_kv_bytes_per_token_smollm2_shape():

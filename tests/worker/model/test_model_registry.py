@@ -6,10 +6,9 @@ import importlib.util
 
 import pytest
 import torch
-
-from worker.model import ModelLoadError, load_model, resolve_model_path
-from worker.model import dtype as dtype_module
-from worker.model.dtype import resolve_dtype
+from intentserve.worker.model import ModelLoadError, load_model, resolve_model_path
+from intentserve.worker.model import dtype as dtype_module
+from intentserve.worker.model.dtype import resolve_dtype
 
 
 def test_short_names_resolve_to_packaged_files(smollm2_path, minilm_path):
@@ -76,7 +75,7 @@ def test_load_smollm2_by_short_name_in_bfloat16(smollm2_path):
     assert loaded.config.architecture == "llama" and loaded.config.num_kv_heads == 3
     assert loaded.config.tie_word_embeddings and loaded.config.eos_token_ids == (2,)
     assert loaded.chat_template == loaded.tokenizer.chat_template
-    from worker.model.reference_attention import reference_logits
+    from intentserve.worker.model.reference_attention import reference_logits
 
     ids = loaded.tokenizer.encode("The capital of France is")
     assert (

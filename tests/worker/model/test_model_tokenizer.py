@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.model.gguf_tokenizer import build_gguf_tokenizer
-from worker.model.tokenizer import IncrementalDecoder, Tokenizer
+from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
+from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 
 TEXTS = [
     "Hello world",

@@ -10,11 +10,10 @@ import gguf
 import numpy as np
 import tokenizers
 import torch
+from intentserve.worker.model.config import ModelConfig
 from safetensors.torch import save_file
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from torch import Tensor
-
-from worker.model.config import ModelConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -109,7 +108,7 @@ def write_hf_folder(
     }[config.architecture]
     rope = {"rope_type": "default"}
     if config.rope_scaling is not None:
-        from worker.model.hf_reference import hf_rope_parameters
+        from intentserve.worker.model.hf_reference import hf_rope_parameters
 
         rope = hf_rope_parameters(config)
     raw = {

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.cache.block_allocator import BlockAllocator
-from worker.sched.default_scheduler import DefaultScheduler
-from worker.sched.paged_scheduler import PagedScheduler
-from worker.sched.scheduler import Scheduler
-from worker.sched.scheduler_output import SchedulerOutput
-from worker.sched.sequence import Sequence
+from intentserve.worker.cache.block_allocator import BlockAllocator
+from intentserve.worker.sched.default_scheduler import DefaultScheduler
+from intentserve.worker.sched.paged_scheduler import PagedScheduler
+from intentserve.worker.sched.scheduler import Scheduler
+from intentserve.worker.sched.scheduler_output import SchedulerOutput
+from intentserve.worker.sched.sequence import Sequence
 
 
 def fake_token(seq_id: str, position: int) -> int:

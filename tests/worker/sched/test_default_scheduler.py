@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.sched.sequence import SequenceStatus
+from intentserve.worker.sched.sequence import SequenceStatus
 
 
 def test_the_output_carries_slots(default, new_seq, step):

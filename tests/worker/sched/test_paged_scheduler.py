@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.sched.sequence import FinishReason, SequenceStatus
+from intentserve.worker.sched.sequence import FinishReason, SequenceStatus
 
 
 def _all_blocks_free(scheduler) -> bool:

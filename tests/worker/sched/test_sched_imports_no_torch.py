@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from tests.import_checks import roots_loaded_by
+from tests.import_checks import parts_loaded_by
 
 MODULES = [
-    "worker.sched.sequence",
-    "worker.sched.scheduler",
-    "worker.sched.paged_scheduler",
-    "worker.sched.default_scheduler",
-    "worker.cache.block_allocator",
-    "worker.cache.kv_usage",
+    "intentserve.worker.sched.sequence",
+    "intentserve.worker.sched.scheduler",
+    "intentserve.worker.sched.paged_scheduler",
+    "intentserve.worker.sched.default_scheduler",
+    "intentserve.worker.cache.block_allocator",
+    "intentserve.worker.cache.kv_usage",
 ]
 
 
 def test_importing_the_schedulers_does_not_import_torch():
-    assert roots_loaded_by(MODULES, {"torch"}) == []
+    assert parts_loaded_by(MODULES, {"torch"}) == []

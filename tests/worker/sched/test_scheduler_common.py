@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.sched.sequence import FinishReason, SequenceStatus
+from intentserve.worker.sched.sequence import FinishReason, SequenceStatus
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget(

@@ -10,9 +10,8 @@ from collections import Counter
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-
-from worker.sched.paged_scheduler import PagedScheduler
-from worker.sched.sequence import FinishReason, Sequence, SequenceStatus
+from intentserve.worker.sched.paged_scheduler import PagedScheduler
+from intentserve.worker.sched.sequence import FinishReason, Sequence, SequenceStatus
 
 SHARED_PREFIX = list(range(10_000, 10_100))  # prompts draw on it so that prefix hits happen
 

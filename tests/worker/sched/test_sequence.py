@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.sched.sequence import Sequence, SequenceStatus
+from intentserve.worker.sched.sequence import Sequence, SequenceStatus
 
 
 def test_token_ids_span_prompt_and_outputs():

@@ -18,13 +18,12 @@ from intentserve.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-
-from worker.engine.builder import EngineBuilder
-from worker.engine.sampling import SamplingParams
-from worker.sched.sequence import FinishReason
-from worker.service import convert
-from worker.service.engine_loop import EngineLoopClosedError
-from worker.service.server import WorkerServer
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service import convert
+from intentserve.worker.service.engine_loop import EngineLoopClosedError
+from intentserve.worker.service.server import WorkerServer
 
 MODEL = "smollm2-135m"
 PROMPT = "The capital of France is"

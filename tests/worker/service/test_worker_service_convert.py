@@ -6,16 +6,15 @@ import math
 
 import grpc
 import pytest
+from intentserve.policy import IntentError, PagedAttentionRequiredError, Reason, ReasonCode
 from intentserve.v1 import inference_pb2
-
-from policy import IntentError, PagedAttentionRequiredError, Reason, ReasonCode
-from worker.engine.request import RequestOutput
-from worker.engine.sampling import InvalidRequestError
-from worker.sched.sequence import FinishReason
-from worker.service import convert
-from worker.service.engine_loop import EngineLoad, EngineLoopClosedError
-from worker.service.interceptor import status_for
-from worker.service.servicer import WorkerOverloadedError
+from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.sampling import InvalidRequestError
+from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service import convert
+from intentserve.worker.service.engine_loop import EngineLoad, EngineLoopClosedError
+from intentserve.worker.service.interceptor import status_for
+from intentserve.worker.service.servicer import WorkerOverloadedError
 
 
 class FakeTokenizer:

@@ -6,10 +6,15 @@ from __future__ import annotations
 import functools
 
 import grpc
+from intentserve.controller.service.errors import (
+    NotReady,
+    Overloaded,
+    UnknownWorker,
+    WorkerUnavailable,
+    WrongState,
+)
+from intentserve.policy import IntentError, PolicyError
 from intentserve.status import lookup
-
-from controller.errors import NotReady, Overloaded, UnknownWorker, WorkerUnavailable, WrongState
-from policy import IntentError, PolicyError
 
 # First match wins: IntentError is a PolicyError and a ValueError, and means bad input.
 # An UpstreamError carries the worker's own status and passes through unchanged.

@@ -18,15 +18,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from controller.cli_admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from controller.cli_client import ControllerClient
-from controller.cli_render import describe_realized, status_text
-from controller.launch_types import ActorProbe, ActorState, LaunchError, Replica
-from controller.manifest import Manifest, ManifestError, load_manifest
-from controller.server import ControllerServer
+from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.render import describe_realized, status_text
+from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
+from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
+from intentserve.controller.service.server import ControllerServer
 
 if TYPE_CHECKING:
-    from controller.launcher import RayLauncher
+    from intentserve.controller.launch.launcher import RayLauncher
 
 POLL_S = 0.25
 ACTOR_POLL_S = 2.0  # while serving: how often the actors are asked whether they live
@@ -193,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
     previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
     _install_signals(server, progress.signals)
     progress.say(f"controller listening on {server.address} (health NOT_SERVING until READY)")
-    from controller.launcher import RayLauncher  # ray is imported only when `up` runs
+    from intentserve.controller.launch.launcher import (
+        RayLauncher,  # ray is imported only when `up` runs
+    )
 
     launcher = RayLauncher(
         address=args.ray_address,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from policy import DeviceKind, PagedAttentionConfig
+from intentserve.policy import DeviceKind, PagedAttentionConfig
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,15 @@ from __future__ import annotations
 import enum
 
 from intentserve import convert
+from intentserve.controller.service.registry import WorkerLoad, WorkerRecord
+from intentserve.controller.service.state import (
+    DeploymentState,
+    DesiredState,
+    HeartbeatAction,
+    WorkerState,
+)
+from intentserve.policy import Capability, RealizedCache, Reason, Resolution, Verdict
 from intentserve.v1 import admin_pb2, worker_pb2
-
-from controller.registry import WorkerLoad, WorkerRecord
-from controller.state import DeploymentState, DesiredState, HeartbeatAction, WorkerState
-from policy import Capability, RealizedCache, Reason, Resolution, Verdict
 
 
 def _to_pb(value: enum.Enum, pb_enum, prefix: str) -> int:

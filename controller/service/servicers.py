@@ -1,16 +1,15 @@
 """The controller's gRPC servicers: decode, call, encode. Errors are raised, never set here;
-`controller.interceptor` turns them into status codes."""
+`intentserve.controller.service.interceptor` turns them into status codes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from intentserve.controller.service import convert
+from intentserve.controller.service.deployment import Deployment, deployment_state
+from intentserve.controller.service.explain import explain
+from intentserve.controller.service.router import Router
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc, worker_pb2_grpc
-
-from controller import convert
-from controller.deployment import Deployment, deployment_state
-from controller.explain import explain
-from controller.router import Router
 
 
 class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
-from controller.state import DesiredState
-from policy import (
+from intentserve.controller.service.state import DesiredState
+from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
     BackendIntent,
@@ -22,8 +19,10 @@ from policy import (
     Mode,
     paged_attention_config,
 )
-from policy.config import MAX_BLOCK_SIZE
-from policy.modes import allowed_values, lookup_choice
+from intentserve.policy.config import MAX_BLOCK_SIZE
+from intentserve.policy.modes import allowed_values, lookup_choice
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "INTENTSERVE_"
 

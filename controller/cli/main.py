@@ -20,9 +20,11 @@ import sys
 # there and would only log that they skip.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from controller import cli_admin, cli_up  # noqa: E402
-from controller.cli_admin import EXIT_OK  # noqa: E402
-from policy.examples import decision_table, render_markdown  # noqa: E402
+from intentserve import __version__  # noqa: E402
+from intentserve.controller.cli import admin as cli_admin  # noqa: E402
+from intentserve.controller.cli import up as cli_up  # noqa: E402
+from intentserve.controller.cli.admin import EXIT_OK  # noqa: E402
+from intentserve.policy.examples import decision_table, render_markdown  # noqa: E402
 
 
 def _policy_table(args: argparse.Namespace) -> int:
@@ -42,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="intentserve",
         description="LLM serving where the operator's configuration is a policy, not a hint.",
     )
+    parser.add_argument("--version", action="version", version=f"intentserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     table = commands.add_parser(
         "policy-table",

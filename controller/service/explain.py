@@ -3,10 +3,10 @@ intent -> capability -> decision -> realized -> verdict."""
 
 from __future__ import annotations
 
-from controller.deployment import deployment_state
-from controller.registry import WorkerRecord
-from controller.state import DesiredState, WorkerState
-from policy import Capability, PagedAttentionConfig, RealizedCache, Resolution, Verdict
+from intentserve.controller.service.deployment import deployment_state
+from intentserve.controller.service.registry import WorkerRecord
+from intentserve.controller.service.state import DesiredState, WorkerState
+from intentserve.policy import Capability, PagedAttentionConfig, RealizedCache, Resolution, Verdict
 
 
 def explain(desired: DesiredState, record: WorkerRecord, verdict: Verdict) -> list[str]:

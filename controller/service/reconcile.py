@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grpc_health.v1 import health, health_pb2
-
-from controller.deployment import Deployment, deployment_state
-from controller.router import Router
-from controller.state import DeploymentState
-from policy import Verdict
+from intentserve.controller.service.deployment import Deployment, deployment_state
+from intentserve.controller.service.router import Router
+from intentserve.controller.service.state import DeploymentState
+from intentserve.policy import Verdict
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Text for people: the status report, the worker table, a realized cache in one phrase.
 
-Everything here reads the plain data of `controller.cli_client` (the same dicts `--json` prints).
+Everything here reads the plain data of `intentserve.controller.cli.client` (the same dicts
+`--json` prints).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Observed state: one record per worker and the transitions between its states.
 
 Records are frozen values replaced under one lock, so a snapshot handed out can never change
-under its reader. The registry stores what was decided; `controller.deployment` decides it.
+under its reader. The registry stores what was decided; `intentserve.controller.service.deployment`
+decides it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from controller.errors import UnknownWorker, WrongState
-from controller.state import HeartbeatAction, WorkerState
-from policy import Capability, RealizedCache, Reason, ReasonCode, Resolution
+from intentserve.controller.service.errors import UnknownWorker, WrongState
+from intentserve.controller.service.state import HeartbeatAction, WorkerState
+from intentserve.policy import Capability, RealizedCache, Reason, ReasonCode, Resolution
 
 # NOTE: a worker in any of these states has a live process behind it that must heartbeat.
 _MONITORED = frozenset(

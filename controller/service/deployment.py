@@ -9,10 +9,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from controller.errors import WorkerRejected
-from controller.registry import Registry, WorkerLoad, WorkerRecord
-from controller.state import DeploymentState, DesiredState, HeartbeatAction, WorkerState
-from policy import (
+from intentserve.controller.service.errors import WorkerRejected
+from intentserve.controller.service.registry import Registry, WorkerLoad, WorkerRecord
+from intentserve.controller.service.state import (
+    DeploymentState,
+    DesiredState,
+    HeartbeatAction,
+    WorkerState,
+)
+from intentserve.policy import (
     Capability,
     RealizedCache,
     Reason,

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-
-from controller.cli_client import DEFAULT_CONTROLLER, ControllerClient
-from controller.cli_render import status_text, workers_text
+from intentserve.controller.cli.client import DEFAULT_CONTROLLER, ControllerClient
+from intentserve.controller.cli.render import status_text, workers_text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CONTROLLER_ENV = "INTENTSERVE_CONTROLLER"

@@ -1,11 +1,12 @@
-"""Errors the controller raises; `controller.interceptor` maps each kind to a gRPC status code.
+"""Errors the controller raises; `intentserve.controller.service.interceptor` maps each kind to a
+gRPC status code.
 
 Messages are written for the operator or client who reads the status detail.
 """
 
 from __future__ import annotations
 
-from policy import PolicyError, Reason
+from intentserve.policy import PolicyError, Reason
 
 
 class WorkerRejected(PolicyError):

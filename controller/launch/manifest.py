@@ -21,12 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-from pydantic.alias_generators import to_camel
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from controller.settings import ENV_PREFIX, ControllerSettings
-from policy import (
+from intentserve.controller.service.settings import ENV_PREFIX, ControllerSettings
+from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
     BackendIntent,
@@ -34,8 +30,11 @@ from policy import (
     KvCacheDtype,
     Mode,
 )
-from policy.config import MAX_BLOCK_SIZE
-from policy.modes import allowed_values, lookup_choice
+from intentserve.policy.config import MAX_BLOCK_SIZE
+from intentserve.policy.modes import allowed_values, lookup_choice
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic.alias_generators import to_camel
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 API_VERSION = "intentserve/v1"
 KIND = "Deployment"
@@ -289,8 +288,9 @@ class Manifest(BaseSettings):
         )
 
     def worker_config(self, worker_id: str, controller_address: str, host: str) -> dict[str, Any]:
-        """What one worker is started with (`worker.runtime.spec.WorkerSpec`'s fields), as plain
-        data: it crosses into a Ray actor and controller/ never imports worker/."""
+        """What one worker is started with (`intentserve.worker.runtime.spec.WorkerSpec`'s
+        fields), as plain data: it crosses into a Ray actor and the controller never imports the
+        worker."""
         s = self.spec
         kv_bytes, kv_fraction = parse_kv_memory(s.paged_attention.kv_cache_memory)
         return {

@@ -14,15 +14,14 @@ import re
 from typing import Any
 
 import ray
+from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
-
-from controller.launch_types import ActorProbe, ActorState, LaunchError, Replica
 
 __all__ = ["ActorProbe", "ActorState", "LaunchError", "RayLauncher", "Replica"]
 
 log = logging.getLogger(__name__)
 
-WORKER_CLASS = "worker.actor:WorkerActor"
+WORKER_CLASS = "intentserve.worker.actor:WorkerActor"
 NAMESPACE = "intentserve"
 STARTUP_TIMEOUT = "timed out during startup"  # in Ray's error when a new node is late
 EMBEDDED_OBJECT_STORE_BYTES = 128 << 20  # actors exchange only small status dicts

@@ -14,19 +14,18 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
-from intentserve.v1 import inference_pb2, inference_pb2_grpc
-
-from controller.deployment import Deployment
-from controller.errors import (
+from intentserve.controller.service.deployment import Deployment
+from intentserve.controller.service.errors import (
     InvalidRequest,
     NotReady,
     Overloaded,
     UpstreamError,
     WorkerUnavailable,
 )
-from controller.registry import WorkerRecord
-from controller.state import WorkerState
-from policy import Reason, ReasonCode
+from intentserve.controller.service.registry import WorkerRecord
+from intentserve.controller.service.state import WorkerState
+from intentserve.policy import Reason, ReasonCode
+from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 # NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
 _NO_DEADLINE_S = 1e9

@@ -1,7 +1,8 @@
 """The controller process: one gRPC server with the worker registry, inference router, admin API,
 `grpc.health.v1` (the readiness gate) and reflection, plus the reconcile loop.
 
-Run one by hand with `python -m controller.server` (configured by `INTENTSERVE_*` env vars).
+Run one by hand with `python -m intentserve.controller.service.server` (configured by
+`INTENTSERVE_*` env vars).
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.controller.service.deployment import Deployment, deployment_state
+from intentserve.controller.service.interceptor import STATUS_CODES
+from intentserve.controller.service.reconcile import LoopMetrics, Reconciler
+from intentserve.controller.service.router import Router
+from intentserve.controller.service.servicers import (
+    AdminServicer,
+    InferenceServicer,
+    WorkerRegistryServicer,
+)
+from intentserve.controller.service.settings import ControllerSettings, describe_errors
+from intentserve.controller.service.state import DeploymentState
+from intentserve.policy import Verdict
 from intentserve.status import ErrorInterceptor
 from intentserve.v1 import (
     admin_pb2,
@@ -25,15 +38,6 @@ from intentserve.v1 import (
     worker_pb2_grpc,
 )
 from pydantic import ValidationError
-
-from controller.deployment import Deployment, deployment_state
-from controller.interceptor import STATUS_CODES
-from controller.reconcile import LoopMetrics, Reconciler
-from controller.router import Router
-from controller.servicers import AdminServicer, InferenceServicer, WorkerRegistryServicer
-from controller.settings import ControllerSettings, describe_errors
-from controller.state import DeploymentState
-from policy import Verdict
 
 log = logging.getLogger(__name__)
 
