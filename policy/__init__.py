@@ -10,9 +10,11 @@ from intentserve.policy.capability import (
 )
 from intentserve.policy.config import (
     DEFAULT_BLOCK_SIZE,
+    KvBudget,
     PagedAttentionConfig,
     mode_of,
     paged_attention_config,
+    paged_attention_intent,
 )
 from intentserve.policy.decide import (
     DEFAULT_AUTO_DEVICES,
@@ -66,6 +68,7 @@ __all__ = [
     "DeviceKind",
     "Feature",
     "IntentError",
+    "KvBudget",
     "KvCacheDtype",
     "Mode",
     "ModelFacts",
@@ -91,6 +94,7 @@ __all__ = [
     "disable_paged_attention",
     "mode_of",
     "paged_attention_config",
+    "paged_attention_intent",
     "readiness",
     "resolve",
     "select_scheduler",

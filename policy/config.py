@@ -1,9 +1,13 @@
-"""The resolved form of the PagedAttention intent.
+"""The resolved form of the PagedAttention intent, and the KV budget.
 
 `off -> None`, `auto -> PagedAttentionConfig(required=False)`,
 `on -> PagedAttentionConfig(required=True)`.
 The object travels unchanged from the CLI / manifest / SDK to the cache and the scheduler, so every
 component can tell an optional optimization from a required serving policy.
+
+Words are parsed once, at the edge that reads them (the manifest, the settings, the SDK's
+`paged_attention_config`); `paged_attention_intent` takes the typed values and is the one place
+that builds the config and refuses contradictions.
 """
 
 from __future__ import annotations
@@ -21,9 +25,6 @@ MAX_BLOCK_SIZE = 1024
 class PagedAttentionConfig:
     required: bool
     block_size: int = DEFAULT_BLOCK_SIZE
-    # At most one of the two budgets; neither means the engine's default fraction of free memory.
-    kv_cache_bytes: int | None = None
-    kv_cache_fraction: float | None = None
     prefix_caching: Mode = Mode.AUTO
     backend: BackendIntent = BackendIntent.AUTO
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
@@ -36,20 +37,6 @@ class PagedAttentionConfig:
                 "block_size",
                 f"must be between 1 and {MAX_BLOCK_SIZE} tokens, got {self.block_size}",
             )
-        if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
-            raise IntentError(
-                "kv_cache_memory", "give either kv_cache_bytes or kv_cache_fraction, not both"
-            )
-        if self.kv_cache_bytes is not None and (
-            not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes <= 0
-        ):
-            raise IntentError(
-                "kv_cache_bytes", f"must be a positive integer, got {self.kv_cache_bytes!r}"
-            )
-        if self.kv_cache_fraction is not None and not 0.0 < self.kv_cache_fraction <= 1.0:
-            raise IntentError(
-                "kv_cache_fraction", f"must be in (0, 1], got {self.kv_cache_fraction!r}"
-            )
 
     @property
     def mode(self) -> Mode:
@@ -59,36 +46,103 @@ class PagedAttentionConfig:
         return f"paged_attention: {self.mode.value}"
 
 
-def paged_attention_config(
-    mode: Mode | str | bool,
-    *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    kv_cache_bytes: int | None = None,
-    kv_cache_fraction: float | None = None,
-    prefix_caching: Mode | str | bool = Mode.AUTO,
-    backend: BackendIntent | str = BackendIntent.AUTO,
-    kv_cache_dtype: KvCacheDtype | str = KvCacheDtype.AUTO,
-) -> PagedAttentionConfig | None:
-    """Build the config an intent resolves to; `off` is None (nothing to realize or attempt)."""
-    mode = Mode.parse(mode, "paged_attention")
-    prefix_mode = Mode.parse(prefix_caching, "prefix_caching")
-    backend_intent = BackendIntent.parse(backend, "attention_backend")
-    dtype = KvCacheDtype.parse(kv_cache_dtype, "kv_cache_dtype")
-    if mode is Mode.OFF:
-        # Prefix caching lives in the paged block pool: asking for it with paging off contradicts.
-        if prefix_mode is Mode.ON:
+@dataclass(frozen=True)
+class KvBudget:
+    """The memory one worker's KV cache may take, whatever the mode: `num_bytes`, or a `fraction`
+    of the device's free memory; neither means the device's default share."""
+
+    num_bytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_bytes is not None and self.fraction is not None:
+            raise IntentError("kv_cache_memory", "give either bytes or a fraction, not both")
+        if self.num_bytes is not None and (
+            isinstance(self.num_bytes, bool)
+            or not isinstance(self.num_bytes, int)
+            or self.num_bytes <= 0
+        ):
             raise IntentError(
-                "prefix_caching", "'on' needs a paged KV cache, but paged_attention is 'off'"
+                "kv_cache_memory", f"bytes must be a positive integer, got {self.num_bytes!r}"
             )
+        if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
+            raise IntentError(
+                "kv_cache_memory", f"a fraction must be in (0, 1], got {self.fraction!r}"
+            )
+
+    def describe(self) -> str:
+        if self.num_bytes is not None:
+            return f"{self.num_bytes} bytes"
+        if self.fraction is not None:
+            return f"{self.fraction:.0%} of free memory"
+        return "the device's default share of free memory"
+
+
+# The options of the paged cache; each has no effect when the mode is `off`.
+PAGED_OPTIONS = ("block_size", "prefix_caching", "backend", "kv_cache_dtype")
+
+
+def paged_attention_intent(
+    mode: Mode,
+    *,
+    block_size: int | None = None,
+    prefix_caching: Mode | None = None,
+    backend: BackendIntent | None = None,
+    kv_cache_dtype: KvCacheDtype | None = None,
+) -> PagedAttentionConfig | None:
+    """The config an intent resolves to, from typed values; `off` is None.
+
+    An option left None was not given. An option given together with `off` can never take effect,
+    so it is refused naming the option (prefix_caching `off` only repeats the mode and is allowed).
+    """
+    if mode is Mode.OFF:
+        given = {
+            "block_size": block_size,
+            "prefix_caching": None if prefix_caching is Mode.OFF else prefix_caching,
+            "backend": backend,
+            "kv_cache_dtype": kv_cache_dtype,
+        }
+        for name in PAGED_OPTIONS:
+            value = given[name]
+            if value is not None:
+                shown = (
+                    value.value if isinstance(value, Mode | BackendIntent | KvCacheDtype) else value
+                )
+                raise IntentError(
+                    name,
+                    f"{shown!r} has no effect while paged_attention is 'off' (no paged cache is "
+                    "built); remove it, or set the mode to auto or on",
+                )
         return None
     return PagedAttentionConfig(
         required=mode is Mode.ON,
+        block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+        prefix_caching=Mode.AUTO if prefix_caching is None else prefix_caching,
+        backend=BackendIntent.AUTO if backend is None else backend,
+        kv_cache_dtype=KvCacheDtype.AUTO if kv_cache_dtype is None else kv_cache_dtype,
+    )
+
+
+def paged_attention_config(
+    mode: Mode | str | bool,
+    *,
+    block_size: int | None = None,
+    prefix_caching: Mode | str | bool | None = None,
+    backend: BackendIntent | str | None = None,
+    kv_cache_dtype: KvCacheDtype | str | None = None,
+) -> PagedAttentionConfig | None:
+    """The SDK's edge: parse the words a caller writes (`"on"`, `backend="torch"`), then build the
+    config with `paged_attention_intent`."""
+    return paged_attention_intent(
+        Mode.parse(mode, "paged_attention"),
         block_size=block_size,
-        kv_cache_bytes=kv_cache_bytes,
-        kv_cache_fraction=kv_cache_fraction,
-        prefix_caching=prefix_mode,
-        backend=backend_intent,
-        kv_cache_dtype=dtype,
+        prefix_caching=None
+        if prefix_caching is None
+        else Mode.parse(prefix_caching, "prefix_caching"),
+        backend=None if backend is None else BackendIntent.parse(backend, "backend"),
+        kv_cache_dtype=None
+        if kv_cache_dtype is None
+        else KvCacheDtype.parse(kv_cache_dtype, "kv_cache_dtype"),
     )
 
 

@@ -37,20 +37,23 @@ def mib(num_bytes: int) -> str:
     return f"{num_bytes / 2**20:.0f} MiB" if num_bytes >= 2**20 else f"{num_bytes} B"
 
 
-def describe_policy(policy: dict[str, Any] | None) -> str:
+def describe_budget(budget: dict[str, Any] | None) -> str:
+    if budget and budget["num_bytes"]:
+        return f"kv_cache {mib(budget['num_bytes'])}"
+    if budget and budget["fraction"]:
+        return f"kv_cache {budget['fraction']:.0%} of free memory"
+    return "kv_cache the device's default share"
+
+
+def describe_policy(policy: dict[str, Any] | None, budget: dict[str, Any] | None = None) -> str:
     if policy is None:
         return "unknown"
     if policy["mode"] == "off":
-        return "paged_attention off"
-    budget = ""
-    if policy["kv_cache_bytes"]:
-        budget = f", kv_cache {mib(policy['kv_cache_bytes'])}"
-    elif policy["kv_cache_fraction"]:
-        budget = f", kv_cache {policy['kv_cache_fraction']:.0%} of free memory"
+        return f"paged_attention off ({describe_budget(budget)})"
     return (
-        f"paged_attention {policy['mode']} (block_size {policy['block_size'] or 16}{budget}, "
-        f"prefix_caching {policy['prefix_caching']}, backend {policy['backend']}, "
-        f"kv_cache_dtype {policy['kv_cache_dtype'] or 'auto'})"
+        f"paged_attention {policy['mode']} (block_size {policy['block_size'] or 16}, "
+        f"{describe_budget(budget)}, prefix_caching {policy['prefix_caching']}, "
+        f"backend {policy['backend']}, kv_cache_dtype {policy['kv_cache_dtype'] or 'auto'})"
     )
 
 
@@ -110,7 +113,7 @@ def status_text(status: dict[str, Any]) -> str:
             f"deployment {status['deployment']}: {status['state'].upper()} "
             f"({status['num_verified']} of {status['min_ready']} required replicas verified)",
             f"reason: {reason['code']}: {reason['message']}",
-            f"policy: {describe_policy(status['policy'])}",
+            f"policy: {describe_policy(status['policy'], status.get('kv_budget'))}",
             "",
             workers_text(status["workers"]),
         ]

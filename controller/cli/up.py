@@ -16,14 +16,20 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.client import to_data
 from intentserve.controller.cli.render import describe_realized, status_text
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
+from intentserve.controller.service.convert import status_to_pb
+from intentserve.controller.service.deployment import deployment_state
+from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.state import DeploymentState, WorkerState
+from intentserve.convert import realized_to_pb
+from intentserve.policy import Verdict
 
 if TYPE_CHECKING:
     from intentserve.controller.launch.launcher import RayLauncher
@@ -36,13 +42,14 @@ _ANY_HOST = ("0.0.0.0", "::", "[::]")
 
 class Progress:
     """Prints what changed since the last look, with the time since `up` started: actors before
-    they register, then the controller's view of each worker and of the deployment."""
+    they register, then the controller's view of each worker and of the deployment (read from
+    the server `up` owns, as typed values)."""
 
     def __init__(self) -> None:
         self.started_s = time.monotonic()
         self._actors: dict[str, tuple] = {}
-        self._workers: dict[str, tuple] = {}
-        self._deployment: str | None = None
+        self._workers: dict[str, tuple[WorkerState, str]] = {}
+        self._deployment: DeploymentState | None = None
         self.signals: list[str] = []  # names of the signals received, in order
 
     @property
@@ -72,46 +79,50 @@ class Progress:
             elif phase == "failed":
                 self.say(f"{worker_id}: FAILED - {probe.status['detail']}")
 
-    def controller(self, status: dict[str, Any]) -> None:
-        for w in status["workers"]:
+    def controller(self, server: ControllerServer, verdict: Verdict) -> None:
+        deployment = server.deployment
+        for w in deployment.workers():
             # NOTE: registered turns into loading at once; the two read as one event.
-            key = (w["state"].replace("registered", "loading"), w["address"])
-            if self._workers.get(w["worker_id"]) == key:
+            state = WorkerState.LOADING if w.state is WorkerState.REGISTERED else w.state
+            if self._workers.get(w.worker_id) == (state, w.address):
                 continue
-            self._workers[w["worker_id"]] = key
-            self.say(f"{w['worker_id']}: {_worker_event(w)}")
-        if status["state"] != self._deployment:
-            self._deployment = status["state"]
-            reason = status["reason"]
+            self._workers[w.worker_id] = (state, w.address)
+            self.say(f"{w.worker_id}: {_worker_event(w)}")
+        state = deployment_state(verdict)
+        if state is not self._deployment:
+            self._deployment = state
             self.say(
-                f"deployment {status['deployment']}: {status['state'].upper()} - "
-                f"{reason['code']}: {reason['message']}"
+                f"deployment {deployment.desired.deployment}: {state.value.upper()} - "
+                f"{verdict.reason.code.value}: {verdict.reason.message}"
             )
 
 
-def _worker_event(w: dict[str, Any]) -> str:
-    first = w["reasons"][0] if w["reasons"] else None
-    why = f"{first['code']}: {first['message']}" if first else ""
-    if w["state"] in ("registered", "loading"):
+def _worker_event(w: WorkerRecord) -> str:
+    if w.state in (WorkerState.REGISTERED, WorkerState.LOADING):
         return (
-            f"registered at {w['address']} ({w['device_kind']}); "
+            f"registered at {w.address} ({w.capability.device_kind.value}); "
             "loading the model and realizing the KV cache"
         )
-    if w["state"] == "ready":
-        fallbacks = (w["realized"] or {}).get("fallback_reasons") or []
-        note = "".join(f"; fallback {r['code']}: {r['message']}" for r in fallbacks)
-        return f"READY - {describe_realized(w['realized'])}{note}"
-    return f"{w['state'].upper()} - {why}"
+    if w.state is WorkerState.READY and w.realized is not None:
+        realized = describe_realized(to_data(realized_to_pb(w.realized)))
+        note = "".join(
+            f"; fallback {r.code.value}: {r.message}" for r in w.realized.fallback_reasons
+        )
+        return f"READY - {realized}{note}"
+    first = w.reasons[0] if w.reasons else None
+    why = f"{first.code.value}: {first.message}" if first else ""
+    return f"{w.state.value.upper()} - {why}"
 
 
-def _startup_failure(status: dict[str, Any], probes: dict[str, ActorProbe]) -> str | None:
-    if status["state"] == "failed":
-        lines = [f"the policy cannot be realized: {status['reason']['message']}"]
+def _startup_failure(
+    verdict: Verdict, workers: tuple[WorkerRecord, ...], probes: dict[str, ActorProbe]
+) -> str | None:
+    if verdict.failed:
+        lines = [f"the policy cannot be realized: {verdict.reason.message}"]
         lines += [
-            f"  {w['worker_id']}: {r['code']}: {r['message']}"
-            for w in status["workers"]
-            if w["state"] == "rejected"
-            for r in w["reasons"][:1]
+            f"  {w.worker_id}: {w.problem.code.value}: {w.problem.message}"
+            for w in workers
+            if w.state is WorkerState.REJECTED and w.problem is not None
         ]
         return "\n".join(lines)
     for worker_id, probe in probes.items():
@@ -120,6 +131,17 @@ def _startup_failure(status: dict[str, Any], probes: dict[str, ActorProbe]) -> s
         if (probe.status or {}).get("phase") == "failed":
             return f"worker {worker_id} failed before registering: {probe.status['detail']}"
     return None
+
+
+def status_report(server: ControllerServer) -> str:
+    """The same status table `intentserve status` prints, from the server's own state."""
+    deployment = server.deployment
+    workers = deployment.workers()
+    verdict = deployment.verdict(workers)
+    message = status_to_pb(
+        deployment.desired, deployment_state(verdict), verdict, workers, deployment.now_s()
+    )
+    return status_text(to_data(message))
 
 
 def _controller_address(manifest: Manifest, server: ControllerServer, launcher: RayLauncher):
@@ -185,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
     )
     try:
-        server = ControllerServer(manifest.controller_settings()).start()
+        server = ControllerServer(manifest.controller_config()).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         c = s.controller
         print(f"error: cannot start the controller on {c.host}:{c.port}: {error}", file=sys.stderr)
@@ -203,9 +225,8 @@ def run(args: argparse.Namespace) -> int:
         temp_dir=args.ray_temp_dir,
         log_to_driver=args.worker_logs,
     )
-    client = ControllerClient(server.address)
     try:
-        return _up(manifest, server, launcher, client, progress)
+        return _up(manifest, server, launcher, progress)
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -214,18 +235,13 @@ def run(args: argparse.Namespace) -> int:
             progress.say(f"{progress.signals[0]}: shutting down")
         server.stop(grace_s=2.0)
         launcher.shutdown()
-        client.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         progress.say("stopped: controller down, worker actors killed, Ray shut down")
 
 
 def _up(
-    manifest: Manifest,
-    server: ControllerServer,
-    launcher: RayLauncher,
-    client: ControllerClient,
-    progress: Progress,
+    manifest: Manifest, server: ControllerServer, launcher: RayLauncher, progress: Progress
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
     progress.say(f"ray: {'starting an embedded cluster' if launcher.embedded else 'joining'}")
@@ -243,49 +259,47 @@ def _up(
     deadline_s = time.monotonic() + manifest.spec.startup_timeout_s
     next_note_s = time.monotonic() + WAITING_NOTE_S
     while True:
-        if server.wait(POLL_S):
+        verdict = server.wait_until_settled(POLL_S)
+        if server.wait(0):
             print("error: interrupted before the deployment became ready", file=sys.stderr)
             return EXIT_FAILED
-        status = client.status()
         probes = launcher.probe(POLL_S)
-        progress.controller(status)
+        progress.controller(server, verdict)
         progress.actors(probes)
-        if status["state"] == "ready":
+        if verdict.ready:
             break
-        failure = _startup_failure(status, probes)
+        failure = _startup_failure(verdict, server.deployment.workers(), probes)
         if failure is not None:
             print(f"error: {failure}", file=sys.stderr)
             return EXIT_FAILED
         if time.monotonic() > deadline_s:
             print(
                 f"error: not ready after spec.startupTimeoutS={manifest.spec.startup_timeout_s:g}"
-                f" s: {status['reason']['code']}: {status['reason']['message']}",
+                f" s: {verdict.reason.code.value}: {verdict.reason.message}",
                 file=sys.stderr,
             )
             return EXIT_FAILED
         if time.monotonic() > next_note_s:
             next_note_s += WAITING_NOTE_S
-            progress.say(f"still waiting: {status['reason']['message']}")
+            progress.say(f"still waiting: {verdict.reason.message}")
     progress.say(f"READY after {progress.elapsed_s:.1f} s")
-    print(f"\n{status_text(status)}\n", flush=True)
+    print(f"\n{status_report(server)}\n", flush=True)
     print(
         f"serving gRPC on {server.address} (intentserve.v1.Inference/Generate); "
         f"try: intentserve generate 'Hello' --controller {server.address}\n"
         "Ctrl-C, SIGTERM or `intentserve down` stops it.",
         flush=True,
     )
-    _serve(server, launcher, client, progress)
+    _serve(server, launcher, progress)
     return EXIT_OK
 
 
-def _serve(
-    server: ControllerServer, launcher: RayLauncher, client: ControllerClient, progress: Progress
-) -> None:
+def _serve(server: ControllerServer, launcher: RayLauncher, progress: Progress) -> None:
     """Report every change until shutdown is requested; Ray restarts dead workers meanwhile."""
     next_actor_poll_s = 0.0
     while not server.wait(1.0):
         try:
-            progress.controller(client.status())
+            progress.controller(server, server.verdict())
             if time.monotonic() > next_actor_poll_s:
                 next_actor_poll_s = time.monotonic() + ACTOR_POLL_S
                 progress.actors(launcher.probe(POLL_S))

@@ -18,23 +18,36 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from intentserve.controller.service.settings import ENV_PREFIX, ControllerSettings
+from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
+from intentserve.controller.service.state import DesiredState
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
     BackendIntent,
     DeviceKind,
+    IntentError,
+    KvBudget,
     KvCacheDtype,
     Mode,
+    PagedAttentionConfig,
+    paged_attention_intent,
 )
-from intentserve.policy.config import MAX_BLOCK_SIZE
+from intentserve.policy.config import MAX_BLOCK_SIZE, PAGED_OPTIONS
 from intentserve.policy.modes import allowed_values, lookup_choice
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 API_VERSION = "intentserve/v1"
 KIND = "Deployment"
@@ -66,10 +79,10 @@ def _choice(enum_cls: type[enum.Enum], value: object) -> enum.Enum:
     return member
 
 
-def parse_kv_memory(value: int | str | None) -> tuple[int | None, float | None]:
-    """`kvCacheMemory` -> (kv_cache_bytes, kv_cache_fraction); at most one is set."""
+def parse_kv_memory(value: object) -> KvBudget:
+    """`kvCacheMemory`: bytes (`268435456`, `256Mi`) or a share of free memory (`10%`)."""
     if value is None:
-        return None, None
+        return KvBudget()
     text = str(value).strip()
     if not isinstance(value, bool) and text.endswith("%"):
         try:
@@ -77,10 +90,10 @@ def parse_kv_memory(value: int | str | None) -> tuple[int | None, float | None]:
         except ValueError:
             percent = -1.0
         if 0.0 < percent <= 100.0:
-            return None, percent / 100.0
+            return KvBudget(fraction=percent / 100.0)
     match = _QUANTITY.fullmatch(text)
     if not isinstance(value, bool | float) and match and int(match.group(1)) > 0:
-        return int(match.group(1)) * _UNITS[match.group(2)], None
+        return KvBudget(num_bytes=int(match.group(1)) * _UNITS[match.group(2)])
     raise ValueError(f"allowed: {_KV_MEMORY_FORMS}")
 
 
@@ -131,8 +144,10 @@ class ResourcesSpec(_Section):
 class PagedAttentionSpec(_Section):
     mode: Mode = Mode.AUTO
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=MAX_BLOCK_SIZE)
-    kv_cache_memory: int | str | None = None
-    prefix_caching: Mode = Field(Mode.AUTO, validate_default=True)
+    # Applies in every mode (the contiguous cache too). NoDecode: an env override is the word
+    # (`256Mi`), not JSON.
+    kv_cache_memory: Annotated[KvBudget, NoDecode] = KvBudget()
+    prefix_caching: Mode = Mode.AUTO
     backend: BackendIntent = BackendIntent.AUTO
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
     auto_enabled_devices: tuple[DeviceKind, ...] | None = None  # default: policy's (cuda)
@@ -157,18 +172,20 @@ class PagedAttentionSpec(_Section):
     def _devices(cls, value: object) -> object:
         return [_choice(DeviceKind, d) for d in value] if isinstance(value, list) else value
 
-    @field_validator("kv_cache_memory")
+    @field_validator("kv_cache_memory", mode="plain")
     @classmethod
-    def _kv_memory(cls, value: int | str | None) -> int | str | None:
-        parse_kv_memory(value)
-        return value
+    def _kv_memory(cls, value: object) -> KvBudget:
+        return parse_kv_memory(value)
 
-    @field_validator("prefix_caching")
-    @classmethod
-    def _prefix(cls, value: Mode, info: ValidationInfo) -> Mode:
-        if value is Mode.ON and info.data.get("mode") is Mode.OFF:
-            raise ValueError("'on' needs a paged KV cache, but mode is 'off'")
-        return value
+    @model_validator(mode="after")
+    def _intent(self) -> PagedAttentionSpec:
+        self.intent()  # an IntentError names the option; describe_validation_error places it
+        return self
+
+    def intent(self) -> PagedAttentionConfig | None:
+        """The operator's policy as the typed config; an option not written is not given."""
+        given = {n: getattr(self, n) for n in PAGED_OPTIONS if n in self.model_fields_set}
+        return paged_attention_intent(self.mode, **given)
 
 
 class SchedulerSpec(_Section):
@@ -262,26 +279,25 @@ class Manifest(BaseSettings):
     def worker_ids(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.spec.replicas)]
 
-    def controller_settings(self) -> ControllerSettings:
+    def controller_config(self) -> ControllerConfig:
+        """What the controller runs with, from the validated (typed) fields: nothing is parsed
+        again."""
         s, pa, c = self.spec, self.spec.paged_attention, self.spec.controller
-        kv_bytes, kv_fraction = parse_kv_memory(pa.kv_cache_memory)
         auto_devices = DEFAULT_AUTO_DEVICES
         if pa.auto_enabled_devices is not None:
             auto_devices = frozenset(pa.auto_enabled_devices)
-        return ControllerSettings(
+        desired = DesiredState(
+            deployment=self.name,
+            policy=pa.intent(),
+            kv_budget=pa.kv_cache_memory,
+            auto_devices=auto_devices,
+            replicas=s.replicas,
+            min_ready=s.min_ready or s.replicas,
+        )
+        return ControllerConfig(
+            desired=desired,
             host=c.host,
             port=c.port,
-            deployment=self.name,
-            paged_attention=pa.mode,
-            block_size=pa.block_size,
-            kv_cache_bytes=kv_bytes,
-            kv_cache_fraction=kv_fraction,
-            prefix_caching=pa.prefix_caching,
-            attention_backend=pa.backend,
-            kv_cache_dtype=pa.kv_cache_dtype,
-            auto_enabled_devices=auto_devices,
-            replicas=s.replicas,
-            min_ready=s.min_ready,
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,
@@ -292,7 +308,6 @@ class Manifest(BaseSettings):
         fields), as plain data: it crosses into a Ray actor and the controller never imports the
         worker."""
         s = self.spec
-        kv_bytes, kv_fraction = parse_kv_memory(s.paged_attention.kv_cache_memory)
         return {
             "worker_id": worker_id,
             "controller_address": controller_address,
@@ -304,9 +319,6 @@ class Manifest(BaseSettings):
             "max_model_len": s.scheduler.max_model_len,
             "max_num_seqs": s.scheduler.max_num_seqs,
             "max_num_batched_tokens": s.scheduler.max_num_batched_tokens,
-            # The budget of a cache built without paging (mode off, or auto falling back).
-            "kv_cache_bytes": kv_bytes,
-            "kv_cache_fraction": kv_fraction,
             "num_threads": max(int(s.resources.num_cpus), 1),
             "host": host,
         }
@@ -339,6 +351,12 @@ def describe_validation_error(error: ValidationError) -> list[str]:
     """One line per invalid field: `path: invalid value X; what is allowed`."""
     lines = []
     for item in error.errors():
+        cause = (item.get("ctx") or {}).get("error")
+        if isinstance(cause, IntentError):
+            # A section's own check (the policy's): placed at the option it names.
+            names, _ = _as_written((*item["loc"], cause.field))
+            lines.append(f"{'.'.join(names)}: {str(cause).removeprefix(f'{cause.field}: ')}")
+            continue
         names, section = _as_written(item["loc"])
         path = ".".join(names) or "manifest"
         message = item["msg"].removeprefix("Value error, ")

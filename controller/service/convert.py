@@ -42,10 +42,15 @@ def register_from_pb(msg: worker_pb2.RegisterRequest) -> tuple[str, str, Capabil
 def register_to_pb(
     desired: DesiredState, resolution: Resolution, heartbeat_interval_s: float
 ) -> worker_pb2.RegisterResponse:
-    return worker_pb2.RegisterResponse(
-        config=convert.resolution_to_pb(desired.policy, resolution),
-        heartbeat_interval_s=heartbeat_interval_s,
-    )
+    """The resolved config, or the rejection as a structured reason."""
+    response = worker_pb2.RegisterResponse(heartbeat_interval_s=heartbeat_interval_s)
+    if resolution.rejection is not None:
+        response.rejection.CopyFrom(convert.reason_to_pb(resolution.rejection))
+    else:
+        response.config.CopyFrom(
+            convert.resolution_to_pb(desired.policy, resolution, desired.kv_budget)
+        )
+    return response
 
 
 def realized_report_from_pb(
@@ -107,6 +112,7 @@ def status_to_pb(
         state=_to_pb(state, admin_pb2.DeploymentState, "DEPLOYMENT_STATE_"),
         reason=convert.reason_to_pb(verdict.reason),
         policy=convert.policy_to_pb(desired.policy),
+        kv_budget=convert.kv_budget_to_pb(desired.kv_budget),
         min_ready=verdict.min_ready,
         num_verified=verdict.num_verified,
         workers=[worker_status_to_pb(r, now_s) for r in workers],

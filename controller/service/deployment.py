@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from intentserve.controller.service.errors import WorkerRejected
 from intentserve.controller.service.registry import Registry, WorkerLoad, WorkerRecord
 from intentserve.controller.service.state import (
     DeploymentState,
@@ -46,12 +45,11 @@ class Deployment:
         return self._clock()
 
     def register(self, worker_id: str, address: str, capability: Capability) -> Resolution:
-        """Resolve the intent for a (re)registering worker; raise `WorkerRejected` if it cannot."""
+        """Resolve the intent for a (re)registering worker. A worker that cannot honour the
+        policy is recorded REJECTED, and `resolution.rejection` says why."""
         self.registry.register(worker_id, address, capability, self._clock())
         resolution = resolve(self.desired.policy, capability, self.desired.auto_devices)
-        record = self.registry.resolve(worker_id, resolution)
-        if record.state is WorkerState.REJECTED:
-            raise WorkerRejected(worker_id, record.problem)
+        self.registry.resolve(worker_id, resolution)
         return resolution
 
     def report_realized(

@@ -6,16 +6,7 @@ Messages are written for the operator or client who reads the status detail.
 
 from __future__ import annotations
 
-from intentserve.policy import PolicyError, Reason
-
-
-class WorkerRejected(PolicyError):
-    """A worker cannot honour a required policy (FAILED_PRECONDITION "<code>: <sentence>")."""
-
-    def __init__(self, worker_id: str, reason: Reason) -> None:
-        super().__init__(str(reason))
-        self.worker_id = worker_id
-        self.reason = reason
+from intentserve.policy import Reason
 
 
 class WrongState(Exception):
@@ -31,14 +22,6 @@ class UnknownWorker(KeyError):
 
     def __str__(self) -> str:
         return f"unknown worker {self.worker_id!r}"
-
-
-class InvalidRequest(ValueError):
-    """An inference request with a field out of range; the message names the field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 class NotReady(Exception):

@@ -12,7 +12,8 @@ from intentserve.policy import Capability, PagedAttentionConfig, RealizedCache, 
 def explain(desired: DesiredState, record: WorkerRecord, verdict: Verdict) -> list[str]:
     """One sentence per link of the chain, in order, then the deployment's verdict."""
     return [
-        f"intent: {describe_intent(desired.policy)}; 'auto' enables it on "
+        f"intent: {describe_intent(desired.policy)}; kv budget {desired.kv_budget.describe()}; "
+        "'auto' enables it on "
         f"{', '.join(sorted(d.value for d in desired.auto_devices)) or 'no device'}",
         f"capability: {_capability(record.capability)}",
         *_decisions(record.resolution),
@@ -25,13 +26,8 @@ def explain(desired: DesiredState, record: WorkerRecord, verdict: Verdict) -> li
 def describe_intent(policy: PagedAttentionConfig | None) -> str:
     if policy is None:
         return "paged_attention 'off' (never attempted; a paged cache would be a violation)"
-    budget = ""
-    if policy.kv_cache_bytes:
-        budget = f", kv_cache_bytes {policy.kv_cache_bytes}"
-    elif policy.kv_cache_fraction:
-        budget = f", kv_cache_fraction {policy.kv_cache_fraction:g}"
     return (
-        f"paged_attention '{policy.mode.value}' (block_size {policy.block_size}{budget}, "
+        f"paged_attention '{policy.mode.value}' (block_size {policy.block_size}, "
         f"prefix_caching {policy.prefix_caching.value}, "
         f"attention_backend {policy.backend.value}, kv_cache_dtype {policy.kv_cache_dtype.value})"
     )

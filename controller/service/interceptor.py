@@ -3,8 +3,6 @@ interceptor."""
 
 from __future__ import annotations
 
-import functools
-
 import grpc
 from intentserve.controller.service.errors import (
     NotReady,
@@ -14,7 +12,6 @@ from intentserve.controller.service.errors import (
     WrongState,
 )
 from intentserve.policy import IntentError, PolicyError
-from intentserve.status import lookup
 
 # First match wins: IntentError is a PolicyError and a ValueError, and means bad input.
 # An UpstreamError carries the worker's own status and passes through unchanged.
@@ -28,5 +25,3 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WorkerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
-
-status_for = functools.partial(lookup, STATUS_CODES)

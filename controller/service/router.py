@@ -1,5 +1,6 @@
-"""Inference routing: validate, pick the READY worker with the fewest outstanding requests, and
-forward `Generate` with the client's remaining deadline and cancellation.
+"""Inference routing: pick the READY worker with the fewest outstanding requests, and forward
+`Generate` with the client's remaining deadline and cancellation. The request's content is
+checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) passes through.
 
 The router is a proxy: the request and response messages pass through unchanged (save the ids
 it fills in), so it handles `inference_pb2` messages directly and nothing else does.
@@ -8,15 +9,12 @@ it fills in), so it handles `inference_pb2` messages directly and nothing else d
 from __future__ import annotations
 
 import itertools
-import math
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
 from intentserve.controller.service.deployment import Deployment
 from intentserve.controller.service.errors import (
-    InvalidRequest,
     NotReady,
     Overloaded,
     UpstreamError,
@@ -24,26 +22,13 @@ from intentserve.controller.service.errors import (
 )
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.state import WorkerState
+from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 # NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
 _NO_DEADLINE_S = 1e9
 _NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
-
-
-def validate(request: inference_pb2.GenerateRequest) -> None:
-    """Refuse a request whose fields are out of range, naming the field (before any routing)."""
-    if not request.prompt and not request.prompt_token_ids:
-        raise InvalidRequest("prompt", "must not be empty (or give prompt_token_ids)")
-    if request.stop.max_tokens == 0:
-        raise InvalidRequest("stop.max_tokens", "must be greater than 0")
-    temperature = request.sampling.temperature
-    if math.isnan(temperature) or temperature < 0:
-        raise InvalidRequest("sampling.temperature", f"must be >= 0, got {temperature:g}")
-    top_p = request.sampling.top_p
-    if math.isnan(top_p) or not 0.0 <= top_p <= 1.0:
-        raise InvalidRequest("sampling.top_p", f"must be in (0, 1] (0 means unset), got {top_p:g}")
 
 
 class _TryAnother(Exception):
@@ -84,9 +69,8 @@ class Router:
     def generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[inference_pb2.GenerateResponse]:
-        validate(request)
         if not request.request_id:
-            request.request_id = uuid.uuid4().hex
+            request.request_id = new_request_id()
         verdict = self._deployment.verdict()
         if not verdict.ready:
             raise NotReady(verdict.reason)
@@ -221,4 +205,7 @@ def _failure(
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         failure = WorkerUnavailable(f"worker {worker_id} became unavailable {where}: {details}")
         return failure if started else _TryAnother(failure)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        # The engine's check of the request, naming the field first: relayed word for word.
+        return UpstreamError(code, details)
     return UpstreamError(code, f"worker {worker_id}: {details}")

@@ -18,14 +18,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.interceptor import STATUS_CODES
-from intentserve.controller.service.reconcile import LoopMetrics, Reconciler
+from intentserve.controller.service.reconcile import Reconciler
 from intentserve.controller.service.router import Router
 from intentserve.controller.service.servicers import (
     AdminServicer,
     InferenceServicer,
     WorkerRegistryServicer,
 )
-from intentserve.controller.service.settings import ControllerSettings, describe_errors
+from intentserve.controller.service.settings import (
+    ControllerConfig,
+    ControllerSettings,
+    describe_errors,
+)
 from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
 from intentserve.status import ErrorInterceptor
@@ -56,34 +60,32 @@ SERVICE_NAMES = (
 class ControllerServer:
     """`start()`, then `wait_until_settled()` / `wait()`, then `stop()`; or use it as a context."""
 
-    def __init__(self, settings: ControllerSettings) -> None:
-        self.settings = settings
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
         self._shutdown = threading.Event()
         # Every registry transition wakes the loop, so health follows a report at once.
-        self.deployment = Deployment(
-            settings.desired_state(), on_change=lambda: self.reconciler.wake()
-        )
+        self.deployment = Deployment(config.desired, on_change=lambda: self.reconciler.wake())
         self.router = Router(
             self.deployment,
-            max_outstanding_per_worker=settings.max_outstanding_per_worker,
-            max_outstanding_total=settings.max_outstanding_total,
+            max_outstanding_per_worker=config.max_outstanding_per_worker,
+            max_outstanding_total=config.max_outstanding_total,
         )
         self._health = health.HealthServicer()
         self.reconciler = Reconciler(
             self.deployment,
             self.router,
             self._health,
-            interval_s=settings.reconcile_interval_s,
-            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            interval_s=config.reconcile_interval_s,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
-        num_threads = settings.max_outstanding_total + CONTROL_THREADS
+        num_threads = config.max_outstanding_total + CONTROL_THREADS
         self._server = grpc.server(
             futures.ThreadPoolExecutor(num_threads, thread_name_prefix="controller-rpc"),
             interceptors=[ErrorInterceptor(STATUS_CODES)],
             options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
         )
         worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
-            WorkerRegistryServicer(self.deployment, settings.heartbeat_interval_s), self._server
+            WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), self._server
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.router), self._server
@@ -93,18 +95,23 @@ class ControllerServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
-        self.bound_port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
+        self.bound_port = self._server.add_insecure_port(f"{config.host}:{config.port}")
 
     @property
     def address(self) -> str:
         """Where clients and workers reach it (loopback when bound to every interface)."""
-        host = self.settings.host
+        host = self.config.host
         return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '::') else host}:{self.bound_port}"
 
     def start(self) -> ControllerServer:
         self._server.start()
         self.reconciler.start()
-        log.info("controller %s listening on %s", self.settings.deployment, self.address)
+        log.info(
+            "controller %s listening on %s:%d",
+            self.config.desired.deployment,
+            self.config.host,
+            self.bound_port,
+        )
         return self
 
     def stop(self, grace_s: float | None = 1.0) -> None:
@@ -137,9 +144,6 @@ class ControllerServer:
         """
         return self.reconciler.wait_until(lambda v: v.ready or v.failed, timeout_s)
 
-    def loop_metrics(self) -> LoopMetrics:
-        return self.reconciler.metrics
-
     def __enter__(self) -> ControllerServer:
         return self.start()
 
@@ -157,7 +161,7 @@ def main() -> int:
         print(f"invalid controller settings:\n{describe_errors(error)}", file=sys.stderr)
         return 2
     try:
-        server = ControllerServer(settings).start()
+        server = ControllerServer(settings.config()).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         print(
             f"cannot start the controller on {settings.host}:{settings.port}: {error}",
@@ -166,7 +170,10 @@ def main() -> int:
         return 1
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.request_shutdown())
-    print(f"controller {settings.deployment} listening on {server.address}", flush=True)
+    print(
+        f"controller {settings.deployment} listening on {settings.host}:{server.bound_port}",
+        flush=True,
+    )
     server.wait()
     server.stop()
     return 0

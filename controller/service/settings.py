@@ -1,11 +1,14 @@
-"""Controller configuration at the edge: pydantic-settings, env vars `INTENTSERVE_*`.
+"""Controller configuration: the frozen `ControllerConfig` the server runs with, and
+`ControllerSettings`, the edge that reads it from env vars `INTENTSERVE_*`.
 
-Inside the controller only the frozen `DesiredState` (and a few timings) travel; a bad value is
-refused here with a message that names the field and the allowed values.
+The manifest (`intentserve up`) builds a `ControllerConfig` directly from its own typed fields;
+`python -m intentserve.controller.service.server` reads one from the environment here. A bad
+value is refused at the edge with a message that names the field and the allowed values.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from intentserve.controller.service.state import DesiredState
@@ -15,9 +18,10 @@ from intentserve.policy import (
     BackendIntent,
     DeviceKind,
     IntentError,
+    KvBudget,
     KvCacheDtype,
     Mode,
-    paged_attention_config,
+    paged_attention_intent,
 )
 from intentserve.policy.config import MAX_BLOCK_SIZE
 from intentserve.policy.modes import allowed_values, lookup_choice
@@ -44,12 +48,30 @@ def parse_devices(value: object) -> frozenset[DeviceKind]:
     return frozenset(devices)
 
 
+@dataclass(frozen=True)
+class ControllerConfig:
+    """What one controller process runs with: the desired state, where it listens, its timings."""
+
+    desired: DesiredState
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0 picks a free port
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    reconcile_interval_s: float = 0.5
+    max_outstanding_per_worker: int = 32
+
+    @property
+    def max_outstanding_total(self) -> int:
+        """Streams the router admits at once; the server keeps threads beyond it for control."""
+        return self.desired.replicas * self.max_outstanding_per_worker
+
+
 class ControllerSettings(BaseSettings):
     """Everything the controller process needs; every field is also `INTENTSERVE_<FIELD>`."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
     deployment: str = Field("intentserve", min_length=1, description="the health service name")
 
@@ -104,26 +126,32 @@ class ControllerSettings(BaseSettings):
         return self
 
     def desired_state(self) -> DesiredState:
+        given = self.model_fields_set
         return DesiredState(
             deployment=self.deployment,
-            policy=paged_attention_config(
+            policy=paged_attention_intent(
                 self.paged_attention,
-                block_size=self.block_size,
-                kv_cache_bytes=self.kv_cache_bytes,
-                kv_cache_fraction=self.kv_cache_fraction,
-                prefix_caching=self.prefix_caching,
-                backend=self.attention_backend,
-                kv_cache_dtype=self.kv_cache_dtype,
+                block_size=self.block_size if "block_size" in given else None,
+                prefix_caching=self.prefix_caching if "prefix_caching" in given else None,
+                backend=self.attention_backend if "attention_backend" in given else None,
+                kv_cache_dtype=self.kv_cache_dtype if "kv_cache_dtype" in given else None,
             ),
+            kv_budget=KvBudget(self.kv_cache_bytes, self.kv_cache_fraction),
             auto_devices=self.auto_enabled_devices,
             replicas=self.replicas,
             min_ready=self.min_ready or self.replicas,
         )
 
-    @property
-    def max_outstanding_total(self) -> int:
-        """Streams the router admits at once; the server keeps threads beyond it for control."""
-        return self.replicas * self.max_outstanding_per_worker
+    def config(self) -> ControllerConfig:
+        return ControllerConfig(
+            desired=self.desired_state(),
+            host=self.host,
+            port=self.port,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            reconcile_interval_s=self.reconcile_interval_s,
+            max_outstanding_per_worker=self.max_outstanding_per_worker,
+        )
 
 
 def describe_errors(error) -> str:

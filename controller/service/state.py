@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from intentserve.policy import DeviceKind, PagedAttentionConfig
+from intentserve.policy import DeviceKind, KvBudget, PagedAttentionConfig
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class DesiredState:
 
     deployment: str
     policy: PagedAttentionConfig | None  # the resolved intent: off -> None
+    kv_budget: KvBudget  # what each worker's KV cache may take, in every mode
     auto_devices: frozenset[DeviceKind]  # where `auto` enables PagedAttention
     replicas: int
     min_ready: int  # verified replicas needed before the deployment is ready

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 
 from intentserve.policy import (
-    DEFAULT_BLOCK_SIZE,
     BackendChoice,
     BackendIntent,
     BackendKind,
@@ -19,6 +18,7 @@ from intentserve.policy import (
     Decision,
     DeviceKind,
     Feature,
+    KvBudget,
     KvCacheDtype,
     Mode,
     ModelFacts,
@@ -28,7 +28,7 @@ from intentserve.policy import (
     ReasonCode,
     Resolution,
     SchedulerKind,
-    paged_attention_config,
+    paged_attention_intent,
 )
 from intentserve.v1 import common_pb2 as pb
 
@@ -65,8 +65,6 @@ def policy_to_pb(config: PagedAttentionConfig | None) -> pb.PagedAttentionPolicy
     return pb.PagedAttentionPolicy(
         mode=_enum_to_pb(config.mode, pb.Mode),
         block_size=config.block_size,
-        kv_cache_bytes=config.kv_cache_bytes or 0,
-        kv_cache_fraction=config.kv_cache_fraction or 0.0,
         prefix_caching=_enum_to_pb(config.prefix_caching, pb.Mode),
         backend=_enum_to_pb(config.backend, pb.BackendIntent),
         kv_cache_dtype=config.kv_cache_dtype.value,
@@ -74,24 +72,35 @@ def policy_to_pb(config: PagedAttentionConfig | None) -> pb.PagedAttentionPolicy
 
 
 def _optional_enum(number: int, pb_enum, py_enum: type[enum.Enum], field: str):
-    """Unset optional intents mean `auto`, so a hand-written request (grpcurl) stays short."""
-    return py_enum["AUTO"] if number == 0 else _enum_from_pb(number, pb_enum, py_enum, field)
+    """An unset optional intent is "not given" (None), so a hand-written request stays short."""
+    return None if number == 0 else _enum_from_pb(number, pb_enum, py_enum, field)
 
 
 def policy_from_pb(msg: pb.PagedAttentionPolicy) -> PagedAttentionConfig | None:
+    """The policy as typed values; an unset option is "not given" (its default applies)."""
     mode = _enum_from_pb(msg.mode, pb.Mode, Mode, "policy.mode")
     prefix = _optional_enum(msg.prefix_caching, pb.Mode, Mode, "policy.prefix_caching")
     if mode is Mode.OFF:
-        return paged_attention_config(mode, prefix_caching=prefix)
-    return paged_attention_config(
+        return paged_attention_intent(mode, prefix_caching=prefix)
+    return paged_attention_intent(
         mode,
-        block_size=msg.block_size or DEFAULT_BLOCK_SIZE,
-        kv_cache_bytes=msg.kv_cache_bytes or None,
-        kv_cache_fraction=msg.kv_cache_fraction or None,
+        block_size=msg.block_size or None,
         prefix_caching=prefix,
         backend=_optional_enum(msg.backend, pb.BackendIntent, BackendIntent, "policy.backend"),
-        kv_cache_dtype=msg.kv_cache_dtype or "auto",
+        kv_cache_dtype=(
+            KvCacheDtype.parse(msg.kv_cache_dtype, "policy.kv_cache_dtype")
+            if msg.kv_cache_dtype
+            else None
+        ),
     )
+
+
+def kv_budget_to_pb(budget: KvBudget) -> pb.KvBudget:
+    return pb.KvBudget(num_bytes=budget.num_bytes or 0, fraction=budget.fraction or 0.0)
+
+
+def kv_budget_from_pb(msg: pb.KvBudget) -> KvBudget:
+    return KvBudget(num_bytes=msg.num_bytes or None, fraction=msg.fraction or None)
 
 
 def device_kind_to_pb(kind: DeviceKind) -> int:
@@ -220,18 +229,21 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
 
 
 def resolution_to_pb(
-    config: PagedAttentionConfig | None, resolution: Resolution
+    config: PagedAttentionConfig | None, resolution: Resolution, kv_budget: KvBudget
 ) -> pb.ResolvedConfig:
     return pb.ResolvedConfig(
         policy=policy_to_pb(config),
         decisions=[decision_to_pb(d) for d in resolution.decisions],
         backend=_enum_to_pb(resolution.backend.kind, pb.BackendKind),
         fallback_reasons=[reason_to_pb(r) for r in resolution.fallback_reasons],
+        kv_budget=kv_budget_to_pb(kv_budget),
     )
 
 
-def resolution_from_pb(msg: pb.ResolvedConfig) -> tuple[PagedAttentionConfig | None, Resolution]:
-    """The worker's side: the policy it must keep and the decisions made for it."""
+def resolution_from_pb(
+    msg: pb.ResolvedConfig,
+) -> tuple[PagedAttentionConfig | None, Resolution, KvBudget]:
+    """The worker's side: the policy it must keep, the decisions made for it, its KV budget."""
     decisions = {d.feature: d for d in (decision_from_pb(m) for m in msg.decisions)}
     missing = {Feature.PAGED_ATTENTION, Feature.PREFIX_CACHING} - decisions.keys()
     if missing:
@@ -245,4 +257,4 @@ def resolution_from_pb(msg: pb.ResolvedConfig) -> tuple[PagedAttentionConfig | N
         decisions[Feature.PREFIX_CACHING],
         BackendChoice(kind, backend_reason),
     )
-    return policy_from_pb(msg.policy), resolution
+    return policy_from_pb(msg.policy), resolution, kv_budget_from_pb(msg.kv_budget)

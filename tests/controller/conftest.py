@@ -70,7 +70,7 @@ def start_controller():
     clients: list[Client] = []
 
     def start(**overrides) -> tuple[ControllerServer, Client]:
-        server = ControllerServer(ControllerSettings(**{**FAST, **overrides})).start()
+        server = ControllerServer(ControllerSettings(**{**FAST, **overrides}).config()).start()
         servers.append(server)
         clients.append(Client(server.address))
         return server, clients[-1]

@@ -2,7 +2,8 @@
 `WorkerRegistry` client, sending capability and realized reports built from `policy` values.
 
 It streams fake tokens, or blocks until cancelled (recording that the cancel arrived), or answers
-RESOURCE_EXHAUSTED as a worker whose queue is full would.
+RESOURCE_EXHAUSTED as a worker whose queue is full would, or INVALID_ARGUMENT as its engine does
+for a bad field.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class Behaviour(enum.Enum):
     STREAM = "stream"  # `num_tokens` chunks, `token_delay_s` apart
     BLOCK = "block"  # one chunk, then wait until the call is cancelled
     BUSY = "busy"  # RESOURCE_EXHAUSTED: the worker's queue is full
+    INVALID = "invalid"  # INVALID_ARGUMENT naming a field, as the engine's checks answer
+
+
+INVALID_DETAILS = "stop.max_tokens: must be a positive integer, got 0"
 
 
 class _FakeInference(inference_pb2_grpc.InferenceServicer):
@@ -50,6 +55,8 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
             w.deadlines_s.append(context.time_remaining())
         if w.behaviour is Behaviour.BUSY:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
+        if w.behaviour is Behaviour.INVALID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS)
         if w.behaviour is Behaviour.BLOCK:
             context.add_callback(w.cancelled.set)
             yield inference_pb2.GenerateResponse(request_id=request.request_id, token_ids=[1])
@@ -127,6 +134,7 @@ class ScriptedWorker:
         self.cancelled = threading.Event()
         self.config: PagedAttentionConfig | None = None
         self.resolution: Resolution | None = None
+        self.rejection: Reason | None = None
         self.actions: list[int] = []
         self._server = grpc.server(futures.ThreadPoolExecutor(8))
         inference_pb2_grpc.add_InferenceServicer_to_server(_FakeInference(self), self._server)
@@ -147,7 +155,7 @@ class ScriptedWorker:
             return len(self.requests)
 
     def register(self) -> worker_pb2.RegisterResponse:
-        """Raises `grpc.RpcError` (FAILED_PRECONDITION) when the controller rejects it."""
+        """Register; a refusal is kept in `rejection` (the structured reason)."""
         response = self._registry.Register(
             worker_pb2.RegisterRequest(
                 worker_id=self.worker_id,
@@ -156,7 +164,10 @@ class ScriptedWorker:
             ),
             timeout=5,
         )
-        self.config, self.resolution = convert.resolution_from_pb(response.config)
+        if response.WhichOneof("outcome") == "rejection":
+            self.rejection = convert.reason_from_pb(response.rejection)
+        else:
+            self.config, self.resolution, _ = convert.resolution_from_pb(response.config)
         return response
 
     def matching_realized(self) -> RealizedCache:

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 from intentserve.controller.service.deployment import Deployment, deployment_state
-from intentserve.controller.service.errors import UnknownWorker, WorkerRejected, WrongState
+from intentserve.controller.service.errors import UnknownWorker, WrongState
 from intentserve.controller.service.registry import WorkerLoad
 from intentserve.controller.service.state import (
     DeploymentState,
@@ -14,6 +14,7 @@ from intentserve.controller.service.state import (
 )
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
+    KvBudget,
     Reason,
     ReasonCode,
     examples,
@@ -39,6 +40,7 @@ def make(mode="on", min_ready=1, replicas=None):
     desired = DesiredState(
         "d",
         paged_attention_config(mode),
+        KvBudget(),
         DEFAULT_AUTO_DEVICES,
         replicas=replicas or min_ready,
         min_ready=min_ready,
@@ -74,9 +76,9 @@ def test_accepted_worker_loads_then_becomes_ready_when_verified():
 
 def test_on_with_a_worker_that_cannot_realize_it_is_rejected_with_the_reason():
     deployment, _, _ = make("on")
-    with pytest.raises(WorkerRejected, match="^model_has_no_kv_cache: the model") as error:
-        deployment.register("w0", "w0:1", examples.cpu(model=examples.BERT))
-    assert error.value.reason.code is ReasonCode.MODEL_HAS_NO_KV_CACHE
+    resolution = deployment.register("w0", "w0:1", examples.cpu(model=examples.BERT))
+    assert resolution.rejection.code is ReasonCode.MODEL_HAS_NO_KV_CACHE
+    assert resolution.rejection.message.startswith("the model (BertModel)")
     assert state_of(deployment) is WorkerState.REJECTED
     verdict = deployment.verdict()
     assert verdict.failed and deployment_state(verdict) is DeploymentState.FAILED
@@ -109,8 +111,7 @@ def test_a_load_error_rejects_the_worker_with_that_reason():
 
 def test_a_rejected_worker_stays_rejected_until_it_registers_again():
     deployment, _, _ = make("on")
-    with pytest.raises(WorkerRejected):
-        deployment.register("w0", "w0:1", examples.cpu(model=examples.BERT))
+    assert not deployment.register("w0", "w0:1", examples.cpu(model=examples.BERT)).accepted
     problem = deployment.report_realized("w0", PAGED, None)
     assert problem.code is ReasonCode.MODEL_HAS_NO_KV_CACHE
     assert state_of(deployment) is WorkerState.REJECTED
@@ -145,8 +146,7 @@ def test_two_workers_of_which_one_disagrees_is_not_ready():
 def test_silent_workers_become_lost_and_come_back_from_scratch():
     deployment, clock, _ = make("on")
     up(deployment)
-    with pytest.raises(WorkerRejected):
-        deployment.register("bad", "bad:1", examples.mixed())
+    assert not deployment.register("bad", "bad:1", examples.mixed()).accepted
     clock.now_s += TIMEOUT_S / 2
     assert deployment.heartbeat("w0", WorkerLoad(num_kv_used=5)) is HeartbeatAction.CONTINUE
     clock.now_s += TIMEOUT_S
@@ -197,8 +197,7 @@ def test_drain_stops_routing_and_tells_the_worker_on_its_heartbeat():
 
 def test_a_rejected_worker_is_not_drained():
     deployment, _, _ = make("on")
-    with pytest.raises(WorkerRejected):
-        deployment.register("w0", "w0:1", examples.mixed())
+    assert not deployment.register("w0", "w0:1", examples.mixed()).accepted
     assert deployment.drain("w0").state is WorkerState.REJECTED
 
 
@@ -235,4 +234,4 @@ def test_min_ready_counts_verified_replicas():
 
 def test_desired_state_refuses_impossible_counts():
     with pytest.raises(ValueError, match="min_ready must be at least 1"):
-        DesiredState("d", None, DEFAULT_AUTO_DEVICES, replicas=1, min_ready=0)
+        DesiredState("d", None, KvBudget(), DEFAULT_AUTO_DEVICES, replicas=1, min_ready=0)

@@ -5,18 +5,16 @@ import collections
 import grpc
 import pytest
 from intentserve.controller.service.errors import (
-    InvalidRequest,
     NotReady,
     Overloaded,
     UnknownWorker,
     UpstreamError,
-    WorkerRejected,
     WorkerUnavailable,
     WrongState,
 )
-from intentserve.controller.service.interceptor import STATUS_CODES, status_for
+from intentserve.controller.service.interceptor import STATUS_CODES
 from intentserve.policy import IntentError, PolicyViolationError, Reason, ReasonCode
-from intentserve.status import ErrorInterceptor
+from intentserve.status import ErrorInterceptor, lookup
 
 REASON = Reason(ReasonCode.MODEL_HAS_NO_KV_CACHE, "the model (BertModel) has no KV cache")
 Code = grpc.StatusCode
@@ -25,10 +23,8 @@ Code = grpc.StatusCode
 @pytest.mark.parametrize(
     ("error", "code", "message"),
     [
-        (WorkerRejected("w0", REASON), Code.FAILED_PRECONDITION, f"{REASON}"),
         (PolicyViolationError(REASON), Code.FAILED_PRECONDITION, REASON.message),
         (IntentError("block_size", "too big"), Code.INVALID_ARGUMENT, "block_size: too big"),
-        (InvalidRequest("stop.max_tokens", "must be > 0"), Code.INVALID_ARGUMENT, None),
         (ValueError("capability: must be set"), Code.INVALID_ARGUMENT, None),
         (NotReady(REASON), Code.UNAVAILABLE, f"deployment is not ready: {REASON}"),
         (WorkerUnavailable("worker w0 was lost"), Code.UNAVAILABLE, None),
@@ -41,7 +37,7 @@ Code = grpc.StatusCode
     ],
 )
 def test_each_error_kind_has_its_status_code(error, code, message):
-    assert status_for(error) == (code, message if message is not None else str(error))
+    assert lookup(STATUS_CODES, error) == (code, message if message is not None else str(error))
 
 
 class _Aborted(Exception):
@@ -70,7 +66,7 @@ def test_unary_handlers_are_wrapped():
     context = FakeContext()
     with pytest.raises(_Aborted):
         handler.unary_unary(None, context)
-    assert (context.code, context.details) == status_for(NotReady(REASON))
+    assert (context.code, context.details) == lookup(STATUS_CODES, NotReady(REASON))
 
 
 def test_streaming_handlers_are_wrapped_after_their_first_responses():

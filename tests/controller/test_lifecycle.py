@@ -42,10 +42,11 @@ def workers_by_id(client: Client) -> dict[str, admin_pb2.WorkerStatus]:
 def test_on_with_a_worker_that_cannot_realize_it_is_rejected(start_controller, make_worker):
     server, client = start_controller(paged_attention="on")
     worker = make_worker(server, "w0", BERT)
-    with pytest.raises(grpc.RpcError) as error:
-        worker.register()
-    assert error.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    assert error.value.details().startswith("model_has_no_kv_cache: the model (BertModel)")
+    response = worker.register()
+    # The refusal is a structured reason in the answer, never a status string to be split.
+    assert response.WhichOneof("outcome") == "rejection"
+    assert worker.rejection.code is ReasonCode.MODEL_HAS_NO_KV_CACHE
+    assert worker.rejection.message == "the model (BertModel) has no KV cache to page"
     verdict = server.wait_until_settled(timeout_s=5)
     assert verdict.failed and not verdict.ready
     eventually(lambda: server.deployment_state() is DeploymentState.FAILED)
@@ -165,8 +166,8 @@ def test_reflection_lists_every_service(start_controller):
 def test_status_and_explain_of_one_good_and_one_rejected_worker(start_controller, make_worker):
     server, client = start_controller(paged_attention="on", replicas=2)
     make_worker(server, "good", examples.cpu()).up()
-    with pytest.raises(grpc.RpcError):
-        make_worker(server, "rejected", examples.mixed()).register()
+    rejected = make_worker(server, "rejected", examples.mixed())
+    assert rejected.register().WhichOneof("outcome") == "rejection"
     eventually(lambda: server.deployment_state() is DeploymentState.FAILED)
     status = client.status()
     assert (status.min_ready, status.num_verified) == (2, 1)
@@ -256,4 +257,4 @@ def test_python_m_controller_server_refuses_bad_settings():
 def test_a_second_controller_on_a_taken_port_is_refused(start_controller):
     server, _ = start_controller()
     with pytest.raises(RuntimeError, match="Failed to bind"):
-        ControllerServer(ControllerSettings(host="127.0.0.1", port=server.bound_port))
+        ControllerServer(ControllerSettings(host="127.0.0.1", port=server.bound_port).config())

@@ -17,7 +17,13 @@ from intentserve.controller.service.servicers import (
     WorkerRegistryServicer,
 )
 from intentserve.controller.service.state import DeploymentState, DesiredState, WorkerState
-from intentserve.policy import DEFAULT_AUTO_DEVICES, ReasonCode, examples, paged_attention_config
+from intentserve.policy import (
+    DEFAULT_AUTO_DEVICES,
+    KvBudget,
+    ReasonCode,
+    examples,
+    paged_attention_config,
+)
 from intentserve.v1 import (
     admin_pb2,
     common_pb2,
@@ -35,7 +41,12 @@ INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 class Harness:
     def __init__(self, mode="on", min_ready=1) -> None:
         desired = DesiredState(
-            "d", paged_attention_config(mode), DEFAULT_AUTO_DEVICES, min_ready, min_ready
+            "d",
+            paged_attention_config(mode),
+            KvBudget(),
+            DEFAULT_AUTO_DEVICES,
+            min_ready,
+            min_ready,
         )
         self.deployment = Deployment(desired)
         self.shutdowns = []
@@ -70,7 +81,7 @@ class Harness:
 
     def up(self, worker_id="w0", address="127.0.0.1:1"):
         response = self.register(worker_id, address=address)
-        config, resolution = convert.resolution_from_pb(response.config)
+        config, resolution, _ = convert.resolution_from_pb(response.config)
         return self.report(worker_id, realized_for(config, resolution))
 
 
@@ -81,8 +92,9 @@ def harness():
 
 def test_register_returns_the_resolved_config_and_the_heartbeat_interval(harness):
     response = harness.register()
-    config, resolution = convert.resolution_from_pb(response.config)
+    config, resolution, kv_budget = convert.resolution_from_pb(response.config)
     assert config == paged_attention_config("on")
+    assert kv_budget == KvBudget()
     assert resolution.paged_attention.enabled and resolution.paged_attention.required
     assert response.heartbeat_interval_s == 0.25
     assert harness.deployment.registry.get("w0").state is WorkerState.LOADING

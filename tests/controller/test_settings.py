@@ -8,7 +8,14 @@ from intentserve.controller.service.settings import (
     describe_errors,
     parse_devices,
 )
-from intentserve.policy import BackendIntent, DeviceKind, KvCacheDtype, Mode, paged_attention_config
+from intentserve.policy import (
+    BackendIntent,
+    DeviceKind,
+    KvBudget,
+    KvCacheDtype,
+    Mode,
+    paged_attention_config,
+)
 from pydantic import ValidationError
 
 
@@ -38,10 +45,10 @@ def test_env_vars_with_the_prefix_configure_everything(monkeypatch):
     settings = ControllerSettings()
     desired = settings.desired_state()
     assert settings.port == 0 and desired.deployment == "chat"
+    assert desired.kv_budget == KvBudget(fraction=0.5)
     assert desired.policy == paged_attention_config(
         Mode.ON,
         block_size=32,
-        kv_cache_fraction=0.5,
         prefix_caching=Mode.OFF,
         backend=BackendIntent.TORCH,
         kv_cache_dtype=KvCacheDtype.BFLOAT16,
@@ -68,8 +75,12 @@ def test_off_resolves_to_none_and_yaml_booleans_are_modes():
         ({"block_size": 0}, "block_size"),
         ({"replicas": 0}, "replicas"),
         ({"heartbeat_timeout_s": 0.5}, "heartbeat_timeout_s (0.5) must be longer than"),
-        ({"paged_attention": "off", "prefix_caching": "on"}, "prefix_caching: 'on' needs a paged"),
-        ({"kv_cache_bytes": 10, "kv_cache_fraction": 0.5}, "give either kv_cache_bytes or"),
+        ({"paged_attention": "off", "prefix_caching": "on"}, "prefix_caching: 'on' has no effect"),
+        (
+            {"paged_attention": "off", "attention_backend": "torch"},
+            "backend: 'torch' has no effect",
+        ),
+        ({"kv_cache_bytes": 10, "kv_cache_fraction": 0.5}, "kv_cache_memory: give either bytes"),
         ({"max_outstanding_per_worker": 0}, "max_outstanding_per_worker"),
     ],
 )

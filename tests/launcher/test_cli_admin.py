@@ -12,13 +12,15 @@ from intentserve.controller.service.settings import ControllerSettings
 from intentserve.policy.examples import BERT, cpu
 
 from tests.controller.conftest import FAST, eventually
-from tests.controller.scripted_worker import ScriptedWorker
+from tests.controller.scripted_worker import INVALID_DETAILS, Behaviour, ScriptedWorker
 
 
 @pytest.fixture
 def deployment():
     """A controller requiring PagedAttention, two honest CPU workers, READY."""
-    server = ControllerServer(ControllerSettings(**FAST, paged_attention="on", replicas=2)).start()
+    server = ControllerServer(
+        ControllerSettings(**FAST, paged_attention="on", replicas=2).config()
+    ).start()
     workers = [ScriptedWorker(server.address, f"w-{i}", cpu(), num_tokens=3) for i in range(2)]
     for worker in workers:
         worker.up()
@@ -101,7 +103,6 @@ def test_drain_then_down(deployment, capsys):
     [
         (["explain", "nobody"], 2, "error: NOT_FOUND: unknown worker 'nobody'"),
         (["drain", "nobody"], 2, "error: NOT_FOUND"),
-        (["generate", "hi", "--temperature", "-1"], 2, "error: INVALID_ARGUMENT: sampling"),
     ],
 )
 def test_bad_input_exits_2_naming_it(deployment, capsys, argv, code, message):
@@ -110,12 +111,24 @@ def test_bad_input_exits_2_naming_it(deployment, capsys, argv, code, message):
     assert err.startswith(message)
 
 
+def test_a_request_the_engine_refuses_exits_2_naming_the_field(capsys):
+    server = ControllerServer(ControllerSettings(**FAST, paged_attention="on").config()).start()
+    worker = ScriptedWorker(server.address, "w-0", cpu(), behaviour=Behaviour.INVALID)
+    try:
+        worker.up()
+        assert server.wait_until_settled(5).ready
+        code, _, err = run(capsys, "generate", "hi", "--controller", server.address)
+        assert (code, err.strip()) == (2, f"error: INVALID_ARGUMENT: {INVALID_DETAILS}")
+    finally:
+        worker.stop()
+        server.stop(grace_s=0)
+
+
 def test_not_ready_is_exit_1_with_the_reason(capsys):
-    server = ControllerServer(ControllerSettings(**FAST, paged_attention="on")).start()
+    server = ControllerServer(ControllerSettings(**FAST, paged_attention="on").config()).start()
     worker = ScriptedWorker(server.address, "enc-0", cpu(model=BERT))
     try:
-        with pytest.raises(Exception, match="FAILED_PRECONDITION"):
-            worker.register()
+        assert worker.register().WhichOneof("outcome") == "rejection"
         eventually(lambda: server.verdict().failed, what="the FAILED verdict")
         code, _, err = run(capsys, "generate", "hi", "--controller", server.address)
         assert code == 1

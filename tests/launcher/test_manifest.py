@@ -13,9 +13,11 @@ from intentserve.controller.launch.manifest import (
     load_manifest,
     parse_kv_memory,
 )
-from intentserve.policy import DeviceKind, Mode
+from intentserve.policy import DeviceKind, KvBudget, Mode, PagedAttentionConfig
 from intentserve.worker.model.dtype import ALLOWED_DTYPES
 from intentserve.worker.runtime.spec import WorkerSpec
+
+MINIMAL = "apiVersion: intentserve/v1\nkind: Deployment\nmetadata: {name: t}\n"
 
 
 def manifest_file(tmp_path, text: str):
@@ -27,7 +29,7 @@ def manifest_file(tmp_path, text: str):
 def problems(tmp_path, spec_yaml: str) -> list[str]:
     path = manifest_file(
         tmp_path,
-        "apiVersion: intentserve/v1\nkind: Deployment\nmetadata: {name: t}\n" + spec_yaml,
+        MINIMAL + spec_yaml,
     )
     with pytest.raises(ManifestError) as caught:
         load_manifest(path)
@@ -61,7 +63,19 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
         ),
         (
             "spec: {pagedAttention: {mode: 'off', prefixCaching: 'on'}}",
-            "spec.pagedAttention.prefixCaching: invalid value 'on'; 'on' needs a paged KV cache",
+            "spec.pagedAttention.prefixCaching: 'on' has no effect while paged_attention is 'off'",
+        ),
+        (
+            "spec: {pagedAttention: {mode: 'off', backend: flash}}",
+            "spec.pagedAttention.backend: 'flash' has no effect while paged_attention is 'off'",
+        ),
+        (
+            "spec: {pagedAttention: {mode: 'off', blockSize: 32}}",
+            "spec.pagedAttention.blockSize: 32 has no effect while paged_attention is 'off'",
+        ),
+        (
+            "spec: {pagedAttention: {mode: 'off', kvCacheDtype: bfloat16}}",
+            "spec.pagedAttention.kvCacheDtype: 'bfloat16' has no effect while paged_attention is",
         ),
         (
             "spec: {resources: {device: tpu}}",
@@ -143,14 +157,14 @@ def test_yaml_bare_on_means_on(tmp_path):
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (None, (None, None)),
-        (1024, (1024, None)),
-        ("1024", (1024, None)),
-        ("256Mi", (256 << 20, None)),
-        ("1Gi", (1 << 30, None)),
-        ("2G", (2 * 10**9, None)),
-        ("10%", (None, 0.1)),
-        ("100%", (None, 1.0)),
+        (None, KvBudget()),
+        (1024, KvBudget(num_bytes=1024)),
+        ("1024", KvBudget(num_bytes=1024)),
+        ("256Mi", KvBudget(num_bytes=256 << 20)),
+        ("1Gi", KvBudget(num_bytes=1 << 30)),
+        ("2G", KvBudget(num_bytes=2 * 10**9)),
+        ("10%", KvBudget(fraction=0.1)),
+        ("100%", KvBudget(fraction=1.0)),
     ],
 )
 def test_kv_cache_memory_forms(value, expected):
@@ -176,19 +190,35 @@ def test_env_vars_override_the_file(tmp_path, monkeypatch):
     assert m.spec.resources.device is DeviceKind.CPU  # untouched fields keep the file's value
 
 
+def test_an_env_override_of_the_kv_budget_is_read_as_written(monkeypatch):
+    monkeypatch.setenv("INTENTSERVE_SPEC__PAGEDATTENTION__KVCACHEMEMORY", "32Mi")
+    budget = load_manifest("deploy/local.yaml").spec.paged_attention.kv_cache_memory
+    assert budget == KvBudget(num_bytes=32 << 20)
+
+
 def test_an_env_override_is_validated_like_the_file(monkeypatch):
     monkeypatch.setenv("INTENTSERVE_SPEC__PAGEDATTENTION__MODE", "sometimes")
     with pytest.raises(ManifestError, match="spec.pagedAttention.mode: invalid value 'sometimes'"):
         load_manifest("deploy/local.yaml")
 
 
-def test_the_controller_gets_the_policy_and_the_replicas():
-    settings = load_manifest("deploy/local.yaml").controller_settings()
-    desired = settings.desired_state()
+def test_the_controller_gets_the_policy_the_budget_and_the_replicas():
+    config = load_manifest("deploy/local.yaml").controller_config()
+    desired = config.desired
     assert desired.deployment == "local"
     assert (desired.replicas, desired.min_ready) == (2, 2)
-    assert desired.policy.required and desired.policy.block_size == 16
-    assert desired.policy.kv_cache_bytes == 256 << 20
+    assert desired.policy == PagedAttentionConfig(required=True)
+    assert desired.kv_budget == KvBudget(num_bytes=256 << 20)
+    assert (config.host, config.port) == ("127.0.0.1", 50051)
+
+
+def test_off_with_the_budget_only_is_valid_and_the_budget_still_applies(tmp_path):
+    # The KV budget is not a paged-cache option: the contiguous cache takes its slots from it.
+    path = tmp_path / "off.yaml"
+    path.write_text(MINIMAL + "spec: {pagedAttention: {mode: 'off', kvCacheMemory: 64Mi}}\n")
+    desired = load_manifest(path).controller_config().desired
+    assert desired.policy is None
+    assert desired.kv_budget == KvBudget(num_bytes=64 << 20)
 
 
 def test_a_worker_config_is_a_valid_worker_spec():
@@ -205,7 +235,7 @@ def test_a_worker_config_is_a_valid_worker_spec():
         2048,
         16,
     )
-    assert (spec.kv_cache_bytes, spec.num_threads) == (256 << 20, 1)
+    assert spec.num_threads == 1  # the KV budget reaches the worker from the controller, only
     assert m.worker_ids() == ["local-0", "local-1"]
 
 

@@ -60,7 +60,8 @@ def reference() -> tuple[tuple[int, ...], str]:
     engine = (
         EngineBuilder()
         .model("smollm2-135m")
-        .paged_attention("on", block_size=16, kv_cache_bytes=32 << 20)
+        .paged_attention("on", block_size=16)
+        .kv_cache_memory(bytes=32 << 20)
         .scheduler(max_model_len=MAX_MODEL_LEN, max_num_seqs=16)
         .build()
     )

@@ -34,7 +34,7 @@ def controller():
 
     def start(**overrides) -> ControllerServer:
         settings = {**FAST, "kv_cache_bytes": KV_BYTES, **overrides}
-        servers.append(ControllerServer(ControllerSettings(**settings)).start())
+        servers.append(ControllerServer(ControllerSettings(**settings).config()).start())
         return servers[-1]
 
     yield start
@@ -125,10 +125,12 @@ def test_a_kv_budget_too_small_is_reported_as_a_load_error(controller, runtime, 
 
 def test_auto_on_cpu_falls_back_with_the_reason(controller, runtime, tiny_model):
     server = controller(paged_attention="auto")
-    rt = runtime(server, tiny_model, kv_cache_bytes=KV_BYTES)
+    rt = runtime(server, tiny_model)
     assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
     record = worker_record(server)
     assert record.realized.kind.value == "contiguous"
+    # The budget reaches the contiguous cache by the one route, from the controller.
+    assert 0 < record.realized.kv_cache_bytes <= KV_BYTES
     assert record.realized.scheduler.value == "default"
     codes = [r.code.value for r in record.realized.fallback_reasons]
     assert "auto_not_enabled_on_device" in codes

@@ -212,7 +212,7 @@ def test_backend_fallback_is_recorded_with_the_import_error():
         ("auto", "auto", cpu(), False, True, ReasonCode.PAGED_CACHE_NOT_ENABLED),
         ("auto", "on", cpu(), False, False, ReasonCode.PAGED_CACHE_NOT_ENABLED),
         ("auto", "auto", cuda(), True, True, ReasonCode.ENABLED),
-        ("off", "auto", cuda(), False, True, ReasonCode.MODE_OFF),
+        ("off", "off", cuda(), False, True, ReasonCode.MODE_OFF),
     ],
 )
 def test_prefix_caching_rows(paged_mode, prefix_mode, capability, enabled, accepted, code):

@@ -2,12 +2,14 @@ import pytest
 from intentserve.policy import (
     BackendIntent,
     IntentError,
+    KvBudget,
     KvCacheDtype,
     Mode,
     PagedAttentionConfig,
     PagedAttentionMode,
     mode_of,
     paged_attention_config,
+    paged_attention_intent,
 )
 
 
@@ -70,7 +72,6 @@ def test_config_carries_every_option():
     config = paged_attention_config(
         "on",
         block_size=32,
-        kv_cache_bytes=1 << 20,
         prefix_caching="off",
         backend="torch",
         kv_cache_dtype="bfloat16",
@@ -78,7 +79,6 @@ def test_config_carries_every_option():
     assert config == PagedAttentionConfig(
         required=True,
         block_size=32,
-        kv_cache_bytes=1 << 20,
         prefix_caching=Mode.OFF,
         backend=BackendIntent.TORCH,
         kv_cache_dtype=KvCacheDtype.BFLOAT16,
@@ -92,10 +92,6 @@ def test_config_carries_every_option():
         ({"block_size": 0}, "block_size", "between 1 and 1024"),
         ({"block_size": 4096}, "block_size", "between 1 and 1024"),
         ({"block_size": "16"}, "block_size", "must be an integer"),
-        ({"kv_cache_bytes": 10, "kv_cache_fraction": 0.5}, "kv_cache_memory", "not both"),
-        ({"kv_cache_bytes": -1}, "kv_cache_bytes", "positive integer"),
-        ({"kv_cache_fraction": 0.0}, "kv_cache_fraction", "(0, 1]"),
-        ({"kv_cache_fraction": 1.5}, "kv_cache_fraction", "(0, 1]"),
         ({"prefix_caching": "sometimes"}, "prefix_caching", "allowed values are auto, on, off"),
     ],
 )
@@ -106,7 +102,58 @@ def test_bad_config_names_the_field(kwargs, field, fragment):
     assert fragment in str(err.value)
 
 
-def test_prefix_caching_on_with_paging_off_is_a_contradiction():
-    with pytest.raises(IntentError, match="prefix_caching: 'on' needs a paged KV cache"):
-        paged_attention_config("off", prefix_caching="on")
-    assert paged_attention_config("off", prefix_caching="auto") is None
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("block_size", 32),
+        ("block_size", 16),  # even the default, when written, says something that cannot happen
+        ("prefix_caching", Mode.ON),
+        ("prefix_caching", Mode.AUTO),
+        ("backend", BackendIntent.TORCH),
+        ("backend", BackendIntent.AUTO),
+        ("kv_cache_dtype", KvCacheDtype.BFLOAT16),
+    ],
+)
+def test_an_option_given_with_off_is_refused_naming_it(option, value):
+    # No paged cache is built with `off`, so an explicit option of it can never take effect:
+    # it is refused instead of silently dropped.
+    with pytest.raises(IntentError) as err:
+        paged_attention_intent(Mode.OFF, **{option: value})
+    assert err.value.field == option
+    assert "has no effect while paged_attention is 'off'" in str(err.value)
+
+
+def test_off_with_no_option_or_prefix_caching_off_is_none():
+    assert paged_attention_intent(Mode.OFF) is None
+    assert paged_attention_intent(Mode.OFF, prefix_caching=Mode.OFF) is None
+    assert paged_attention_config("off", prefix_caching="off") is None
+
+
+def test_options_not_given_take_their_defaults():
+    assert paged_attention_intent(Mode.ON) == PagedAttentionConfig(required=True)
+    assert paged_attention_intent(Mode.AUTO, block_size=8) == PagedAttentionConfig(
+        required=False, block_size=8
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"num_bytes": 10, "fraction": 0.5}, "not both"),
+        ({"num_bytes": -1}, "positive integer"),
+        ({"num_bytes": True}, "positive integer"),
+        ({"fraction": 0.0}, "(0, 1]"),
+        ({"fraction": 1.5}, "(0, 1]"),
+    ],
+)
+def test_a_bad_kv_budget_names_kv_cache_memory(kwargs, fragment):
+    with pytest.raises(IntentError) as err:
+        KvBudget(**kwargs)
+    assert err.value.field == "kv_cache_memory"
+    assert fragment in str(err.value)
+
+
+def test_kv_budget_describes_itself():
+    assert KvBudget(num_bytes=1 << 20).describe() == "1048576 bytes"
+    assert KvBudget(fraction=0.25).describe() == "25% of free memory"
+    assert KvBudget().describe() == "the device's default share of free memory"

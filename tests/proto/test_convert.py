@@ -7,6 +7,7 @@ from intentserve import convert
 from intentserve.policy import (
     BackendKind,
     CacheKind,
+    KvBudget,
     Mode,
     RealizedCache,
     Reason,
@@ -42,9 +43,21 @@ def test_policy_round_trip(config):
     assert convert.policy_from_pb(convert.policy_to_pb(config)) == config
 
 
-def test_policy_round_trip_with_budgets():
-    config = paged_attention_config("on", block_size=32, kv_cache_fraction=0.25)
+budgets = st.one_of(
+    st.just(KvBudget()),
+    st.builds(KvBudget, num_bytes=st.integers(1, 1 << 40)),
+    st.builds(KvBudget, fraction=st.floats(0.001, 1.0)),
+)
+
+
+def test_policy_round_trip_with_options():
+    config = paged_attention_config("on", block_size=32, backend="torch", kv_cache_dtype="float32")
     assert convert.policy_from_pb(convert.policy_to_pb(config)) == config
+
+
+@given(budgets)
+def test_kv_budget_round_trip(budget):
+    assert convert.kv_budget_from_pb(convert.kv_budget_to_pb(budget)) == budget
 
 
 @given(capabilities)
@@ -57,11 +70,12 @@ def test_realized_round_trip(state):
     assert convert.realized_from_pb(convert.realized_to_pb(state)) == state
 
 
-@given(configs, capabilities)
-def test_resolution_round_trip(config, cap):
+@given(configs, capabilities, budgets)
+def test_resolution_round_trip(config, cap, budget):
     resolution = resolve(config, cap)
-    got_config, got = convert.resolution_from_pb(convert.resolution_to_pb(config, resolution))
-    assert got_config == config
+    message = convert.resolution_to_pb(config, resolution, budget)
+    got_config, got, got_budget = convert.resolution_from_pb(message)
+    assert (got_config, got_budget) == (config, budget)
     assert got.decisions == resolution.decisions
     assert got.backend.kind is resolution.backend.kind
     assert got.fallback_reasons == resolution.fallback_reasons

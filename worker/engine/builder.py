@@ -1,6 +1,6 @@
 """Building an engine: load the model, apply the policy, realize the KV cache, pick the scheduler.
 
-Embedding the engine directly:
+Embedding the engine directly (`intentserve.LLM` is the short front door built on this):
 
     engine = EngineBuilder().model("smollm2-135m").paged_attention("on").build()
 
@@ -12,21 +12,34 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
+    Capability,
     DeviceKind,
+    IntentError,
+    KvBudget,
+    Mode,
     PagedAttentionConfig,
+    Reason,
     Resolution,
     paged_attention_config,
+    paged_attention_intent,
     resolve,
 )
+from intentserve.policy.config import PAGED_OPTIONS
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.engine import Engine
-from intentserve.worker.engine.kv_setup import realize_kv, realize_without_cache
+from intentserve.worker.engine.kv_setup import (
+    KvRequest,
+    SchedulerLimits,
+    realize_kv,
+    realize_without_cache,
+)
 from intentserve.worker.engine.policy_apply import apply_resolution
+from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
 from intentserve.worker.model.cpu_ops import enable_fused_ops
@@ -44,13 +57,12 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     paged: PagedAttentionConfig | None = field(
-        default_factory=lambda: paged_attention_config("auto")
+        default_factory=lambda: paged_attention_intent(Mode.AUTO)
     )
+    kv_budget: KvBudget = KvBudget()  # in every mode; neither field set: the device's default
     max_model_len: int | None = None  # default: the model's, capped at DEFAULT_MAX_MODEL_LEN
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    kv_cache_bytes: int | None = None  # budget when the paged config carries none
-    kv_cache_fraction: float | None = None
     device_map: tuple[str, ...] = ()  # device of each decoder layer; empty: all on `device`
     no_kv_cache: bool = False  # debug mode: no KV cache at all
     auto_enabled_devices: frozenset[DeviceKind] = DEFAULT_AUTO_DEVICES
@@ -58,94 +70,96 @@ class EngineConfig:
 
 
 def build_engine(
-    config: EngineConfig, resolution: Resolution | None = None, loaded: LoadedModel | None = None
+    config: EngineConfig,
+    loaded: LoadedModel | None = None,
+    capability: Capability | None = None,
+    resolution: Resolution | None = None,
 ) -> Engine:
-    """`resolution` comes from the controller on a worker; standalone, it is resolved here with
-    the same policy functions."""
+    """On a worker, `capability` and `resolution` are what the controller resolved against;
+    standalone, the capability is probed and the intent resolved here by the same policy."""
     loaded = loaded or load_model(config.model, config.dtype, config.device)
-    max_model_len = serving_max_model_len(loaded.config, config.max_model_len)
     device = torch.device(config.device)
-    capability = probe_capability(
-        device,
-        model_facts(loaded.config, max_model_len),
-        device_map=config.device_map,
-        no_kv_cache=config.no_kv_cache,
+    limits = SchedulerLimits(
+        serving_max_model_len(loaded.config, config.max_model_len),
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
     )
-    if resolution is None:
-        resolution = resolve(config.paged, capability, config.auto_enabled_devices)
-    fallback_reasons: list = []
-    paged = apply_resolution(config.paged, resolution, fallback_reasons.append)
-    if loaded.model is None or loaded.tokenizer is None:
-        raise ModelLoadError(
-            loaded.source_path,
-            f"{loaded.config.architecture} is not a decoder language model; it cannot generate",
-        )
-    if capability.mixed_device_map:
-        # The policy has had its say (`on` was refused above, naming the reason); what is left
-        # is a limit of this engine, which runs every layer on one device.
-        raise ValueError(
-            "device_map: layers on several devices "
-            f"({', '.join(sorted(d.value for d in capability.devices))}) are not supported by "
-            "this engine; place every layer on one device"
-        )
+    capability = capability or _probe(config, loaded, limits.max_model_len)
+    resolution = resolution or resolve(config.paged, capability, config.auto_enabled_devices)
+    fallback_reasons: list[Reason] = []
+    paged = apply_resolution(config.paged, resolution, fallback_reasons.append)  # checkpoint 2
+    _require_generative(loaded)
+    _require_one_device(capability)
+    request = KvRequest(
+        config.paged, paged, resolution, tuple(fallback_reasons), config.kv_budget, limits
+    )
     if config.no_kv_cache:
-        scheduler, report = realize_without_cache(
-            requested=config.paged,
-            fallback_reasons=tuple(fallback_reasons),
-            loaded=loaded,
-            max_model_len=max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            model_ref=config.model,
-        )
+        kv = realize_without_cache(request, loaded)
         runner = RecomputeRunner(loaded.model, device)
-        return Engine(
-            tokenizer=loaded.tokenizer,
-            scheduler=scheduler,
-            runner=runner,
-            realized=report,
-            max_model_len=max_model_len,
-        )
-    kv = realize_kv(
-        requested=config.paged,
-        paged=paged,
-        resolution=resolution,
-        fallback_reasons=tuple(fallback_reasons),
-        loaded=loaded,
-        capability=capability,
-        device=device,
-        max_model_len=max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        default_budget=(config.kv_cache_bytes, config.kv_cache_fraction),
-        model_ref=config.model,
+    else:
+        kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
+        runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
+    realized = RealizedReport(
+        cache=kv.cache,
+        model=config.model,
+        decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
+        norms_and_activations=_optimize_for_cpu(config, loaded, device),
     )
-    realized = kv.realized
-    if device.type == "cpu":
-        if config.cpu_prepack:
-            available, why = prepack_available()
-            if available:
-                prepack_linears(loaded.model)
-            else:
-                log.info("projection weights stay unpacked: %s", why)
-        realized = replace(realized, norms_and_activations=enable_fused_ops(loaded.model))
-    runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
     return Engine(
         tokenizer=loaded.tokenizer,
         scheduler=kv.scheduler,
         runner=runner,
         realized=realized,
-        max_model_len=max_model_len,
+        max_model_len=limits.max_model_len,
     )
 
 
+def _probe(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> Capability:
+    return probe_capability(
+        config.device,
+        model_facts(loaded.config, max_model_len),
+        device_map=config.device_map,
+        no_kv_cache=config.no_kv_cache,
+    )
+
+
+def _require_generative(loaded: LoadedModel) -> None:
+    if loaded.model is None or loaded.tokenizer is None:
+        raise ModelLoadError(
+            loaded.source_path,
+            f"{loaded.config.architecture} is not a decoder language model; it cannot generate",
+        )
+
+
+def _require_one_device(capability: Capability) -> None:
+    # The policy has had its say (`on` was refused above, naming the reason); what is left is a
+    # limit of this engine, which runs every layer on one device.
+    if capability.mixed_device_map:
+        raise ValueError(
+            "device_map: layers on several devices "
+            f"({', '.join(sorted(d.value for d in capability.devices))}) are not supported by "
+            "this engine; place every layer on one device"
+        )
+
+
+def _optimize_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> str:
+    """oneDNN-packed projections and the fused C norms/activations on CPU; says which run."""
+    if device.type != "cpu":
+        return ""
+    if config.cpu_prepack:
+        available, why = prepack_available()
+        if available:
+            prepack_linears(loaded.model)
+        else:
+            log.info("projection weights stay unpacked: %s", why)
+    return enable_fused_ops(loaded.model)
+
+
 class EngineBuilder:
-    """Fluent construction of an `EngineConfig`; each setter validates what it is given."""
+    """Fluent construction of an `EngineConfig`; each setter validates what it is given, once."""
 
     def __init__(self) -> None:
         self._config = EngineConfig()
-        self._paged_mode: str = "auto"
-        self._paged_options: dict = {}
 
     def _set(self, **changes) -> EngineBuilder:
         self._config = dataclasses.replace(self._config, **changes)
@@ -160,12 +174,18 @@ class EngineBuilder:
     def device(self, device: str, device_map: tuple[str, ...] = ()) -> EngineBuilder:
         return self._set(device=device, device_map=tuple(device_map))
 
-    def paged_attention(self, mode: str, **options) -> EngineBuilder:
-        """mode auto/on/off; options: block_size, kv_cache_bytes, kv_cache_fraction,
-        prefix_caching, backend, kv_cache_dtype (see policy.paged_attention_config)."""
-        paged_attention_config(mode, **options)  # validate now, so the error points here
-        self._paged_mode, self._paged_options = mode, options
-        return self
+    def paged_attention(self, mode: str | Mode, **options) -> EngineBuilder:
+        """mode auto/on/off; options: block_size, prefix_caching, backend, kv_cache_dtype (each
+        refused with `off`, where it could not take effect). The KV budget is not an option of
+        the paged cache: `kv_cache_memory()` sets it, in every mode."""
+        for name in options:
+            if name in ("kv_cache_bytes", "kv_cache_fraction", "kv_cache_memory"):
+                raise IntentError(
+                    name, "the KV budget is set with kv_cache_memory(), which applies in every mode"
+                )
+            if name not in PAGED_OPTIONS:
+                raise IntentError(name, f"unknown option; allowed: {', '.join(PAGED_OPTIONS)}")
+        return self._set(paged=paged_attention_config(mode, **options))
 
     def scheduler(
         self,
@@ -184,7 +204,7 @@ class EngineBuilder:
     def kv_cache_memory(
         self, *, bytes: int | None = None, fraction: float | None = None
     ) -> EngineBuilder:
-        return self._set(kv_cache_bytes=bytes, kv_cache_fraction=fraction)
+        return self._set(kv_budget=KvBudget(num_bytes=bytes, fraction=fraction))
 
     def no_kv_cache(self, enabled: bool = True) -> EngineBuilder:
         return self._set(no_kv_cache=enabled)
@@ -194,9 +214,7 @@ class EngineBuilder:
 
     @property
     def config(self) -> EngineConfig:
-        return dataclasses.replace(
-            self._config, paged=paged_attention_config(self._paged_mode, **self._paged_options)
-        )
+        return self._config
 
     def build(self, loaded: LoadedModel | None = None) -> Engine:
-        return build_engine(self.config, loaded=loaded)
+        return build_engine(self._config, loaded=loaded)

@@ -2,17 +2,21 @@
 
 output = scheduler.schedule()
 sampled = runner.run(output, params_of)
-finished = scheduler.postprocess(output, sampled)
+stops = {seq_id: why for each sampled token that ends its request}  # EOS, stop ids, stop strings
+finished = scheduler.postprocess(output, sampled, stops)
+
+Control flows down: the engine decides which tokens end a request and tells the scheduler, which
+never calls back into the engine.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
+from intentserve.ids import new_request_id
 from intentserve.worker.engine.realized import RealizedReport
-from intentserve.worker.engine.request import RequestOutput, RequestState
+from intentserve.worker.engine.request import PreparedRequest, RequestOutput, RequestState
 from intentserve.worker.engine.runner import Runner
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
@@ -37,35 +41,23 @@ class Engine:
         self.max_model_len = max_model_len
         self._requests: dict[str, RequestState] = {}
         self._seqs: dict[str, Sequence] = {}
-        scheduler.check_stop = self._check_stop
 
     # -- requests ----------------------------------------------------------------------------
 
-    def add_request(
+    def prepare(
         self,
         prompt: str | Seq[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
-    ) -> str:
-        """Queue a request; InvalidRequestError names the field when it cannot be served."""
+        *,
+        chat: bool = False,
+    ) -> PreparedRequest:
+        """Check and tokenize a request: text (with `chat`, as the user's turn through the
+        model's chat template) or token ids. It reads no engine state, so any thread may call it
+        (the serving loop tokenizes off its own thread). Every check of a request's content
+        happens here, once; InvalidRequestError names the field."""
         params = params or SamplingParams()
-        request_id = request_id or f"engine-{uuid.uuid4().hex}"
-        if request_id in self._requests:
-            raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt", "must not be empty")
-            prompt_ids = self.tokenizer.encode(prompt)
-        else:
-            prompt_ids = list(prompt)
-            vocab = self.runner.model.config.vocab_size
-            bad = [t for t in prompt_ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(
-                    "prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
-                )
-        if not prompt_ids:
-            raise InvalidRequestError("prompt", "must not be empty")
+        prompt_ids = self._prompt_ids(prompt, chat)
         if len(prompt_ids) >= self.max_model_len:
             raise InvalidRequestError(
                 "prompt",
@@ -79,12 +71,32 @@ class Engine:
                 f"max_model_len is {self.max_model_len} (at most "
                 f"{self.max_model_len - len(prompt_ids)})",
             )
-        seq = Sequence(request_id, prompt_ids, params.max_tokens, params=params)
+        return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params)
+
+    def add(self, request: PreparedRequest) -> str:
+        """Queue a prepared request; its id must not be in flight already."""
+        request_id = request.request_id
+        if request_id in self._requests:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+        seq = Sequence(
+            request_id, list(request.prompt_ids), request.params.max_tokens, params=request.params
+        )
         self.scheduler.add(seq)
-        decoder = IncrementalDecoder(self.tokenizer, prompt_ids)
-        self._requests[request_id] = RequestState(request_id, params, decoder)
+        decoder = IncrementalDecoder(self.tokenizer, list(request.prompt_ids))
+        self._requests[request_id] = RequestState(request_id, request.params, decoder)
         self._seqs[request_id] = seq
         return request_id
+
+    def add_request(
+        self,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        chat: bool = False,
+    ) -> str:
+        """`prepare` then `add`, on the caller's thread."""
+        return self.add(self.prepare(prompt, params, request_id, chat=chat))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its KV; False when it is unknown or already finished."""
@@ -104,7 +116,12 @@ class Engine:
         if output.is_empty:
             return []
         sampled = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
-        finished = {seq.seq_id for seq in self.scheduler.postprocess(output, sampled)}
+        stops = {
+            seq_id: reason
+            for seq_id, token_id in sampled.items()
+            if (reason := self._stop_reason(seq_id, token_id)) is not None
+        }
+        finished = {seq.seq_id for seq in self.scheduler.postprocess(output, sampled, stops)}
         outputs = [self._output(seq_id, seq_id in finished) for seq_id in sampled]
         for seq_id in finished:
             self._forget(seq_id)
@@ -142,9 +159,33 @@ class Engine:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _check_stop(self, seq: Sequence, token_id: int) -> FinishReason | None:
-        params: SamplingParams = seq.params
-        state = self._requests[seq.seq_id]
+    def _prompt_ids(self, prompt: str | Seq[int], chat: bool) -> list[int]:
+        if len(prompt) == 0:
+            raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
+        if not isinstance(prompt, str):
+            if chat:
+                raise InvalidRequestError("chat", "applies to a text prompt, not to token ids")
+            vocab = self.runner.model.config.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    "prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
+                )
+            return list(prompt)
+        if chat:
+            try:
+                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            except ValueError as error:
+                raise InvalidRequestError("chat", str(error)) from None
+        return self.tokenizer.encode(prompt)
+
+    def _stop_reason(self, seq_id: str, token_id: int) -> FinishReason | None:
+        """Whether `token_id`, just sampled, ends its request: a stop string now complete in the
+        text, a stop token id, or EOS. (Length limits are the scheduler's to apply.)"""
+        state = self._requests.get(seq_id)
+        if state is None:  # aborted since the step was scheduled
+            return None
+        params = state.params
         if state.on_token(token_id):
             return FinishReason.STOP
         if token_id in params.stop_token_ids:

@@ -1,4 +1,8 @@
-"""Realizing the KV cache the policy allows, then letting the guard pick the scheduler."""
+"""Realizing the KV cache the policy allows, then letting the guard pick the scheduler.
+
+budget -> plan the cache (RealizedCache) -> the guard picks the scheduler -> allocate the pool
+-> build the scheduler and the attention backend over it
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,13 @@ import torch
 from intentserve.policy import (
     BackendKind,
     CacheKind,
-    Capability,
+    KvBudget,
     KvCacheDtype,
     PagedAttentionConfig,
     RealizedCache,
     Reason,
     Resolution,
+    SchedulerChoice,
     SchedulerKind,
     select_scheduler,
 )
@@ -21,7 +26,6 @@ from intentserve.worker.attention.flash_paged import FlashPagedAttention
 from intentserve.worker.attention.torch_paged import TorchPagedAttention
 from intentserve.worker.cache.block_allocator import BlockAllocator
 from intentserve.worker.cache.kv_pool import KvGeometry, KvPool, plan_num_blocks
-from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.model.loaded import LoadedModel
 from intentserve.worker.sched.default_scheduler import DefaultScheduler
 from intentserve.worker.sched.paged_scheduler import PagedScheduler
@@ -37,128 +41,135 @@ _KV_DTYPES = {
 
 
 @dataclass(frozen=True)
+class SchedulerLimits:
+    max_model_len: int  # longest sequence (prompt + output)
+    max_num_seqs: int  # sequences running at once
+    max_num_batched_tokens: int  # tokens per step
+
+
+@dataclass(frozen=True)
+class KvRequest:
+    """What the cache must realize: the operator's policy, what survived the fallback helper,
+    the controller's decisions, the reasons recorded so far, the budget and the limits."""
+
+    requested: PagedAttentionConfig | None
+    paged: PagedAttentionConfig | None
+    resolution: Resolution
+    fallback_reasons: tuple[Reason, ...]
+    budget: KvBudget
+    limits: SchedulerLimits
+
+
+@dataclass(frozen=True)
 class RealizedKv:
-    pool: KvPool
-    attention: TorchPagedAttention | FlashPagedAttention
+    pool: KvPool | None  # None in the no_kv_cache debug mode
+    attention: TorchPagedAttention | FlashPagedAttention | None
     scheduler: Scheduler
-    realized: RealizedReport
-
-
-def _budget(
-    requested: PagedAttentionConfig | None,
-    default_budget: tuple[int | None, float | None],
-    capability: Capability,
-    device: torch.device,
-) -> tuple[int, str]:
-    """(bytes, where the number came from) for the error message when it is too small."""
-    budget_bytes, fraction = default_budget
-    if requested is not None and (requested.kv_cache_bytes or requested.kv_cache_fraction):
-        budget_bytes, fraction = requested.kv_cache_bytes, requested.kv_cache_fraction
-    if budget_bytes:
-        return budget_bytes, "kv_cache_bytes"
-    fraction = fraction or DEFAULT_KV_FRACTION[device.type]
-    free = capability.free_memory_bytes
-    return int(free * fraction), f"kv_cache_fraction={fraction} of {free} free bytes"
+    cache: RealizedCache  # what was built, with the scheduler the guard chose
 
 
 def realize_kv(
-    *,
-    requested: PagedAttentionConfig | None,
-    paged: PagedAttentionConfig | None,
-    resolution: Resolution,
-    fallback_reasons: tuple[Reason, ...],
-    loaded: LoadedModel,
-    capability: Capability,
-    device: torch.device,
-    max_model_len: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    default_budget: tuple[int | None, float | None],
-    model_ref: str,
+    request: KvRequest, loaded: LoadedModel, free_memory_bytes: int, device: torch.device
 ) -> RealizedKv:
-    """`requested` is the operator's policy; `paged` is what survived the fallback helper."""
+    geometry = _geometry(loaded, request.paged)
+    budget_bytes, source = budget_in_bytes(request.budget, free_memory_bytes, device)
+    planned = _plan(request, geometry, budget_bytes, source)
+    choice = select_scheduler(request.requested, planned)  # checkpoint 3: the guard decides
+    pool = KvPool(planned.kind, geometry, planned.num_blocks, planned.block_size, device)
+    scheduler = _scheduler(choice, planned, request.limits)
+    window = loaded.config.sliding_window
+    attention = (
+        FlashPagedAttention(pool, sliding_window=window)
+        if planned.backend is BackendKind.FLASH_PAGED
+        else TorchPagedAttention(pool, sliding_window=window)
+    )
+    built = replace(planned, kv_cache_bytes=pool.num_bytes)
+    return RealizedKv(pool, attention, scheduler, _finish(built, choice, loaded, request.limits))
+
+
+def realize_without_cache(request: KvRequest, loaded: LoadedModel) -> RealizedKv:
+    """The `no_kv_cache` debug mode: nothing to allocate; the guard still picks the scheduler."""
+    planned = RealizedCache(
+        kind=CacheKind.NONE,
+        backend=BackendKind.CONTIGUOUS,
+        max_num_seqs=request.limits.max_num_seqs,
+        fallback_reasons=request.fallback_reasons,
+    )
+    choice = select_scheduler(request.requested, planned)
+    # The default scheduler's slots are bookkeeping only here: no KV is reserved behind them.
+    limits = request.limits
+    scheduler = DefaultScheduler(
+        limits.max_num_seqs, limits.max_model_len, limits.max_num_batched_tokens
+    )
+    return RealizedKv(None, None, scheduler, _finish(planned, choice, loaded, limits))
+
+
+def budget_in_bytes(
+    budget: KvBudget, free_memory_bytes: int, device: torch.device
+) -> tuple[int, str]:
+    """(bytes, where the number came from) for the error message when it is too small."""
+    if budget.num_bytes is not None:
+        return budget.num_bytes, "kv_cache_memory"
+    fraction = budget.fraction or DEFAULT_KV_FRACTION[device.type]
+    return (
+        int(free_memory_bytes * fraction),
+        f"kv_cache_memory={fraction:.0%} of {free_memory_bytes} free bytes",
+    )
+
+
+def _geometry(loaded: LoadedModel, paged: PagedAttentionConfig | None) -> KvGeometry:
     c = loaded.config
     kv_intent = paged.kv_cache_dtype if paged is not None else KvCacheDtype.AUTO
     kv_dtype = _KV_DTYPES.get(kv_intent, loaded.dtype)
-    geometry = KvGeometry(c.num_layers, c.num_kv_heads, c.head_dim, kv_dtype)
-    budget, source = _budget(requested, default_budget, capability, device)
-    if paged is not None:
-        block_size = paged.block_size
+    return KvGeometry(c.num_layers, c.num_kv_heads, c.head_dim, kv_dtype)
+
+
+def _plan(request: KvRequest, geometry: KvGeometry, budget: int, source: str) -> RealizedCache:
+    """The cache to build, as the report will state it (before the guard's scheduler)."""
+    max_model_len = request.limits.max_model_len
+    kv_cache_dtype = str(geometry.dtype).removeprefix("torch.")
+    if request.paged is not None:
+        block_size = request.paged.block_size
         num_blocks = plan_num_blocks(geometry, budget, block_size, max_model_len, source)
-        kind, backend = CacheKind.PAGED, resolution.backend.kind
-        max_seqs_at_max_len = num_blocks // -(-max_model_len // block_size)
-        prefix_caching = resolution.prefix_caching.enabled
-    else:
-        # One block of max_model_len tokens per slot; never more slots than sequences allowed.
-        block_size = max_model_len
-        num_slots = plan_num_blocks(geometry, budget, block_size, max_model_len, source)
-        num_blocks = max_seqs_at_max_len = min(num_slots, max_num_seqs)
-        kind, backend, prefix_caching = CacheKind.CONTIGUOUS, BackendKind.CONTIGUOUS, False
-    pool = KvPool(kind, geometry, num_blocks, block_size, device)
-    realized = RealizedCache(
-        kind=kind,
-        backend=backend,
-        prefix_caching=prefix_caching,
-        block_size=block_size,
-        num_blocks=num_blocks,
-        kv_cache_bytes=pool.num_bytes,
-        max_num_seqs=max_seqs_at_max_len,
-        kv_cache_dtype=str(kv_dtype).removeprefix("torch."),
-        fallback_reasons=fallback_reasons,
-    )
-    # Checkpoint 3: the guard, not this function, decides which scheduler runs.
-    choice = select_scheduler(requested, realized)
-    if choice.kind is SchedulerKind.PAGED:
-        allocator = BlockAllocator(num_blocks, block_size, prefix_caching)
-        scheduler: Scheduler = PagedScheduler(
-            allocator, max_num_seqs, max_num_batched_tokens, max_model_len
+        return RealizedCache(
+            kind=CacheKind.PAGED,
+            backend=request.resolution.backend.kind,
+            prefix_caching=request.resolution.prefix_caching.enabled,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=num_blocks // -(-max_model_len // block_size),
+            kv_cache_dtype=kv_cache_dtype,
+            fallback_reasons=request.fallback_reasons,
         )
-    else:
-        scheduler = DefaultScheduler(num_blocks, max_model_len, max_num_batched_tokens)
-    window = c.sliding_window
-    attention = (
-        FlashPagedAttention(pool, sliding_window=window)
-        if backend is BackendKind.FLASH_PAGED
-        else TorchPagedAttention(pool, sliding_window=window)
+    # One block of max_model_len tokens per slot; never more slots than sequences allowed.
+    num_slots = plan_num_blocks(geometry, budget, max_model_len, max_model_len, source)
+    num_slots = min(num_slots, request.limits.max_num_seqs)
+    return RealizedCache(
+        kind=CacheKind.CONTIGUOUS,
+        backend=BackendKind.CONTIGUOUS,
+        block_size=max_model_len,
+        num_blocks=num_slots,
+        max_num_seqs=num_slots,
+        kv_cache_dtype=kv_cache_dtype,
+        fallback_reasons=request.fallback_reasons,
     )
-    report = RealizedReport(
-        cache=replace(
-            realized,
-            scheduler=choice.kind,
-            dtype=str(loaded.dtype).removeprefix("torch."),
-            max_model_len=max_model_len,
-        ),
-        model=model_ref,
-        decode_attention=attention.decode_impl,
-    )
-    return RealizedKv(pool, attention, scheduler, report)
 
 
-def realize_without_cache(
-    *,
-    requested: PagedAttentionConfig | None,
-    fallback_reasons: tuple[Reason, ...],
-    loaded: LoadedModel,
-    max_model_len: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    model_ref: str,
-) -> tuple[Scheduler, RealizedReport]:
-    """The `no_kv_cache` debug mode: nothing to allocate; the guard still picks the scheduler."""
-    realized = RealizedCache(
-        kind=CacheKind.NONE, backend=BackendKind.CONTIGUOUS, fallback_reasons=fallback_reasons
+def _scheduler(choice: SchedulerChoice, cache: RealizedCache, limits: SchedulerLimits) -> Scheduler:
+    if choice.kind is SchedulerKind.PAGED:
+        allocator = BlockAllocator(cache.num_blocks, cache.block_size, cache.prefix_caching)
+        return PagedScheduler(
+            allocator, limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len
+        )
+    return DefaultScheduler(cache.num_blocks, limits.max_model_len, limits.max_num_batched_tokens)
+
+
+def _finish(
+    cache: RealizedCache, choice: SchedulerChoice, loaded: LoadedModel, limits: SchedulerLimits
+) -> RealizedCache:
+    return replace(
+        cache,
+        scheduler=choice.kind,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        max_model_len=limits.max_model_len,
     )
-    choice = select_scheduler(requested, realized)
-    # The default scheduler's slots are bookkeeping only here: no KV is reserved behind them.
-    scheduler = DefaultScheduler(max_num_seqs, max_model_len, max_num_batched_tokens)
-    report = RealizedReport(
-        cache=replace(
-            realized,
-            scheduler=choice.kind,
-            max_num_seqs=max_num_seqs,
-            dtype=str(loaded.dtype).removeprefix("torch."),
-            max_model_len=max_model_len,
-        ),
-        model=model_ref,
-    )
-    return scheduler, report

@@ -10,6 +10,15 @@ from intentserve.worker.sched.sequence import FinishReason
 
 
 @dataclass(frozen=True)
+class PreparedRequest:
+    """A request checked and tokenized, ready to be queued."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """One streaming delta: what a request produced since its previous output."""
 

@@ -85,10 +85,6 @@ class ModelConfig:
                 f"num_kv_heads ({self.num_kv_heads})"
             )
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V one token occupies across all layers (0 for encoder-only models)."""
         if not self.has_kv_cache:

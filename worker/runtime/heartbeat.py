@@ -34,7 +34,6 @@ class Heartbeat:
         self._thread = threading.Thread(
             target=self._run, name=f"heartbeat-{client.worker_id}", daemon=True
         )
-        self.num_sent = 0
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -50,7 +49,6 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 action = self._client.heartbeat(self._load(), timeout_s=self._interval_s * 2)
-                self.num_sent += 1
                 if action is not Action.CONTINUE:
                     self._on_action(action)
             except grpc.RpcError as error:

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 import torch
-from intentserve.policy import PagedAttentionRequiredError, Reason, ReasonCode
+from intentserve.policy import Capability, PagedAttentionRequiredError, Reason, ReasonCode
 from intentserve.worker.cache.kv_pool import KvBudgetError
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.builder import build_engine
@@ -145,7 +145,7 @@ class WorkerRuntime:
                 self._client, registration.heartbeat_interval_s, self._load, self._on_action
             ).start()
             self._set(Phase.LOADING, f"loading {self.spec.model}")
-            engine = self._build(registration)
+            engine = self._build(registration, capability)
             if engine is None or self._stop.is_set():
                 return
             self._server = WorkerServer(
@@ -202,12 +202,13 @@ class WorkerRuntime:
             self._set(Phase.SERVING, engine.realized.describe().splitlines()[1])
             self._register_again.wait()
 
-    def _build(self, registration: Registration) -> Engine | None:
-        """The engine, or None after reporting why it cannot be built (REJECTED)."""
+    def _build(self, registration: Registration, capability: Capability) -> Engine | None:
+        """The engine the controller resolved (with the capability it was resolved against),
+        or None after reporting why it cannot be built (REJECTED)."""
         try:
             loaded = load_model(self.spec.model, self.spec.dtype, self.spec.device)
-            config = self.spec.engine_config(registration.config)
-            return build_engine(config, registration.resolution, loaded)
+            config = self.spec.engine_config(registration.config, registration.kv_budget)
+            return build_engine(config, loaded, capability, registration.resolution)
         except Exception as error:
             reason = load_error_reason(error)
             log.error("worker %s cannot serve: %s", self.spec.worker_id, reason)

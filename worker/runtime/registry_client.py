@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 from intentserve import convert
-from intentserve.policy import Capability, PagedAttentionConfig, Reason, ReasonCode, Resolution
+from intentserve.policy import Capability, KvBudget, PagedAttentionConfig, Reason, Resolution
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.service.convert import heartbeat_request_to_pb
@@ -47,17 +47,9 @@ class Rejected(Exception):
 class Registration:
     config: PagedAttentionConfig | None  # the operator's policy, unchanged
     resolution: Resolution  # what the controller decided for this worker
+    kv_budget: KvBudget  # what its KV cache may take
     heartbeat_interval_s: float
     fingerprint: bytes  # the resolved config as sent: equal bytes, equal instructions
-
-
-def rejection_reason(details: str) -> Reason:
-    """FAILED_PRECONDITION details "<code>: <sentence>" -> the Reason."""
-    code, _, sentence = (details or "").partition(": ")
-    try:
-        return Reason(ReasonCode(code), sentence)
-    except ValueError:
-        return Reason(ReasonCode.LOAD_FAILED, details)
 
 
 class RegistryClient:
@@ -81,16 +73,17 @@ class RegistryClient:
                 response = self._stub.Register(request, timeout=self._timeout_s)
                 break
             except grpc.RpcError as error:
-                if error.code() is grpc.StatusCode.FAILED_PRECONDITION:
-                    raise Rejected(rejection_reason(error.details())) from None
                 if error.code() not in RETRYABLE or time.monotonic() > deadline:
                     raise
                 log.info("controller not reachable yet (%s); retrying", error.code().name)
                 time.sleep(0.5)
-        config, resolution = convert.resolution_from_pb(response.config)
+        if response.WhichOneof("outcome") == "rejection":
+            raise Rejected(convert.reason_from_pb(response.rejection))
+        config, resolution, kv_budget = convert.resolution_from_pb(response.config)
         return Registration(
             config,
             resolution,
+            kv_budget,
             response.heartbeat_interval_s,
             response.config.SerializeToString(deterministic=True),
         )

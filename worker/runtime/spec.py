@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from intentserve.policy import KvBudget, PagedAttentionConfig
 from intentserve.worker.engine.builder import EngineConfig
 from intentserve.worker.runtime.ports import advertised_host
 
@@ -23,10 +24,6 @@ class WorkerSpec:
     max_model_len: int | None = None
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
-    # Budget of a cache built without paging (mode off, or auto falling back); a paged cache
-    # takes the policy's budget.
-    kv_cache_bytes: int | None = None
-    kv_cache_fraction: float | None = None
     num_threads: int | None = None  # torch threads; None leaves the process default
     host: str = "127.0.0.1"  # where the worker's gRPC server binds
     advertise_host: str | None = None  # where the controller reaches it; default from `host`
@@ -42,18 +39,19 @@ class WorkerSpec:
             raise ValueError(f"worker spec: unknown keys {unknown}; known: {sorted(known)}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
-    def engine_config(self, paged) -> EngineConfig:
-        """The engine to build, with the policy the controller sent (`paged`)."""
+    def engine_config(
+        self, paged: PagedAttentionConfig | None, kv_budget: KvBudget
+    ) -> EngineConfig:
+        """The engine to build, with the policy and the KV budget the controller sent."""
         return EngineConfig(
             model=self.model,
             dtype=self.dtype,
             device=self.device,
             paged=paged,
+            kv_budget=kv_budget,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            kv_cache_bytes=self.kv_cache_bytes,
-            kv_cache_fraction=self.kv_cache_fraction,
             device_map=self.device_map,
             no_kv_cache=self.no_kv_cache,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 
 from intentserve.worker.cache.kv_usage import KVUsage
-from intentserve.worker.sched.scheduler import Scheduler, StopCheck
+from intentserve.worker.sched.scheduler import Scheduler
 from intentserve.worker.sched.sequence import Sequence
 
 
@@ -19,19 +19,17 @@ class DefaultScheduler(Scheduler):
         num_slots: int,
         max_model_len: int,
         max_num_batched_tokens: int,
-        check_stop: StopCheck | None = None,
     ) -> None:
         super().__init__(
             max_num_seqs=num_slots,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
-            check_stop=check_stop,
         )
         self.num_slots = num_slots
         self._free_slots = list(range(num_slots))  # a heap
 
     def _check_fits(self, seq: Sequence) -> None:
-        """Any prompt under max_model_len fits a slot; `add` has checked that."""
+        """Any prompt under max_model_len fits a slot; `Engine.add_request` has checked that."""
 
     def _try_allocate(self, seq: Sequence) -> bool:
         if not self._free_slots:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from intentserve.worker.cache.block_allocator import BlockAllocator
 from intentserve.worker.cache.kv_usage import KVUsage
-from intentserve.worker.sched.scheduler import Scheduler, StopCheck
+from intentserve.worker.sched.scheduler import Scheduler
 from intentserve.worker.sched.sequence import Sequence, SequenceStatus
 
 
@@ -21,13 +21,11 @@ class PagedScheduler(Scheduler):
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        check_stop: StopCheck | None = None,
     ) -> None:
         super().__init__(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
-            check_stop=check_stop,
         )
         self.allocator = allocator
         self.num_pool_tokens = allocator.num_blocks * allocator.block_size

@@ -4,7 +4,7 @@ The engine loop is the same for either scheduler:
 
     output = scheduler.schedule()
     sampled = runner.run(output)  # {seq_id: token_id} for the entries with needs_logits
-    finished = scheduler.postprocess(output, sampled)
+    finished = scheduler.postprocess(output, sampled, stops)  # stops: the engine's verdicts
 
 There are no prefill and decode phases: each running sequence advances its num_computed_tokens
 by up to the remaining token budget (a prompt chunk, or the one token sampled last step).
@@ -16,16 +16,12 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from intentserve.worker.cache.kv_usage import KVUsage
 from intentserve.worker.sched.scheduler_output import ScheduledSeq, SchedulerOutput
 from intentserve.worker.sched.scheduler_stats import SchedulerStats
 from intentserve.worker.sched.sequence import FinishReason, Sequence, SequenceStatus
-
-# The engine's stop check, called after `token_id` was appended to the sequence's outputs:
-# EOS, stop token ids, stop strings. It returns the reason to finish, or None to go on.
-StopCheck = Callable[[Sequence, int], FinishReason | None]
 
 
 def _arrival(seq: Sequence) -> int:
@@ -39,7 +35,6 @@ class Scheduler(ABC):
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        check_stop: StopCheck | None = None,
     ) -> None:
         limits = {
             "max_num_seqs": max_num_seqs,
@@ -54,7 +49,6 @@ class Scheduler(ABC):
         self.max_model_len = max_model_len
         # A sequence finishes (LENGTH) once it holds this many tokens; a subclass may lower it.
         self.max_num_tokens = max_model_len
-        self.check_stop = check_stop
         self.waiting: deque[Sequence] = deque()  # FIFO; preempted sequences go to the front
         self.running: list[Sequence] = []  # NOTE: kept sorted by arrival, newest last
         self.num_preemptions = 0
@@ -63,21 +57,13 @@ class Scheduler(ABC):
     # -- the engine's surface --------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        """Queues a new sequence; raises ValueError, with the numbers, if it can never run."""
+        """Queues a new sequence; raises ValueError, with the numbers, if the cache can never
+        hold it. NOTE: the request itself (a non-empty prompt under max_model_len, max_tokens of
+        at least 1) was checked where it entered, in `Engine.add_request`."""
         if seq.seq_id in self._unfinished:
             raise ValueError(f"sequence id {seq.seq_id!r} is already queued or running")
         if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
             raise ValueError(f"sequence {seq.seq_id!r} is not new (status {seq.status.value})")
-        if not seq.prompt_token_ids:
-            raise ValueError(f"sequence {seq.seq_id!r} has an empty prompt")
-        if seq.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {seq.max_tokens}")
-        if seq.num_tokens >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {seq.num_tokens} tokens but max_model_len is {self.max_model_len}: "
-                f"a prompt may have at most {self.max_model_len - 1} tokens, leaving room "
-                "for one generated token"
-            )
         self._check_fits(seq)
         self._unfinished[seq.seq_id] = seq
         self.waiting.append(seq)
@@ -125,12 +111,18 @@ class Scheduler(ABC):
         return SchedulerOutput(scheduled=tuple(scheduled), preempted_seq_ids=tuple(preempted))
 
     def postprocess(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int],
+        stops: Mapping[str, FinishReason] | None = None,
     ) -> list[Sequence]:
-        """Advances the step's sequences, appends sampled tokens; returns those that finished.
+        """Advances the step's sequences, appends sampled tokens; returns those that finished:
+        the ones in `stops` (the engine's verdict on the token just sampled: EOS, a stop id or
+        string) and the ones that reached their length limit.
 
         Sequences aborted since `schedule()` are skipped.
         """
+        stops = stops or {}
         finished: list[Sequence] = []
         for item in output.scheduled:
             seq = self._unfinished.get(item.seq_id)
@@ -148,7 +140,7 @@ class Scheduler(ABC):
                 raise RuntimeError(f"no sampled token for sequence {item.seq_id!r}")
             token_id = sampled_token_ids[item.seq_id]
             seq.output_token_ids.append(token_id)
-            reason = self._finish_reason(seq, token_id)
+            reason = stops.get(seq.seq_id) or self._length_reached(seq)
             if reason is not None:
                 self._finish(seq, reason)
                 finished.append(seq)
@@ -179,11 +171,7 @@ class Scheduler(ABC):
             slot=seq.slot,
         )
 
-    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
-        if self.check_stop is not None:
-            reason = self.check_stop(seq, token_id)
-            if reason is not None:
-                return reason
+    def _length_reached(self, seq: Sequence) -> FinishReason | None:
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_num_tokens:
             return FinishReason.LENGTH
         return None

@@ -7,8 +7,8 @@ client reads the name of the field it set, not the engine's parameter name.
 from __future__ import annotations
 
 import contextlib
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
@@ -16,7 +16,6 @@ from intentserve.v1 import inference_pb2, worker_pb2
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
-from intentserve.worker.model.tokenizer import Tokenizer
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.engine_loop import EngineLoad
 
@@ -51,10 +50,17 @@ def proto_field_names() -> Iterator[None]:
         raise InvalidRequestError(path, message) from None
 
 
-def generate_request_from_pb(
-    msg: inference_pb2.GenerateRequest, tokenizer: Tokenizer
-) -> tuple[str | list[int], SamplingParams, str]:
-    """(prompt text or token ids, sampling params, request id); a generated id when unset."""
+@dataclass(frozen=True)
+class GenerateCall:
+    """A GenerateRequest as the engine takes it; the engine checks its content."""
+
+    prompt: str | tuple[int, ...]
+    params: SamplingParams
+    request_id: str | None  # None: the engine names it
+    chat: bool
+
+
+def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall:
     with proto_field_names():
         params = SamplingParams(
             max_tokens=msg.stop.max_tokens,
@@ -66,32 +72,8 @@ def generate_request_from_pb(
             stop=tuple(msg.stop.stop),
             ignore_eos=msg.stop.ignore_eos,
         )
-    return _prompt(msg, tokenizer), params, msg.request_id or f"gen-{uuid.uuid4().hex}"
-
-
-def _prompt(msg: inference_pb2.GenerateRequest, tokenizer: Tokenizer) -> str | list[int]:
-    if msg.prompt_token_ids:
-        if msg.chat:
-            raise InvalidRequestError("chat", "applies to a text prompt, not to prompt_token_ids")
-        _check_token_ids(msg.prompt_token_ids, tokenizer.vocab_size)
-        return list(msg.prompt_token_ids)
-    if not msg.prompt:
-        raise InvalidRequestError("prompt", "must not be empty (or set prompt_token_ids)")
-    if not msg.chat:
-        return msg.prompt
-    try:
-        return tokenizer.apply_chat_template([{"role": "user", "content": msg.prompt}])
-    except ValueError as error:
-        raise InvalidRequestError("chat", str(error)) from None
-
-
-def _check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
-    # NOTE: the engine does not range-check ids; one out of range would fail the whole step.
-    bad = next((t for t in token_ids if t >= vocab_size), None)
-    if bad is not None:
-        raise InvalidRequestError(
-            "prompt_token_ids", f"token id {bad} is out of range (vocabulary size {vocab_size})"
-        )
+    prompt = tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
+    return GenerateCall(prompt, params, msg.request_id or None, msg.chat)
 
 
 def generate_response_to_pb(

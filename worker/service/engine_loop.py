@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from intentserve.worker.engine.engine import Engine
-from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.request import PreparedRequest, RequestOutput
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
 
@@ -142,10 +142,16 @@ class EngineLoop:
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        chat: bool = False,
     ) -> RequestStream:
         """Queue a request and return its stream; InvalidRequestError (naming the field) when
-        the engine cannot serve it, EngineLoopClosedError after `close()`."""
-        return self._call(self._add, (prompt, params, request_id))
+        the engine cannot serve it, EngineLoopClosedError after `close()`.
+
+        NOTE: the request is checked and tokenized here, on the caller's thread, so a long
+        prompt never holds up the steps of the requests already running."""
+        prepared = self.engine.prepare(prompt, params, request_id, chat=chat)
+        return self._call(self._add, (prepared,))
 
     def abort(self, request_id: str) -> bool:
         """Abort a request and free its KV; False when it is unknown or already finished."""
@@ -236,10 +242,8 @@ class EngineLoop:
                 else:
                     future.set_exception(error)
 
-    def _add(
-        self, prompt: str | Sequence[int], params: SamplingParams | None, request_id: str | None
-    ) -> RequestStream:
-        request_id = self.engine.add_request(prompt, params, request_id)
+    def _add(self, prepared: PreparedRequest) -> RequestStream:
+        request_id = self.engine.add(prepared)
         stream = RequestStream(request_id, self._cancel_later)
         self._streams[request_id] = stream
         return stream

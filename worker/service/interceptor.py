@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-
 import grpc
 from intentserve.policy import IntentError, PolicyError
-from intentserve.status import lookup
 from intentserve.worker.service.engine_loop import EngineLoopClosedError
 from intentserve.worker.service.servicer import WorkerOverloadedError
 
@@ -19,5 +16,3 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WorkerOverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (EngineLoopClosedError, grpc.StatusCode.UNAVAILABLE),
 )
-
-status_for = functools.partial(lookup, STATUS_CODES)

@@ -24,8 +24,6 @@ class WorkerOverloadedError(RuntimeError):
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, loop: EngineLoop, worker_id: str, max_streams: int) -> None:
         self._loop = loop
-        # NOTE: read-only here (chat template, vocabulary size), so safe off the loop thread.
-        self._tokenizer = loop.engine.tokenizer
         self._worker_id = worker_id
         self._max_streams = max_streams
         self._slots = threading.BoundedSemaphore(max_streams)
@@ -33,10 +31,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[inference_pb2.GenerateResponse]:
-        prompt, params, request_id = convert.generate_request_from_pb(request, self._tokenizer)
+        call = convert.generate_request_from_pb(request)
         with self._stream_slot():
             with convert.proto_field_names():
-                stream = self._loop.submit(prompt, params, request_id)
+                stream = self._loop.submit(
+                    call.prompt, call.params, call.request_id, chat=call.chat
+                )
             # Client cancel or deadline: abort at once, even while the request is still queued.
             if not context.add_callback(stream.cancel):
                 stream.cancel()

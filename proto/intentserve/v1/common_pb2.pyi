@@ -78,22 +78,26 @@ class Reason(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PagedAttentionPolicy(_message.Message):
-    __slots__ = ("mode", "block_size", "kv_cache_bytes", "kv_cache_fraction", "prefix_caching", "backend", "kv_cache_dtype")
+    __slots__ = ("mode", "block_size", "prefix_caching", "backend", "kv_cache_dtype")
     MODE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
-    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    KV_CACHE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     block_size: int
-    kv_cache_bytes: int
-    kv_cache_fraction: float
     prefix_caching: Mode
     backend: BackendIntent
     kv_cache_dtype: str
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., block_size: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., kv_cache_fraction: _Optional[float] = ..., prefix_caching: _Optional[_Union[Mode, str]] = ..., backend: _Optional[_Union[BackendIntent, str]] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[_Union[Mode, str]] = ..., backend: _Optional[_Union[BackendIntent, str]] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+
+class KvBudget(_message.Message):
+    __slots__ = ("num_bytes", "fraction")
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    num_bytes: int
+    fraction: float
+    def __init__(self, num_bytes: _Optional[int] = ..., fraction: _Optional[float] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
     __slots__ = ("kind", "available", "reason", "kv_cache_dtypes")
@@ -160,16 +164,18 @@ class Decision(_message.Message):
     def __init__(self, feature: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., enabled: _Optional[bool] = ..., required: _Optional[bool] = ..., reason: _Optional[_Union[Reason, _Mapping]] = ...) -> None: ...
 
 class ResolvedConfig(_message.Message):
-    __slots__ = ("policy", "decisions", "backend", "fallback_reasons")
+    __slots__ = ("policy", "decisions", "backend", "fallback_reasons", "kv_budget")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_REASONS_FIELD_NUMBER: _ClassVar[int]
+    KV_BUDGET_FIELD_NUMBER: _ClassVar[int]
     policy: PagedAttentionPolicy
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     backend: BackendKind
     fallback_reasons: _containers.RepeatedCompositeFieldContainer[Reason]
-    def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ...) -> None: ...
+    kv_budget: KvBudget
+    def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., kv_budget: _Optional[_Union[KvBudget, _Mapping]] = ...) -> None: ...
 
 class RealizedState(_message.Message):
     __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len")

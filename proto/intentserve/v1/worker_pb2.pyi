@@ -29,12 +29,14 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("config", "heartbeat_interval_s")
+    __slots__ = ("config", "rejection", "heartbeat_interval_s")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    REJECTION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     config: _common_pb2.ResolvedConfig
+    rejection: _common_pb2.Reason
     heartbeat_interval_s: float
-    def __init__(self, config: _Optional[_Union[_common_pb2.ResolvedConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, config: _Optional[_Union[_common_pb2.ResolvedConfig, _Mapping]] = ..., rejection: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class RealizedReport(_message.Message):
     __slots__ = ("worker_id", "realized", "load_error")

@@ -57,7 +57,7 @@ class WorkerRegistryServicer:
     """
 
     def Register(self, request, context):
-        """Register with a capability report; returns the resolved config, or FAILED_PRECONDITION.
+        """Register with a capability report; returns the resolved config or the rejection.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -142,3 +142,24 @@ def test_bad_intents_are_refused_at_the_builder():
         EngineBuilder().paged_attention("sometimes")
     with pytest.raises(IntentError, match="block_size: must be between 1 and 1024"):
         EngineBuilder().paged_attention("on", block_size=0)
+
+
+@pytest.mark.parametrize("option", ["kv_cache_bytes", "kv_cache_fraction", "kv_cache_memory"])
+def test_a_budget_among_the_paged_options_is_refused_naming_it(option):
+    # One route for the KV budget: `kv_cache_memory()`, in every mode. A second one in the paged
+    # options would be silently preferred or dropped, so it is an error naming the option.
+    with pytest.raises(IntentError, match=f"^{option}: the KV budget is set with kv_cache_memory"):
+        EngineBuilder().paged_attention("on", **{option: 1 << 20})
+
+
+def test_an_option_with_off_and_an_unknown_option_are_refused_naming_them():
+    with pytest.raises(IntentError, match="^backend: 'torch' has no effect"):
+        EngineBuilder().paged_attention("off", backend="torch")
+    with pytest.raises(IntentError, match="^blocksize: unknown option; allowed: block_size"):
+        EngineBuilder().paged_attention("on", blocksize=8)
+
+
+def test_the_builder_budget_reaches_the_config_once():
+    config = EngineBuilder().paged_attention("on").kv_cache_memory(bytes=8 * MIB).config
+    assert config.kv_budget.num_bytes == 8 * MIB
+    assert config.paged.block_size == 16

@@ -45,18 +45,15 @@ def make_paged(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 256,
     enable_prefix_caching: bool = True,
-    check_stop=None,
 ) -> PagedScheduler:
     allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
-    return PagedScheduler(
-        allocator, max_num_seqs, max_num_batched_tokens, max_model_len, check_stop=check_stop
-    )
+    return PagedScheduler(allocator, max_num_seqs, max_num_batched_tokens, max_model_len)
 
 
 def make_default(
-    num_slots: int = 4, max_model_len: int = 256, max_num_batched_tokens: int = 64, check_stop=None
+    num_slots: int = 4, max_model_len: int = 256, max_num_batched_tokens: int = 64
 ) -> DefaultScheduler:
-    return DefaultScheduler(num_slots, max_model_len, max_num_batched_tokens, check_stop=check_stop)
+    return DefaultScheduler(num_slots, max_model_len, max_num_batched_tokens)
 
 
 @pytest.fixture(params=["paged", "default"])

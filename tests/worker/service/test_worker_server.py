@@ -37,7 +37,8 @@ def engine():
     return (
         EngineBuilder()
         .model(MODEL)
-        .paged_attention("on", kv_cache_bytes=32 << 20)
+        .paged_attention("on")
+        .kv_cache_memory(bytes=32 << 20)
         .scheduler(max_model_len=256, max_num_seqs=8)
         .build()
     )
@@ -220,9 +221,11 @@ def test_chat_prompt_is_rendered_through_the_template(engine):
     msg = inference_pb2.GenerateRequest(
         prompt="Hi there", chat=True, stop=inference_pb2.StopConditions(max_tokens=4)
     )
-    prompt, _, _ = convert.generate_request_from_pb(msg, engine.tokenizer)
-    assert prompt == engine.tokenizer.apply_chat_template([{"role": "user", "content": "Hi there"}])
-    assert "Hi there" in prompt and prompt != "Hi there"
+    call = convert.generate_request_from_pb(msg)
+    prepared = engine.prepare(call.prompt, call.params, chat=call.chat)
+    text = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Hi there"}])
+    assert "Hi there" in text and text != "Hi there"
+    assert list(prepared.prompt_ids) == engine.tokenizer.encode(text)
 
 
 def test_info_reports_the_realized_paged_cache(channel, engine):

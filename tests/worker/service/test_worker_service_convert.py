@@ -3,25 +3,45 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import grpc
 import pytest
 from intentserve.policy import IntentError, PagedAttentionRequiredError, Reason, ReasonCode
+from intentserve.status import lookup
 from intentserve.v1 import inference_pb2
-from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.request import PreparedRequest, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service import convert
 from intentserve.worker.service.engine_loop import EngineLoad, EngineLoopClosedError
-from intentserve.worker.service.interceptor import status_for
+from intentserve.worker.service.interceptor import STATUS_CODES
 from intentserve.worker.service.servicer import WorkerOverloadedError
 
 
 class FakeTokenizer:
+    """One token per character; a chat template that wraps the user's turn."""
+
     vocab_size = 100
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % self.vocab_size for c in text]
 
     def apply_chat_template(self, messages):
         return f"<user>{messages[0]['content']}</user><assistant>"
+
+
+def fake_engine(max_model_len: int = 64) -> Engine:
+    """The engine's request checks need only its tokenizer, vocabulary and max_model_len."""
+    runner = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
+    return Engine(
+        tokenizer=FakeTokenizer(),
+        scheduler=None,
+        runner=runner,
+        realized=None,
+        max_model_len=max_model_len,
+    )
 
 
 def request(**fields) -> inference_pb2.GenerateRequest:
@@ -30,12 +50,15 @@ def request(**fields) -> inference_pb2.GenerateRequest:
     return inference_pb2.GenerateRequest(**fields)
 
 
-def decode(msg: inference_pb2.GenerateRequest):
-    return convert.generate_request_from_pb(msg, FakeTokenizer())
+def decode(msg: inference_pb2.GenerateRequest) -> PreparedRequest:
+    """What the servicer does: the proto fields, then the engine's checks, fields named as sent."""
+    call = convert.generate_request_from_pb(msg)
+    with convert.proto_field_names():
+        return fake_engine().prepare(call.prompt, call.params, call.request_id, chat=call.chat)
 
 
 def test_defaults_and_carried_fields():
-    prompt, params, request_id = decode(
+    call = convert.generate_request_from_pb(
         request(
             request_id="r1",
             sampling=inference_pb2.SamplingParams(temperature=0.5, top_k=7, seed=3),
@@ -44,7 +67,8 @@ def test_defaults_and_carried_fields():
             ),
         )
     )
-    assert (prompt, request_id) == ("Hello", "r1")
+    assert (call.prompt, call.request_id, call.chat) == ("Hello", "r1", False)
+    params = call.params
     assert params.max_tokens == 9 and params.top_k == 7 and params.seed == 3
     assert params.temperature == pytest.approx(0.5)
     assert params.top_p == 1.0  # 0 on the wire means "not set"
@@ -52,15 +76,17 @@ def test_defaults_and_carried_fields():
 
 
 def test_unset_seed_and_generated_request_ids():
-    _, params, first = decode(request())
-    _, _, second = decode(request())
-    assert params.seed is None and params.temperature == 0.0
-    assert first and second and first != second
+    first, second = decode(request()), decode(request())
+    assert convert.generate_request_from_pb(request()).request_id is None  # the engine names it
+    assert first.params.seed is None and first.params.temperature == 0.0
+    assert first.request_id.startswith("req-") and first.request_id != second.request_id
+    assert decode(request(request_id="mine")).request_id == "mine"
 
 
 def test_token_ids_take_precedence_and_chat_renders_one_user_message():
-    assert decode(request(prompt="ignored", prompt_token_ids=[1, 2]))[0] == [1, 2]
-    assert decode(request(prompt="Hi", chat=True))[0] == "<user>Hi</user><assistant>"
+    assert decode(request(prompt="ignored", prompt_token_ids=[1, 2])).prompt_ids == (1, 2)
+    chat = decode(request(prompt="Hi", chat=True))
+    assert chat.prompt_ids == tuple(FakeTokenizer().encode("<user>Hi</user><assistant>"))
 
 
 @pytest.mark.parametrize(
@@ -72,8 +98,12 @@ def test_token_ids_take_precedence_and_chat_renders_one_user_message():
         ({"sampling": inference_pb2.SamplingParams(temperature=-0.1)}, "sampling.temperature"),
         ({"sampling": inference_pb2.SamplingParams(temperature=math.nan)}, "sampling.temperature"),
         ({"sampling": inference_pb2.SamplingParams(top_p=1.5)}, "sampling.top_p"),
+        ({"sampling": inference_pb2.SamplingParams(top_p=-0.1)}, "sampling.top_p"),
+        ({"sampling": inference_pb2.SamplingParams(top_p=math.nan)}, "sampling.top_p"),
         ({"prompt_token_ids": [1, 100]}, "prompt_token_ids"),
         ({"prompt_token_ids": [1], "chat": True}, "chat"),
+        ({"prompt": "x" * 64}, "prompt"),  # longer than max_model_len
+        ({"stop": inference_pb2.StopConditions(max_tokens=60)}, "stop.max_tokens"),  # no room
     ],
 )
 def test_invalid_fields_are_named_by_their_proto_path(fields, field_path):
@@ -81,6 +111,33 @@ def test_invalid_fields_are_named_by_their_proto_path(fields, field_path):
         decode(request(**fields))
     assert info.value.field == field_path
     assert str(info.value).startswith(f"{field_path}: ")
+
+
+@pytest.mark.parametrize(
+    ("fields", "prompt_ids", "max_tokens", "temperature", "top_p"),
+    [
+        ({}, (72, 1, 8, 8, 11), 4, 0.0, 1.0),
+        ({"prompt": "", "prompt_token_ids": [1, 2, 3]}, (1, 2, 3), 4, 0.0, 1.0),
+        ({"sampling": inference_pb2.SamplingParams(temperature=0.7, top_p=1.0)}, None, 4, 0.7, 1.0),
+        ({"sampling": inference_pb2.SamplingParams(top_p=0.0)}, None, 4, 0.0, 1.0),  # 0: unset
+        (
+            {"sampling": inference_pb2.SamplingParams(temperature=2.0, top_p=0.01)},
+            None,
+            4,
+            2.0,
+            0.01,
+        ),
+    ],
+)
+def test_valid_requests_pass_with_the_values_sent(
+    fields, prompt_ids, max_tokens, temperature, top_p
+):
+    prepared = decode(request(**fields))
+    expected_ids = prompt_ids if prompt_ids is not None else tuple(FakeTokenizer().encode("Hello"))
+    assert prepared.prompt_ids == expected_ids
+    assert prepared.params.max_tokens == max_tokens
+    assert prepared.params.temperature == pytest.approx(temperature)
+    assert prepared.params.top_p == pytest.approx(top_p)
 
 
 def test_engine_errors_are_renamed_to_proto_paths():
@@ -138,6 +195,6 @@ def test_heartbeat_request_carries_the_load():
     ],
 )
 def test_status_codes(error, code):
-    got_code, message = status_for(error)
+    got_code, message = lookup(STATUS_CODES, error)
     assert got_code == code
     assert str(error) in message
