@@ -75,6 +75,39 @@ def _available_candidates(s: Situation) -> tuple[BackendKind, ...]:
     return tuple(k for k in _candidates(s) if s.capability.backend(k).available)
 
 
+def _kv_cache_dtype(s: Situation) -> KvCacheDtype:
+    return s.config.kv_cache_dtype if s.config is not None else KvCacheDtype.AUTO
+
+
+def _stores_kv_cache_dtype(s: Situation, kind: BackendKind) -> bool:
+    dtype = _kv_cache_dtype(s)
+    return dtype is KvCacheDtype.AUTO or dtype in s.capability.backend(kind).kv_cache_dtypes
+
+
+def _usable_candidates(s: Situation) -> tuple[BackendKind, ...]:
+    """Available candidates whose cache can store the requested kv_cache_dtype, best first."""
+    return tuple(k for k in _available_candidates(s) if _stores_kv_cache_dtype(s, k))
+
+
+def _stored_dtypes(s: Situation, kind: BackendKind) -> str:
+    dtypes = s.capability.backend(kind).kv_cache_dtypes
+    return ", ".join(sorted(d.value for d in dtypes)) or "nothing"
+
+
+def _cannot_store(s: Situation, kind: BackendKind) -> str:
+    return (
+        f"{kind.value} cannot store kv_cache_dtype {_kv_cache_dtype(s).value} "
+        f"(it stores {_stored_dtypes(s, kind)})"
+    )
+
+
+def _explicit_backend(s: Situation) -> BackendIntent | None:
+    """The backend the operator named (`flash`, `torch`); None when the intent is `auto`."""
+    if s.config is None or s.config.backend is BackendIntent.AUTO:
+        return None
+    return s.config.backend
+
+
 def _device_map_mixed(s: Situation) -> Reason | None:
     if not s.capability.mixed_device_map:
         return None
@@ -107,30 +140,29 @@ def _no_paged_backend(s: Situation) -> Reason | None:
     if _available_candidates(s):
         return None
     why = "; ".join(f"{k.value}: {s.capability.backend(k).reason}" for k in _candidates(s))
-    if s.config is not None and s.config.backend is not BackendIntent.AUTO:
-        asked = s.config.backend.value
-        message = f"attention_backend '{asked}' was requested, but it is not available ({why})"
+    asked = _explicit_backend(s)
+    if asked is not None:
+        message = (
+            f"attention_backend '{asked.value}' was requested, but it is not available ({why})"
+        )
     else:
         message = f"no paged attention backend is available ({why})"
     return Reason(ReasonCode.BACKEND_UNAVAILABLE, message)
 
 
 def _kv_cache_dtype_unsupported(s: Situation) -> Reason | None:
-    dtype = s.config.kv_cache_dtype if s.config is not None else KvCacheDtype.AUTO
-    available = _available_candidates(s)
-    if dtype is KvCacheDtype.AUTO or any(
-        dtype in s.capability.backend(k).kv_cache_dtypes for k in available
-    ):
+    if _usable_candidates(s):
         return None
-    stores = "; ".join(
-        f"{k.value} stores "
-        + ", ".join(sorted(d.value for d in s.capability.backend(k).kv_cache_dtypes))
-        for k in available
-    )
-    return Reason(
-        ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED,
-        f"kv_cache_dtype '{dtype.value}' cannot be stored by the paged backend ({stores})",
-    )
+    available = _available_candidates(s)
+    asked = _explicit_backend(s)
+    if asked is not None:
+        why = "; ".join(_cannot_store(s, k) for k in available)
+        message = f"attention_backend '{asked.value}' was requested, but {why}"
+    else:
+        stores = "; ".join(f"{k.value} stores {_stored_dtypes(s, k)}" for k in available)
+        dtype = _kv_cache_dtype(s).value
+        message = f"kv_cache_dtype '{dtype}' cannot be stored by the paged backend ({stores})"
+    return Reason(ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED, message)
 
 
 def _auto_not_enabled_on_device(s: Situation) -> Reason | None:
@@ -217,29 +249,38 @@ def decide_prefix_caching(
 class BackendChoice:
     kind: BackendKind
     reason: Reason | None = None  # set when `auto` had to settle for a lesser backend
-    rejection: Reason | None = None  # set when an explicitly named backend does not import
+    # Set when an explicitly named backend does not import or cannot store the kv_cache_dtype.
+    rejection: Reason | None = None
+
+
+def _skipped_because(s: Situation, kind: BackendKind) -> str:
+    status = s.capability.backend(kind)
+    return f"{kind.value}: {status.reason}" if not status.available else _cannot_store(s, kind)
 
 
 def choose_backend(
     config: PagedAttentionConfig | None, capability: Capability, paged: Decision
 ) -> BackendChoice:
-    """The attention backend a worker should build: the best available paged one, or contiguous.
+    """The attention backend a worker should build: the best available paged one that can store
+    the requested kv_cache_dtype, or contiguous.
 
     A backend named explicitly (`flash`, `torch`) is a requirement of its own: where it is not
-    available the worker is rejected, whatever the paged attention mode says.
+    available, or cannot store the kv_cache_dtype, the worker is rejected, whatever the paged
+    attention mode says.
     """
     situation = Situation(config, capability, frozenset())
-    candidates = _candidates(situation)
-    available = _available_candidates(situation)
-    if config is not None and config.backend is not BackendIntent.AUTO and not available:
-        return BackendChoice(BackendKind.CONTIGUOUS, rejection=_no_paged_backend(situation))
+    if _explicit_backend(situation) is not None:
+        rejection = _no_paged_backend(situation) or _kv_cache_dtype_unsupported(situation)
+        if rejection is not None:
+            return BackendChoice(BackendKind.CONTIGUOUS, rejection=rejection)
     if not paged.enabled:
         return BackendChoice(BackendKind.CONTIGUOUS)
-    chosen = available[0]  # non-empty: the paged decision checked it
+    candidates = _candidates(situation)
+    chosen = _usable_candidates(situation)[0]  # non-empty: the paged decision checked it
     skipped = candidates[: candidates.index(chosen)]
     if not skipped:
         return BackendChoice(chosen)
-    why = "; ".join(f"{k.value}: {capability.backend(k).reason}" for k in skipped)
+    why = "; ".join(_skipped_because(situation, k) for k in skipped)
     return BackendChoice(
         chosen, Reason(ReasonCode.BACKEND_FALLBACK, f"using {chosen.value} because {why}")
     )

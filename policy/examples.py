@@ -58,14 +58,28 @@ def mixed() -> Capability:
     return cuda(layer_devices=(DeviceKind.CUDA,) * 20 + (DeviceKind.CPU,) * 10)
 
 
-SITUATIONS: tuple[tuple[str, Capability], ...] = (
-    ("cpu", cpu()),
-    ("cuda, vllm-flash-attn imports", cuda()),
-    ("cuda, vllm-flash-attn missing", cuda(flash=False)),
-    ("layers on cpu and cuda", mixed()),
-    ("no paged backend in the build", cuda(backends=backends(flash=False, torch_paged=False))),
-    ("encoder model (no KV cache)", cpu(model=BERT)),
-    ("no_kv_cache debug mode", cpu(no_kv_cache=True)),
+@dataclass(frozen=True)
+class ExampleWorker:
+    """One row group of the table: a worker, and the kv_cache_dtype the operator asks of it."""
+
+    name: str
+    capability: Capability
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
+
+
+SITUATIONS: tuple[ExampleWorker, ...] = (
+    ExampleWorker("cpu", cpu()),
+    ExampleWorker("cuda, vllm-flash-attn imports", cuda()),
+    ExampleWorker(
+        "cuda, vllm-flash-attn imports, kv_cache_dtype float32", cuda(), KvCacheDtype.FLOAT32
+    ),
+    ExampleWorker("cuda, vllm-flash-attn missing", cuda(flash=False)),
+    ExampleWorker("layers on cpu and cuda", mixed()),
+    ExampleWorker(
+        "no paged backend in the build", cuda(backends=backends(flash=False, torch_paged=False))
+    ),
+    ExampleWorker("encoder model (no KV cache)", cpu(model=BERT)),
+    ExampleWorker("no_kv_cache debug mode", cpu(no_kv_cache=True)),
 )
 
 
@@ -79,10 +93,12 @@ class TableRow:
 
 def decision_table() -> list[TableRow]:
     rows = []
-    for name, capability in SITUATIONS:
+    for worker in SITUATIONS:
         for mode in Mode:
-            config = paged_attention_config(mode)
-            resolution = resolve(config, capability)
+            # NOTE: `off` takes no option (a kv_cache_dtype could never take effect there).
+            dtype = worker.kv_cache_dtype if mode is not Mode.OFF else None
+            config = paged_attention_config(mode, kv_cache_dtype=dtype)
+            resolution = resolve(config, worker.capability)
             paged = resolution.paged_attention
             if not resolution.accepted:
                 outcome = "REJECTED: start-up error"
@@ -93,7 +109,7 @@ def decision_table() -> list[TableRow]:
             else:
                 outcome = "default scheduler"
             reason = (resolution.backend.reason or paged.reason).code.value
-            rows.append(TableRow(name, mode, outcome, reason))
+            rows.append(TableRow(worker.name, mode, outcome, reason))
     return rows
 
 

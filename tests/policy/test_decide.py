@@ -98,13 +98,67 @@ TABLE = [
         "contiguous",
     ),
     (
-        "fp32-auto-flash-only-dtype",
+        "fp32-auto-flash-cannot-store",
         cuda(),
         "auto",
         {"kv_cache_dtype": "float32"},  # flash cannot store fp32 but torch_paged can
         ENABLED,
         ReasonCode.ENABLED,
+        "torch_paged",
+    ),
+    (
+        "fp32-on-flash-cannot-store",
+        cuda(),
+        "on",
+        {"kv_cache_dtype": "float32"},
+        ENABLED,
+        ReasonCode.ENABLED,
+        "torch_paged",
+    ),
+    (
+        "fp32-off",  # off takes no kv_cache_dtype: no paged cache at all
+        cuda(),
+        "off",
+        {},
+        DISABLED,
+        ReasonCode.MODE_OFF,
+        "contiguous",
+    ),
+    (
+        "bf16-auto-flash-stores",
+        cuda(),
+        "auto",
+        {"kv_cache_dtype": "bfloat16"},
+        ENABLED,
+        ReasonCode.ENABLED,
         "flash_paged",
+    ),
+    (
+        "fp32-flash-asked-on",
+        cuda(),
+        "on",
+        {"backend": "flash", "kv_cache_dtype": "float32"},
+        REJECTED,
+        ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED,
+        "contiguous",
+    ),
+    (
+        "fp32-flash-asked-auto",  # paging falls back, but the explicit backend rejects the worker
+        cuda(),
+        "auto",
+        {"backend": "flash", "kv_cache_dtype": "float32"},
+        DISABLED,
+        ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED,
+        "contiguous",
+    ),
+    (
+        "fp32-torch-asked-cuda",
+        cuda(),
+        "on",
+        {"backend": "torch", "kv_cache_dtype": "float32"},
+        ENABLED,
+        ReasonCode.ENABLED,
+        "torch_paged",
     ),
     (
         "flash-asked-cpu-on",
@@ -151,26 +205,52 @@ def test_decision_table(capability, mode, options, outcome, code, backend):
     assert resolve(config, capability).backend.kind is BackendKind(backend)
 
 
+UNAVAILABLE, DTYPE = ReasonCode.BACKEND_UNAVAILABLE, ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED
+
+# (row id, capability, mode, backend, kv_cache_dtype, rejection code or None, backend realized)
+EXPLICIT_BACKEND = [
+    ("flash-cpu-on", cpu(), "on", "flash", "auto", UNAVAILABLE, "contiguous"),
+    ("flash-cpu-auto", cpu(), "auto", "flash", "auto", UNAVAILABLE, "contiguous"),
+    ("flash-noflash-auto", cuda(flash=False), "auto", "flash", "auto", UNAVAILABLE, "contiguous"),
+    ("flash-noflash-on", cuda(flash=False), "on", "flash", "auto", UNAVAILABLE, "contiguous"),
+    ("flash-cuda-auto", cuda(), "auto", "flash", "auto", None, "flash_paged"),
+    ("flash-cuda-bf16-on", cuda(), "on", "flash", "bfloat16", None, "flash_paged"),
+    ("flash-cuda-fp32-on", cuda(), "on", "flash", "float32", DTYPE, "contiguous"),
+    ("flash-cuda-fp32-auto", cuda(), "auto", "flash", "float32", DTYPE, "contiguous"),
+    ("flash-cpu-fp32-auto", cpu(), "auto", "flash", "float32", UNAVAILABLE, "contiguous"),
+    ("torch-cuda-auto", cuda(), "auto", "torch", "auto", None, "torch_paged"),
+    ("torch-cuda-fp32-auto", cuda(), "auto", "torch", "float32", None, "torch_paged"),
+    ("torch-cpu-auto", cpu(), "auto", "torch", "auto", None, "contiguous"),
+    ("torch-cpu-on", cpu(), "on", "torch", "auto", None, "torch_paged"),
+    ("torch-cpu-fp8-auto", cpu(), "auto", "torch", "fp8_e4m3", DTYPE, "contiguous"),
+]
+
+
 @pytest.mark.parametrize(
-    ("capability", "mode", "backend", "accepted", "kind"),
-    [
-        (cpu(), "on", "flash", False, "contiguous"),
-        (cpu(), "auto", "flash", False, "contiguous"),
-        (cuda(flash=False), "auto", "flash", False, "contiguous"),
-        (cuda(flash=False), "on", "flash", False, "contiguous"),
-        (cuda(), "auto", "flash", True, "flash_paged"),
-        (cuda(), "auto", "torch", True, "torch_paged"),
-        (cpu(), "auto", "torch", True, "contiguous"),
-        (cpu(), "on", "torch", True, "torch_paged"),
-    ],
+    ("capability", "mode", "backend", "kv_cache_dtype", "code", "kind"),
+    [row[1:] for row in EXPLICIT_BACKEND],
+    ids=[row[0] for row in EXPLICIT_BACKEND],
 )
-def test_an_explicit_backend_is_a_requirement(capability, mode, backend, accepted, kind):
-    resolution = resolve(paged_attention_config(mode, backend=backend), capability)
-    assert resolution.accepted is accepted
+def test_an_explicit_backend_is_a_requirement(
+    capability, mode, backend, kv_cache_dtype, code, kind
+):
+    config = paged_attention_config(mode, backend=backend, kv_cache_dtype=kv_cache_dtype)
+    resolution = resolve(config, capability)
+    assert resolution.accepted is (code is None)
     assert resolution.backend.kind is BackendKind(kind)
-    if not accepted:
-        assert resolution.rejection.code is ReasonCode.BACKEND_UNAVAILABLE
+    if code is not None:
+        assert resolution.rejection.code is code
+        assert resolution.backend.rejection.code is code
         assert f"attention_backend '{backend}' was requested" in resolution.rejection.message
+
+
+def test_an_explicit_backend_that_cannot_store_the_kv_dtype_names_both():
+    for mode in ("auto", "on"):
+        config = paged_attention_config(mode, backend="flash", kv_cache_dtype="float32")
+        assert resolve(config, cuda()).rejection.message == (
+            "attention_backend 'flash' was requested, but flash_paged cannot store "
+            "kv_cache_dtype float32 (it stores bfloat16, float16)"
+        )
 
 
 def test_auto_enabled_devices_setting_turns_auto_on_for_cpu():
@@ -201,6 +281,18 @@ def test_backend_fallback_is_recorded_with_the_import_error():
     assert resolution.backend.kind is BackendKind.TORCH_PAGED
     (reason,) = [r for r in resolution.fallback_reasons if r.code is ReasonCode.BACKEND_FALLBACK]
     assert "No module named 'vllm_flash_attn'" in reason.message
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_backend_fallback_for_a_kv_dtype_names_the_skipped_backend(mode):
+    resolution = resolve(paged_attention_config(mode, kv_cache_dtype="float32"), cuda())
+    assert resolution.accepted and resolution.paged_attention.enabled
+    assert resolution.backend.kind is BackendKind.TORCH_PAGED
+    assert resolution.backend.reason.code is ReasonCode.BACKEND_FALLBACK
+    assert resolution.backend.reason.message == (
+        "using torch_paged because flash_paged cannot store kv_cache_dtype float32 "
+        "(it stores bfloat16, float16)"
+    )
 
 
 @pytest.mark.parametrize(

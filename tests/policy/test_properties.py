@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from intentserve.policy import (
+    BackendIntent,
     BackendKind,
     BackendStatus,
     CacheKind,
@@ -60,6 +61,31 @@ def test_on_never_disabled_and_accepted_off_never_enabled_and_accepted(config, c
     if resolution.accepted and paged.enabled:
         assert resolution.backend.kind.is_paged
         assert cap.backend(resolution.backend.kind).available
+
+
+NAMED_BACKENDS = {
+    BackendIntent.FLASH: BackendKind.FLASH_PAGED,
+    BackendIntent.TORCH: BackendKind.TORCH_PAGED,
+}
+
+
+@given(configs, capabilities, auto_devices)
+def test_the_backend_built_can_store_the_kv_dtype_and_an_explicit_one_is_honoured(
+    config, cap, autos
+):
+    resolution = resolve(config, cap, autos)
+    if config is None or not resolution.accepted:
+        return
+    dtype, kind = config.kv_cache_dtype, resolution.backend.kind
+    if kind.is_paged and dtype is not KvCacheDtype.AUTO:
+        assert dtype in cap.backend(kind).kv_cache_dtypes
+    named = NAMED_BACKENDS.get(config.backend)
+    if named is not None:
+        # An explicit backend is a requirement: accepted means it imports and stores the dtype.
+        status = cap.backend(named)
+        assert status.available
+        assert dtype is KvCacheDtype.AUTO or dtype in status.kv_cache_dtypes
+        assert kind in (named, BackendKind.CONTIGUOUS)
 
 
 @given(configs, capabilities, auto_devices)
