@@ -1,6 +1,7 @@
 """Pure policy decisions: intents, capability -> decision, the fallback helper, the scheduler guard
 and the readiness verdict. Imports no grpc, torch or ray, and performs no I/O."""
 
+from intentserve.policy.budget import KV_MEMORY_FORMS, parse_kv_memory
 from intentserve.policy.capability import (
     BackendKind,
     BackendStatus,
@@ -55,6 +56,7 @@ from intentserve.policy.resolution import Resolution, resolve
 __all__ = [
     "DEFAULT_AUTO_DEVICES",
     "DEFAULT_BLOCK_SIZE",
+    "KV_MEMORY_FORMS",
     "RULES",
     "BackendChoice",
     "BackendIntent",
@@ -91,6 +93,7 @@ __all__ = [
     "disable_paged_attention",
     "mode_of",
     "paged_attention_config",
+    "parse_kv_memory",
     "readiness",
     "resolve",
     "select_scheduler",

@@ -27,9 +27,11 @@ from intentserve.policy import (
     DEFAULT_BLOCK_SIZE,
     BackendIntent,
     DeviceKind,
+    IntentError,
     KvCacheDtype,
     Mode,
 )
+from intentserve.policy.budget import KV_MEMORY_FORMS, parse_kv_memory
 from intentserve.policy.config import MAX_BLOCK_SIZE
 from intentserve.policy.modes import allowed_values, lookup_choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -43,10 +45,6 @@ KIND = "Deployment"
 MODEL_DTYPES = ("auto", "float32", "bfloat16")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-_QUANTITY = re.compile(r"(\d+)\s*(Ki|Mi|Gi|Ti|K|M|G|T)?")
-_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_UNITS |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_KV_MEMORY_FORMS = "bytes (268435456, 256Mi, 1Gi) or a share of free device memory (10%)"
 
 
 class ManifestError(ValueError):
@@ -64,24 +62,6 @@ def _choice(enum_cls: type[enum.Enum], value: object) -> enum.Enum:
     if member is None:
         raise ValueError(f"allowed values are {allowed_values(enum_cls)}")
     return member
-
-
-def parse_kv_memory(value: int | str | None) -> tuple[int | None, float | None]:
-    """`kvCacheMemory` -> (kv_cache_bytes, kv_cache_fraction); at most one is set."""
-    if value is None:
-        return None, None
-    text = str(value).strip()
-    if not isinstance(value, bool) and text.endswith("%"):
-        try:
-            percent = float(text[:-1])
-        except ValueError:
-            percent = -1.0
-        if 0.0 < percent <= 100.0:
-            return None, percent / 100.0
-    match = _QUANTITY.fullmatch(text)
-    if not isinstance(value, bool | float) and match and int(match.group(1)) > 0:
-        return int(match.group(1)) * _UNITS[match.group(2)], None
-    raise ValueError(f"allowed: {_KV_MEMORY_FORMS}")
 
 
 class _Section(BaseModel):
@@ -160,7 +140,11 @@ class PagedAttentionSpec(_Section):
     @field_validator("kv_cache_memory")
     @classmethod
     def _kv_memory(cls, value: int | str | None) -> int | str | None:
-        parse_kv_memory(value)
+        try:
+            parse_kv_memory(value)
+        except IntentError:
+            # NOTE: the manifest's line already names the field and the value given.
+            raise ValueError(f"allowed: {KV_MEMORY_FORMS}") from None
         return value
 
     @field_validator("prefix_caching")
