@@ -1,6 +1,7 @@
 """Pure policy decisions: intents, capability -> decision, the fallback helper, the scheduler guard
 and the readiness verdict. Imports no grpc, torch or ray, and performs no I/O."""
 
+from intentserve.policy.budget import KV_MEMORY_FORMS, KvBudget, parse_kv_memory
 from intentserve.policy.capability import (
     BackendKind,
     BackendStatus,
@@ -10,7 +11,6 @@ from intentserve.policy.capability import (
 )
 from intentserve.policy.config import (
     DEFAULT_BLOCK_SIZE,
-    KvBudget,
     PagedAttentionConfig,
     mode_of,
     paged_attention_config,
@@ -57,6 +57,7 @@ from intentserve.policy.resolution import Resolution, resolve
 __all__ = [
     "DEFAULT_AUTO_DEVICES",
     "DEFAULT_BLOCK_SIZE",
+    "KV_MEMORY_FORMS",
     "RULES",
     "BackendChoice",
     "BackendIntent",
@@ -95,6 +96,7 @@ __all__ = [
     "mode_of",
     "paged_attention_config",
     "paged_attention_intent",
+    "parse_kv_memory",
     "readiness",
     "resolve",
     "select_scheduler",

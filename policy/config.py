@@ -1,4 +1,4 @@
-"""The resolved form of the PagedAttention intent, and the KV budget.
+"""The resolved form of the PagedAttention intent.
 
 `off -> None`, `auto -> PagedAttentionConfig(required=False)`,
 `on -> PagedAttentionConfig(required=True)`.
@@ -44,38 +44,6 @@ class PagedAttentionConfig:
 
     def describe(self) -> str:
         return f"paged_attention: {self.mode.value}"
-
-
-@dataclass(frozen=True)
-class KvBudget:
-    """The memory one worker's KV cache may take, whatever the mode: `num_bytes`, or a `fraction`
-    of the device's free memory; neither means the device's default share."""
-
-    num_bytes: int | None = None
-    fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_bytes is not None and self.fraction is not None:
-            raise IntentError("kv_cache_memory", "give either bytes or a fraction, not both")
-        if self.num_bytes is not None and (
-            isinstance(self.num_bytes, bool)
-            or not isinstance(self.num_bytes, int)
-            or self.num_bytes <= 0
-        ):
-            raise IntentError(
-                "kv_cache_memory", f"bytes must be a positive integer, got {self.num_bytes!r}"
-            )
-        if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
-            raise IntentError(
-                "kv_cache_memory", f"a fraction must be in (0, 1], got {self.fraction!r}"
-            )
-
-    def describe(self) -> str:
-        if self.num_bytes is not None:
-            return f"{self.num_bytes} bytes"
-        if self.fraction is not None:
-            return f"{self.fraction:.0%} of free memory"
-        return "the device's default share of free memory"
 
 
 # The options of the paged cache; each has no effect when the mode is `off`.

@@ -35,6 +35,7 @@ from intentserve.policy import (
     PagedAttentionConfig,
     paged_attention_intent,
 )
+from intentserve.policy.budget import KV_MEMORY_FORMS, parse_kv_memory
 from intentserve.policy.config import MAX_BLOCK_SIZE, PAGED_OPTIONS
 from intentserve.policy.modes import allowed_values, lookup_choice
 from pydantic import (
@@ -56,10 +57,6 @@ KIND = "Deployment"
 MODEL_DTYPES = ("auto", "float32", "bfloat16")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-_QUANTITY = re.compile(r"(\d+)\s*(Ki|Mi|Gi|Ti|K|M|G|T)?")
-_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_UNITS |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_KV_MEMORY_FORMS = "bytes (268435456, 256Mi, 1Gi) or a share of free device memory (10%)"
 
 
 class ManifestError(ValueError):
@@ -77,24 +74,6 @@ def _choice(enum_cls: type[enum.Enum], value: object) -> enum.Enum:
     if member is None:
         raise ValueError(f"allowed values are {allowed_values(enum_cls)}")
     return member
-
-
-def parse_kv_memory(value: object) -> KvBudget:
-    """`kvCacheMemory`: bytes (`268435456`, `256Mi`) or a share of free memory (`10%`)."""
-    if value is None:
-        return KvBudget()
-    text = str(value).strip()
-    if not isinstance(value, bool) and text.endswith("%"):
-        try:
-            percent = float(text[:-1])
-        except ValueError:
-            percent = -1.0
-        if 0.0 < percent <= 100.0:
-            return KvBudget(fraction=percent / 100.0)
-    match = _QUANTITY.fullmatch(text)
-    if not isinstance(value, bool | float) and match and int(match.group(1)) > 0:
-        return KvBudget(num_bytes=int(match.group(1)) * _UNITS[match.group(2)])
-    raise ValueError(f"allowed: {_KV_MEMORY_FORMS}")
 
 
 class _Section(BaseModel):
@@ -175,7 +154,11 @@ class PagedAttentionSpec(_Section):
     @field_validator("kv_cache_memory", mode="plain")
     @classmethod
     def _kv_memory(cls, value: object) -> KvBudget:
-        return parse_kv_memory(value)
+        try:
+            return parse_kv_memory(value)
+        except IntentError:
+            # NOTE: the manifest's line already names the field and the value given.
+            raise ValueError(f"allowed: {KV_MEMORY_FORMS}") from None
 
     @model_validator(mode="after")
     def _intent(self) -> PagedAttentionSpec:

@@ -11,7 +11,6 @@ from intentserve.controller.launch.manifest import (
     MODEL_DTYPES,
     ManifestError,
     load_manifest,
-    parse_kv_memory,
 )
 from intentserve.policy import DeviceKind, KvBudget, Mode, PagedAttentionConfig
 from intentserve.worker.model.dtype import ALLOWED_DTYPES
@@ -152,29 +151,6 @@ def test_yaml_bare_on_means_on(tmp_path):
     )
     pa = load_manifest(path).spec.paged_attention
     assert (pa.mode, pa.prefix_caching) == (Mode.ON, Mode.OFF)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, KvBudget()),
-        (1024, KvBudget(num_bytes=1024)),
-        ("1024", KvBudget(num_bytes=1024)),
-        ("256Mi", KvBudget(num_bytes=256 << 20)),
-        ("1Gi", KvBudget(num_bytes=1 << 30)),
-        ("2G", KvBudget(num_bytes=2 * 10**9)),
-        ("10%", KvBudget(fraction=0.1)),
-        ("100%", KvBudget(fraction=1.0)),
-    ],
-)
-def test_kv_cache_memory_forms(value, expected):
-    assert parse_kv_memory(value) == expected
-
-
-@pytest.mark.parametrize("value", [0, "0Mi", "-1", "101%", "0%", "1.5Gi", "lots", 0.5, True])
-def test_kv_cache_memory_refuses(value):
-    with pytest.raises(ValueError, match="allowed: bytes"):
-        parse_kv_memory(value)
 
 
 def test_env_vars_override_the_file(tmp_path, monkeypatch):

@@ -199,7 +199,11 @@ class EngineBuilder:
             "max_model_len": max_model_len,
             "max_num_batched_tokens": max_num_batched_tokens,
         }
-        return self._set(**{k: v for k, v in changes.items() if v is not None})
+        changes = {k: v for k, v in changes.items() if v is not None}
+        for name, value in changes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        return self._set(**changes)
 
     def kv_cache_memory(
         self, *, bytes: int | None = None, fraction: float | None = None

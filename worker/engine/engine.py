@@ -135,8 +135,18 @@ class Engine:
     def generate(
         self, prompts: Iterable[str | Seq[int]], params: SamplingParams | None = None
     ) -> list[RequestOutput]:
-        """Run prompts to completion; one combined output per prompt, in order."""
-        order = [self.add_request(p, params) for p in prompts]
+        """Run prompts to completion; one combined output per prompt, in order.
+
+        A prompt that cannot be served raises before any runs: those queued before it are aborted.
+        """
+        order: list[str] = []
+        try:
+            for prompt in prompts:
+                order.append(self.add_request(prompt, params))
+        except Exception:
+            for request_id in order:
+                self.abort(request_id)
+            raise
         tokens: dict[str, list[int]] = {r: [] for r in order}
         text: dict[str, list[str]] = {r: [] for r in order}
         last: dict[str, RequestOutput] = {}
