@@ -152,6 +152,7 @@ def test_drain_and_shutdown(harness):
     assert harness.shutdowns == [1]
 
 
+@pytest.mark.integration
 def test_generate_streams_what_the_worker_streams(harness):
     worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=3)
     try:
