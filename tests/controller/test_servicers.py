@@ -1,7 +1,8 @@
 """Servicer unit tests with grpcio-testing: each servicer decodes, calls and encodes.
 
 Status codes for errors come from the interceptor, which grpcio-testing does not run; they are
-covered in test_interceptor.py and, end to end, in test_integration.py.
+covered in test_interceptor.py and, end to end on loopback, in test_routing.py (Generate) and
+test_lifecycle.py (registration, health, Admin).
 """
 
 import grpc
