@@ -45,5 +45,8 @@ def test_invalid_fields_are_named(bad, field):
         request(temperature=2.0, top_p=0.01),
     ],
 )
-def test_valid_requests_pass(good):
-    validate(good)
+def test_valid_requests_pass_as_sent(good):
+    sent = inference_pb2.GenerateRequest()
+    sent.CopyFrom(good)
+    assert validate(good) is None
+    assert good == sent  # nothing defaulted or clamped (top_p 0 stays unset) on the way to a worker
