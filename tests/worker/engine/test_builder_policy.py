@@ -31,6 +31,7 @@ def codes(engine) -> list[ReasonCode]:
     return [r.code for r in engine.realized.cache.fallback_reasons]
 
 
+@pytest.mark.model
 def test_on_realizes_the_torch_paged_backend_on_cpu(smollm2_fp32):
     cache = builder("on").build(loaded=smollm2_fp32).realized.cache
     assert (cache.kind, cache.backend.value, cache.scheduler) == (
@@ -41,6 +42,7 @@ def test_on_realizes_the_torch_paged_backend_on_cpu(smollm2_fp32):
     assert cache.block_size == 16 and cache.num_blocks > 0 and cache.kv_cache_bytes <= 16 * MIB
 
 
+@pytest.mark.model
 def test_auto_on_cpu_falls_back_to_the_default_scheduler_and_says_why(smollm2_fp32):
     engine = builder("auto").build(loaded=smollm2_fp32)
     assert engine.realized.cache.kind is CacheKind.CONTIGUOUS
@@ -50,11 +52,13 @@ def test_auto_on_cpu_falls_back_to_the_default_scheduler_and_says_why(smollm2_fp
     assert enabled.realized.cache.kind is CacheKind.PAGED
 
 
+@pytest.mark.model
 def test_off_never_builds_a_paged_cache(smollm2_fp32):
     engine = builder("off").build(loaded=smollm2_fp32)
     assert engine.realized.cache.kind is CacheKind.CONTIGUOUS and codes(engine) == []
 
 
+@pytest.mark.model
 def test_no_kv_cache_mode(smollm2_fp32):
     with pytest.raises(
         PagedAttentionRequiredError,
@@ -74,6 +78,7 @@ def test_no_kv_cache_mode(smollm2_fp32):
     )
 
 
+@pytest.mark.model
 def test_a_model_without_kv_cache():
     minilm = load_model("minilm-l6")
     with pytest.raises(
@@ -85,6 +90,7 @@ def test_a_model_without_kv_cache():
         builder("auto").build(loaded=minilm)
 
 
+@pytest.mark.model
 def test_a_device_map_mixing_cpu_and_cuda(smollm2_fp32):
     layers = ("cpu",) * 15 + ("cuda",) * 15
     with pytest.raises(PagedAttentionRequiredError) as err:
@@ -97,6 +103,7 @@ def test_a_device_map_mixing_cpu_and_cuda(smollm2_fp32):
         builder("auto").device("cpu", layers).build(loaded=smollm2_fp32)
 
 
+@pytest.mark.model
 def test_a_kv_cache_dtype_the_backend_cannot_store(smollm2_fp32):
     with pytest.raises(
         PagedAttentionRequiredError, match="kv_cache_dtype 'fp8_e4m3' cannot be stored"
@@ -113,6 +120,7 @@ def test_a_kv_cache_dtype_the_backend_cannot_store(smollm2_fp32):
     assert bf16.realized.cache.kv_cache_dtype == "bfloat16"
 
 
+@pytest.mark.model
 def test_the_flash_backend_asked_for_but_not_importable(smollm2_fp32):
     for mode in ("on", "auto"):
         with pytest.raises(PagedAttentionRequiredError) as err:
@@ -124,6 +132,7 @@ def test_the_flash_backend_asked_for_but_not_importable(smollm2_fp32):
         assert "vllm-flash-attn needs a CUDA device; this worker is cpu" in message
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("mode", ["on", "auto", "off"])
 def test_a_kv_budget_too_small_for_one_sequence_is_an_error_in_every_mode(smollm2_fp32, mode):
     per_token = 2 * 30 * 3 * 64 * 4  # float32 K and V over 30 layers, 3 kv heads of 64

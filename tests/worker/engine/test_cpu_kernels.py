@@ -19,6 +19,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")
+@pytest.mark.integration
 def test_build_compiles_once_then_reuses_the_cached_library(fresh_cache):
     first = build("paged_decode")
     assert first.parent == fresh_cache and first.suffix == ".so"
@@ -29,6 +30,7 @@ def test_build_compiles_once_then_reuses_the_cached_library(fresh_cache):
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")
+@pytest.mark.integration
 def test_the_kernel_loads_where_a_compiler_exists(fresh_cache):
     kernel = cpu_kernels.paged_decode_kernel()
     assert kernel.path.exists()
@@ -40,6 +42,7 @@ def test_a_missing_compiler_is_a_reason_not_a_crash(fresh_cache, monkeypatch):
         cpu_kernels.paged_decode_kernel()
 
 
+@pytest.mark.integration
 def test_a_failing_compiler_is_a_reason_naming_it(fresh_cache, monkeypatch, tmp_path):
     broken = tmp_path / "broken-cc"
     broken.write_text("#!/bin/sh\necho 'broken-cc: fatal error: no input' >&2\nexit 1\n")

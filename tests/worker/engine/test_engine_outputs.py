@@ -5,7 +5,7 @@ import pytest
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.model
 
 PROMPTS = [
     "The capital of France is",

@@ -134,6 +134,7 @@ def test_truncated_file_names_path(tmp_path, num_bytes_cut):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.model
 def test_one_parse_serves_the_facts_read_and_the_load(smollm2_path):
     from intentserve.worker.model.gguf_loader import open_gguf
 

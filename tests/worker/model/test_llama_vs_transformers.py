@@ -8,6 +8,8 @@ from intentserve.worker.model.hf_reference import hf_logits
 from intentserve.worker.model.reference_attention import reference_logits
 from one_sequence_cache import OneSequenceKVCache
 
+pytestmark = pytest.mark.model
+
 # fp32 on both sides; the only differences are summation order (fused q|k|v and gate|up
 # matmuls, SDPA kernel choice), so the logits agree far below any decision-relevant scale.
 LOGITS_MAX_ABS_DIFF = 1e-3
@@ -53,7 +55,7 @@ def _greedy_ours(model, ids: list[int], num_new_tokens: int) -> list[int]:
     return ids
 
 
-@pytest.mark.integration  # ~25 s on 2 idle cores (minutes when they are shared)
+# NOTE: the slowest model test: ~25 s on 2 idle cores (minutes when they are shared).
 @torch.inference_mode()
 def test_greedy_decoding_matches_transformers_generate(smollm2, smollm2_hf):
     num_new_tokens = 64

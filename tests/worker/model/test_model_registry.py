@@ -68,6 +68,7 @@ def test_cpu_flags_parse_proc_cpuinfo(tmp_path):
     assert dtype_module.cpu_flags(tmp_path / "absent") == frozenset()
 
 
+@pytest.mark.model
 def test_load_smollm2_by_short_name_in_bfloat16(smollm2_path):
     loaded = load_model("smollm2-135m", dtype="bfloat16")
     assert loaded.source_path == smollm2_path and loaded.dtype == torch.bfloat16

@@ -6,6 +6,8 @@ import pytest
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
 from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 
+pytestmark = pytest.mark.model
+
 TEXTS = [
     "Hello world",
     "loved 42 kinds of cheese in 2024, for $3.50",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.import_checks import parts_loaded_by
+
+pytestmark = pytest.mark.integration  # parts_loaded_by runs a subprocess
 
 MODULES = [
     "intentserve.worker.sched.sequence",

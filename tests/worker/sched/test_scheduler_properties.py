@@ -131,3 +131,5 @@ def test_default_interleavings_never_leak_slots(
         num_slots=num_slots, max_model_len=80, max_num_batched_tokens=max_num_batched_tokens
     )
     _run(scheduler, ops, step)
+    kv = scheduler.stats().kv
+    assert (kv.num_blocks, kv.num_used_blocks, kv.num_live_tokens) == (num_slots, 0, 0)

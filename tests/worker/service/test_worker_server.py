@@ -88,6 +88,7 @@ def assert_idle(server, engine, timeout_s: float = 15.0) -> None:
     assert engine.scheduler.stats().kv.num_used_blocks == 0
 
 
+@pytest.mark.integration
 def test_generate_streams_the_engines_greedy_output(stub, reference):
     chunks = list(stub.Generate(request(), timeout=60))
     assert len(chunks) >= 2
@@ -103,6 +104,7 @@ def test_generate_streams_the_engines_greedy_output(stub, reference):
     assert {(c.worker_id, c.request_id) for c in chunks} == {("worker-t", chunks[0].request_id)}
 
 
+@pytest.mark.integration
 def test_stop_string_ends_the_stream(stub, reference):
     cut = len(reference.new_text) // 2
     stop = reference.new_text[cut : cut + 2]
@@ -113,6 +115,7 @@ def test_stop_string_ends_the_stream(stub, reference):
     assert chunks[-1].num_output_tokens < NUM_TOKENS
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 def test_client_cancel_or_deadline_aborts_and_frees_blocks(stub, server, engine, how):
     if how == "cancel":
@@ -130,6 +133,7 @@ def test_client_cancel_or_deadline_aborts_and_frees_blocks(stub, server, engine,
     assert_idle(server, engine)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("msg", "field_path"),
     [
@@ -166,6 +170,7 @@ def test_invalid_request_is_invalid_argument_naming_the_field(
     assert engine.scheduler.num_unfinished == 0
 
 
+@pytest.mark.integration
 def test_a_failing_step_is_internal_and_the_loop_keeps_serving(stub, server, engine, monkeypatch):
     def failing_run(*args, **kwargs):
         raise RuntimeError("injected step failure")
@@ -182,6 +187,7 @@ def test_a_failing_step_is_internal_and_the_loop_keeps_serving(stub, server, eng
     assert server.loop.is_running
 
 
+@pytest.mark.integration
 def test_streams_past_max_streams_are_resource_exhausted(stub, server, engine):
     calls = [stub.Generate(request(max_tokens=LONG), timeout=60) for _ in range(MAX_STREAMS)]
     for call in calls:
@@ -204,6 +210,7 @@ def test_streams_past_max_streams_are_resource_exhausted(stub, server, engine):
             time.sleep(0.05)
 
 
+@pytest.mark.integration
 def test_loop_abort_frees_blocks_and_ends_the_stream(server, engine):
     stream = server.loop.submit(PROMPT, SamplingParams(max_tokens=LONG, ignore_eos=True))
     first = next(stream)
@@ -217,6 +224,7 @@ def test_loop_abort_frees_blocks_and_ends_the_stream(server, engine):
     assert server.loop.abort(stream.request_id) is False
 
 
+@pytest.mark.model
 def test_chat_prompt_is_rendered_through_the_template(engine):
     msg = inference_pb2.GenerateRequest(
         prompt="Hi there", chat=True, stop=inference_pb2.StopConditions(max_tokens=4)
@@ -228,6 +236,7 @@ def test_chat_prompt_is_rendered_through_the_template(engine):
     assert list(prepared.prompt_ids) == engine.tokenizer.encode(text)
 
 
+@pytest.mark.integration
 def test_info_reports_the_realized_paged_cache(channel, engine):
     info = worker_pb2_grpc.WorkerInfoServiceStub(channel).Info(worker_pb2.InfoRequest(), timeout=10)
     cache = engine.realized.cache
@@ -239,6 +248,7 @@ def test_info_reports_the_realized_paged_cache(channel, engine):
     assert info.realized.max_model_len == 256
 
 
+@pytest.mark.integration
 def test_health_is_serving_and_reflection_lists_the_services(channel):
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "intentserve.v1.Inference", "intentserve.v1.WorkerInfoService"):
@@ -251,6 +261,7 @@ def test_health_is_serving_and_reflection_lists_the_services(channel):
     assert {"intentserve.v1.Inference", "grpc.health.v1.Health"} <= names
 
 
+@pytest.mark.integration
 def test_stop_goes_not_serving_and_ends_streams_in_flight(server, engine):
     """A second server over the same (idle) engine, so the module's server keeps running."""
     other = WorkerServer(engine, "worker-stop", MODEL).start()
