@@ -67,7 +67,7 @@ def policy_to_pb(config: PagedAttentionConfig | None) -> pb.PagedAttentionPolicy
         block_size=config.block_size,
         prefix_caching=_enum_to_pb(config.prefix_caching, pb.Mode),
         backend=_enum_to_pb(config.backend, pb.BackendIntent),
-        kv_cache_dtype=config.kv_cache_dtype.value,
+        kv_cache_dtype=_enum_to_pb(config.kv_cache_dtype, pb.KvCacheDtype),
     )
 
 
@@ -87,10 +87,8 @@ def policy_from_pb(msg: pb.PagedAttentionPolicy) -> PagedAttentionConfig | None:
         block_size=msg.block_size or None,
         prefix_caching=prefix,
         backend=_optional_enum(msg.backend, pb.BackendIntent, BackendIntent, "policy.backend"),
-        kv_cache_dtype=(
-            KvCacheDtype.parse(msg.kv_cache_dtype, "policy.kv_cache_dtype")
-            if msg.kv_cache_dtype
-            else None
+        kv_cache_dtype=_optional_enum(
+            msg.kv_cache_dtype, pb.KvCacheDtype, KvCacheDtype, "policy.kv_cache_dtype"
         ),
     )
 
@@ -123,7 +121,7 @@ def capability_to_pb(cap: Capability) -> pb.Capability:
                 kind=_enum_to_pb(b.kind, pb.BackendKind),
                 available=b.available,
                 reason=b.reason,
-                kv_cache_dtypes=sorted(d.value for d in b.kv_cache_dtypes),
+                kv_cache_dtypes=sorted(_enum_to_pb(d, pb.KvCacheDtype) for d in b.kv_cache_dtypes),
             )
             for b in cap.backends
         ],
@@ -154,7 +152,8 @@ def capability_from_pb(msg: pb.Capability) -> Capability:
                 available=b.available,
                 reason=b.reason,
                 kv_cache_dtypes=frozenset(
-                    KvCacheDtype.parse(d, "backends.kv_cache_dtypes") for d in b.kv_cache_dtypes
+                    _enum_from_pb(d, pb.KvCacheDtype, KvCacheDtype, "backends.kv_cache_dtypes")
+                    for d in b.kv_cache_dtypes
                 ),
             )
             for b in msg.backends

@@ -21,6 +21,16 @@ class BackendIntent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_INTENT_FLASH: _ClassVar[BackendIntent]
     BACKEND_INTENT_TORCH: _ClassVar[BackendIntent]
 
+class KvCacheDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_CACHE_DTYPE_UNSPECIFIED: _ClassVar[KvCacheDtype]
+    KV_CACHE_DTYPE_AUTO: _ClassVar[KvCacheDtype]
+    KV_CACHE_DTYPE_FLOAT32: _ClassVar[KvCacheDtype]
+    KV_CACHE_DTYPE_BFLOAT16: _ClassVar[KvCacheDtype]
+    KV_CACHE_DTYPE_FLOAT16: _ClassVar[KvCacheDtype]
+    KV_CACHE_DTYPE_FP8_E4M3: _ClassVar[KvCacheDtype]
+    KV_CACHE_DTYPE_FP8_E5M2: _ClassVar[KvCacheDtype]
+
 class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DEVICE_KIND_UNSPECIFIED: _ClassVar[DeviceKind]
@@ -54,6 +64,13 @@ BACKEND_INTENT_UNSPECIFIED: BackendIntent
 BACKEND_INTENT_AUTO: BackendIntent
 BACKEND_INTENT_FLASH: BackendIntent
 BACKEND_INTENT_TORCH: BackendIntent
+KV_CACHE_DTYPE_UNSPECIFIED: KvCacheDtype
+KV_CACHE_DTYPE_AUTO: KvCacheDtype
+KV_CACHE_DTYPE_FLOAT32: KvCacheDtype
+KV_CACHE_DTYPE_BFLOAT16: KvCacheDtype
+KV_CACHE_DTYPE_FLOAT16: KvCacheDtype
+KV_CACHE_DTYPE_FP8_E4M3: KvCacheDtype
+KV_CACHE_DTYPE_FP8_E5M2: KvCacheDtype
 DEVICE_KIND_UNSPECIFIED: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 DEVICE_KIND_CUDA: DeviceKind
@@ -88,8 +105,8 @@ class PagedAttentionPolicy(_message.Message):
     block_size: int
     prefix_caching: Mode
     backend: BackendIntent
-    kv_cache_dtype: str
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[_Union[Mode, str]] = ..., backend: _Optional[_Union[BackendIntent, str]] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    kv_cache_dtype: KvCacheDtype
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[_Union[Mode, str]] = ..., backend: _Optional[_Union[BackendIntent, str]] = ..., kv_cache_dtype: _Optional[_Union[KvCacheDtype, str]] = ...) -> None: ...
 
 class KvBudget(_message.Message):
     __slots__ = ("num_bytes", "fraction")
@@ -108,8 +125,8 @@ class BackendStatus(_message.Message):
     kind: BackendKind
     available: bool
     reason: str
-    kv_cache_dtypes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[_Union[BackendKind, str]] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ..., kv_cache_dtypes: _Optional[_Iterable[str]] = ...) -> None: ...
+    kv_cache_dtypes: _containers.RepeatedScalarFieldContainer[KvCacheDtype]
+    def __init__(self, kind: _Optional[_Union[BackendKind, str]] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ..., kv_cache_dtypes: _Optional[_Iterable[_Union[KvCacheDtype, str]]] = ...) -> None: ...
 
 class ModelFacts(_message.Message):
     __slots__ = ("architecture", "has_kv_cache", "head_dim", "num_layers", "num_kv_heads", "max_model_len")
