@@ -50,6 +50,7 @@ from intentserve.policy.modes import (
     PagedAttentionMode,
     PrefixCachingMode,
 )
+from intentserve.policy.plausibility import check_plausible
 from intentserve.policy.readiness import Verdict, WorkerReport, readiness
 from intentserve.policy.reasons import Reason, ReasonCode
 from intentserve.policy.resolution import Resolution, resolve
@@ -87,6 +88,7 @@ __all__ = [
     "SchedulerKind",
     "Verdict",
     "WorkerReport",
+    "check_plausible",
     "check_realized",
     "choose_backend",
     "decide_feature",

@@ -44,14 +44,27 @@ def backends(*, flash: bool, torch_paged: bool = True) -> tuple[BackendStatus, .
     )
 
 
+GIB = 1 << 30
+MEMORY = {"total_memory_bytes": 16 * GIB, "free_memory_bytes": 12 * GIB}
+
+
 def cpu(**overrides) -> Capability:
-    base = Capability(device_kind=DeviceKind.CPU, model=LLAMA, backends=backends(flash=False))
+    base = Capability(
+        device_kind=DeviceKind.CPU, model=LLAMA, backends=backends(flash=False), **MEMORY
+    )
     return replace(base, **overrides)
 
 
 def cuda(*, flash: bool = True, **overrides) -> Capability:
-    base = Capability(device_kind=DeviceKind.CUDA, model=LLAMA, backends=backends(flash=flash))
+    base = Capability(
+        device_kind=DeviceKind.CUDA, model=LLAMA, backends=backends(flash=flash), **MEMORY
+    )
     return replace(base, **overrides)
+
+
+def kv_bytes_per_token(model: ModelFacts, element_bytes: int = 4) -> int:
+    """K and V of one token over all layers, as an engine stores them (float32 by default)."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element_bytes
 
 
 def mixed() -> Capability:

@@ -33,6 +33,8 @@ class ReasonCode(enum.Enum):
     BACKEND_MISMATCH = "backend_mismatch"
     SCHEDULER_MISMATCH = "scheduler_mismatch"
     FALLBACK_WITHOUT_REASON = "fallback_without_reason"
+    # A realized report that cannot be true against the worker's capability and the budget.
+    REALIZED_REPORT_IMPLAUSIBLE = "realized_report_implausible"
     # Deployment readiness.
     READY = "ready"
     WORKER_PENDING = "worker_pending"

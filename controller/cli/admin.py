@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from intentserve.controller.cli import credentials
 from intentserve.controller.cli.client import DEFAULT_CONTROLLER, ControllerClient
 from intentserve.controller.cli.render import status_text, workers_text
 
@@ -102,7 +103,11 @@ def call(handler: Callable[[ControllerClient, argparse.Namespace], int], args) -
                 and "failed to connect" in (error.details() or "").lower()
             ):
                 print(
-                    f"error: no controller at {args.controller}: {error.details()}", file=sys.stderr
+                    f"error: no controller at {args.controller} (or it speaks TLS and no "
+                    "credentials are known for it: `up` writes them under "
+                    f"{credentials.folder_for(args.controller)}; elsewhere set "
+                    f"INTENTSERVE_CA_FILE and INTENTSERVE_DEPLOYMENT): {error.details()}",
+                    file=sys.stderr,
                 )
             else:
                 print(f"error: {code.name}: {error.details()}", file=sys.stderr)

@@ -14,9 +14,16 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.cli.credentials import Credentials
+from intentserve.controller.cli.credentials import load as load_credentials
+from intentserve.tls import CONTROLLER, server_name
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
+
+
+def _bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def _enum_word(field: FieldDescriptor, number: int) -> str:
@@ -50,28 +57,60 @@ def _value(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
+def open_channel(address: str, credentials: Credentials) -> grpc.Channel:
+    """TLS when a CA is known for the controller (the controller is verified by its name,
+    `controller.<deployment>.intentserve`); plaintext otherwise."""
+    if credentials.ca_pem is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(
+        address,
+        grpc.ssl_channel_credentials(root_certificates=credentials.ca_pem),
+        options=[
+            ("grpc.ssl_target_name_override", server_name(credentials.deployment, CONTROLLER))
+        ],
+    )
+
+
 class ControllerClient:
-    def __init__(self, address: str = DEFAULT_CONTROLLER, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_CONTROLLER,
+        timeout_s: float = 10.0,
+        credentials: Credentials | None = None,
+    ) -> None:
+        """`credentials` default to what `up` wrote for `address` (and the environment)."""
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        credentials = credentials if credentials is not None else load_credentials(address)
+        self._admin_auth = _bearer(credentials.admin_token)
+        self._client_auth = _bearer(credentials.api_key or credentials.admin_token)
+        self._channel = open_channel(address, credentials)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
         self._inference = inference_pb2_grpc.InferenceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def status(self) -> dict[str, Any]:
-        return to_data(self._admin.Status(admin_pb2.StatusRequest(), timeout=self.timeout_s))
+        request = admin_pb2.StatusRequest()
+        return to_data(
+            self._admin.Status(request, timeout=self.timeout_s, metadata=self._admin_auth)
+        )
 
     def explain(self, worker_id: str) -> dict[str, Any]:
         request = admin_pb2.ExplainRequest(worker_id=worker_id)
-        return to_data(self._admin.Explain(request, timeout=self.timeout_s))
+        return to_data(
+            self._admin.Explain(request, timeout=self.timeout_s, metadata=self._admin_auth)
+        )
 
     def drain(self, worker_id: str) -> dict[str, Any]:
         request = admin_pb2.DrainRequest(worker_id=worker_id)
-        return to_data(self._admin.Drain(request, timeout=self.timeout_s))
+        return to_data(
+            self._admin.Drain(request, timeout=self.timeout_s, metadata=self._admin_auth)
+        )
 
     def shutdown(self) -> None:
-        self._admin.Shutdown(admin_pb2.ShutdownRequest(), timeout=self.timeout_s)
+        self._admin.Shutdown(
+            admin_pb2.ShutdownRequest(), timeout=self.timeout_s, metadata=self._admin_auth
+        )
 
     def health(self, service: str = "") -> str:
         """ "serving", "not_serving", ... as `grpc.health.v1` reports it."""
@@ -105,7 +144,9 @@ class ControllerClient:
                 max_tokens=max_tokens, stop=stop or [], ignore_eos=ignore_eos
             ),
         )
-        for chunk in self._inference.Generate(request, timeout=timeout_s):
+        for chunk in self._inference.Generate(
+            request, timeout=timeout_s, metadata=self._client_auth
+        ):
             yield to_data(chunk)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ reason is printed) or start-up failed; 2 bad manifest (the field, the value, wha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -18,10 +19,16 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from intentserve.controller.cli import credentials
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from intentserve.controller.cli.client import to_data
 from intentserve.controller.cli.render import describe_realized, status_text
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
+from intentserve.controller.launch.security import (
+    DeploymentSecurity,
+    SecurityError,
+    describe_security,
+)
 from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
 from intentserve.controller.service.convert import status_to_pb
 from intentserve.controller.service.deployment import deployment_state
@@ -145,10 +152,10 @@ def status_report(server: ControllerServer) -> str:
 
 
 def _controller_address(manifest: Manifest, server: ControllerServer, launcher: RayLauncher):
-    """host:port where the workers reach the controller."""
+    """host:port where the workers register with the controller."""
     c = manifest.spec.controller
     if c.advertise_host:
-        return f"{c.advertise_host}:{server.bound_port}"
+        return f"{c.advertise_host}:{server.registry_port}"
     if launcher.embedded or c.host not in _ANY_HOST:
         if not launcher.embedded and c.host.startswith("127."):
             print(
@@ -156,16 +163,22 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
                 "cluster cannot register (use 0.0.0.0)",
                 file=sys.stderr,
             )
-        return server.address
-    return f"{launcher.driver_host()}:{server.bound_port}"
+        return server.registry_address
+    return f"{launcher.driver_host()}:{server.registry_port}"
 
 
-def _replicas(manifest: Manifest, controller_address: str, host: str) -> list[Replica]:
+def _replicas(
+    manifest: Manifest, controller_address: str, host: str, prepared: DeploymentSecurity
+) -> list[Replica]:
+    """One actor per replica; each is handed its own certificate and key, and no other."""
     r = manifest.spec.resources
     return [
         Replica(
             worker_id,
-            manifest.worker_config(worker_id, controller_address, host),
+            {
+                **manifest.worker_config(worker_id, controller_address, host),
+                "tls": prepared.worker_tls(worker_id),
+            },
             r.num_cpus,
             r.num_gpus,
             manifest.spec.max_restarts,
@@ -207,14 +220,30 @@ def run(args: argparse.Namespace) -> int:
         f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
     )
     try:
-        server = ControllerServer(manifest.controller_config()).start()
+        prepared = DeploymentSecurity.prepare(manifest)
+    except SecurityError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    config = dataclasses.replace(manifest.controller_config(), security=prepared.security)
+    try:
+        server = ControllerServer(config).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         c = s.controller
         print(f"error: cannot start the controller on {c.host}:{c.port}: {error}", file=sys.stderr)
         return EXIT_FAILED
     previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
     _install_signals(server, progress.signals)
-    progress.say(f"controller listening on {server.address} (health NOT_SERVING until READY)")
+    saved = credentials.save(
+        server.address,
+        manifest.name,
+        prepared.ca.cert_pem if prepared.ca else None,
+        prepared.admin_token,
+    )
+    progress.say(
+        f"controller listening on {config.host}:{server.bound_port} "
+        f"(health NOT_SERVING until READY); workers register on {server.registry_address}; "
+        f"{describe_security(prepared)}; the admin CLI's credentials are in {saved}"
+    )
     from intentserve.controller.launch.launcher import (
         RayLauncher,  # ray is imported only when `up` runs
     )
@@ -226,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
         log_to_driver=args.worker_logs,
     )
     try:
-        return _up(manifest, server, launcher, progress)
+        return _up(manifest, server, launcher, progress, prepared)
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -235,21 +264,35 @@ def run(args: argparse.Namespace) -> int:
             progress.say(f"{progress.signals[0]}: shutting down")
         server.stop(grace_s=2.0)
         launcher.shutdown()
+        credentials.remove(server.address)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         progress.say("stopped: controller down, worker actors killed, Ray shut down")
 
 
 def _up(
-    manifest: Manifest, server: ControllerServer, launcher: RayLauncher, progress: Progress
+    manifest: Manifest,
+    server: ControllerServer,
+    launcher: RayLauncher,
+    progress: Progress,
+    prepared: DeploymentSecurity,
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
     progress.say(f"ray: {'starting an embedded cluster' if launcher.embedded else 'joining'}")
     described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
     _install_signals(server, progress.signals)  # NOTE: ray.init installed its own SIGTERM one
     progress.say(f"ray: {described}, GCS at {launcher.gcs_address()}")
+    security = manifest.spec.security
+    if not launcher.embedded and security.insecure and not security.insecure_network:
+        raise LaunchError(
+            "spec.security.insecure is true on a joined Ray cluster, where workers listen on "
+            "every interface: set spec.security.insecureNetwork: true to accept plaintext there"
+        )
     replicas = _replicas(
-        manifest, _controller_address(manifest, server, launcher), launcher.worker_host()
+        manifest,
+        _controller_address(manifest, server, launcher),
+        launcher.worker_host(),
+        prepared,
     )
     launcher.launch(replicas)
     progress.say(

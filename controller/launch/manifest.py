@@ -180,6 +180,10 @@ class SchedulerSpec(_Section):
 class ControllerSpec(_Section):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
+    # With TLS, workers register on a port of their own, where TLS requires their certificate.
+    registry_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    # Plaintext, health only, for probes that speak no TLS (Kubernetes' gRPC probe).
+    health_port: int | None = Field(None, ge=0, le=65535)
     advertise_host: str | None = None  # where workers reach it; default: found from the route
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
@@ -194,6 +198,33 @@ class ControllerSpec(_Section):
         return value
 
 
+class SecuritySpec(_Section):
+    """Mutual TLS between the controller and its workers, the admin token and the clients' API
+    keys (README: Security). The defaults are secure: a fresh CA per `up`."""
+
+    insecure: bool = False  # plaintext, no worker identity: loopback only, unless...
+    insecure_network: bool = False  # ...this says that plaintext off loopback is wanted
+    ca_cert_file: str | None = None  # the operator's CA (e.g. a Kubernetes Secret), with its key
+    ca_key_file: str | None = None
+    admin_token_file: str | None = None  # default: a fresh token per `up`
+    api_keys_file: str | None = None  # one key per line; set: Inference needs one of them
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SecuritySpec:
+        if (self.ca_cert_file is None) != (self.ca_key_file is None):
+            missing = "caKeyFile" if self.ca_key_file is None else "caCertFile"
+            raise IntentError(missing, "give both caCertFile and caKeyFile, or neither")
+        if self.insecure and self.ca_cert_file is not None:
+            raise IntentError("insecure", "true, but a CA is given for TLS; choose one")
+        if self.insecure_network and not self.insecure:
+            raise IntentError("insecureNetwork", "only applies with insecure: true")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 class DeploymentSpec(_Section):
     model: ModelSpec = ModelSpec()
     replicas: int = Field(1, ge=1)
@@ -204,6 +235,19 @@ class DeploymentSpec(_Section):
     paged_attention: PagedAttentionSpec = PagedAttentionSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     controller: ControllerSpec = ControllerSpec()
+    security: SecuritySpec = SecuritySpec()
+
+    @model_validator(mode="after")
+    def _exposed(self) -> DeploymentSpec:
+        host = self.controller.host
+        if self.security.insecure and not is_loopback(host) and not self.security.insecure_network:
+            raise IntentError(
+                "security.insecure",
+                f"true and the controller binds {host}, not loopback: anyone who "
+                "reaches it could register workers and drain the deployment; remove insecure, "
+                "or also set insecureNetwork: true to accept that",
+            )
+        return self
 
     @field_validator("min_ready")
     @classmethod
@@ -281,6 +325,8 @@ class Manifest(BaseSettings):
             desired=desired,
             host=c.host,
             port=c.port,
+            registry_port=c.registry_port,
+            health_port=c.health_port,
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,
@@ -293,6 +339,7 @@ class Manifest(BaseSettings):
         s = self.spec
         return {
             "worker_id": worker_id,
+            "deployment": self.name,
             "controller_address": controller_address,
             "model": s.model.name,
             "dtype": s.model.dtype,

@@ -23,6 +23,7 @@ from intentserve.policy import (
     Resolution,
     Verdict,
     WorkerReport,
+    check_plausible,
     readiness,
     resolve,
     verify_report,
@@ -63,7 +64,11 @@ class Deployment:
         if problem is None:
             if realized is None:
                 raise ValueError("realized: a report needs a realized state or a load_error")
-            problem = verify_report(self.desired.policy, realized)
+            # The guard (the report against the policy), then the report against what the worker
+            # said it can do and the budget: a report that cannot be true is a rejection too.
+            problem = verify_report(self.desired.policy, realized) or check_plausible(
+                realized, current.capability, self.desired.kv_budget
+            )
         self.registry.realized(worker_id, realized, problem, self._clock())
         return problem
 

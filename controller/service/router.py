@@ -54,7 +54,9 @@ class Router:
         *,
         max_outstanding_per_worker: int,
         max_outstanding_total: int,
-        channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+        channel_factory: Callable[[str, str], grpc.Channel] = lambda address, worker_id: (
+            grpc.insecure_channel(address)
+        ),
     ) -> None:
         self._deployment = deployment
         self._max_per_worker = max_outstanding_per_worker
@@ -155,7 +157,7 @@ class Router:
     ) -> Iterator[inference_pb2.GenerateResponse]:
         remaining_s = context.time_remaining()
         timeout_s = None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
-        stub = inference_pb2_grpc.InferenceStub(self._channel(record.address))
+        stub = inference_pb2_grpc.InferenceStub(self._channel(record))
         stream = _Stream()
         self._track(record.worker_id, stream, add=True)
         started = False
@@ -176,11 +178,12 @@ class Router:
         finally:
             self._track(record.worker_id, stream, add=False)
 
-    def _channel(self, address: str) -> grpc.Channel:
+    def _channel(self, record: WorkerRecord) -> grpc.Channel:
         with self._lock:
-            channel = self._channels.get(address)
+            channel = self._channels.get(record.address)
             if channel is None:
-                channel = self._channels[address] = self._channel_factory(address)
+                channel = self._channel_factory(record.address, record.worker_id)
+                self._channels[record.address] = channel
             return channel
 
     def _track(self, worker_id: str, stream: _Stream, *, add: bool) -> None:

@@ -11,11 +11,13 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.controller.service.auth import AuthInterceptor, SecurityError
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.interceptor import STATUS_CODES
 from intentserve.controller.service.reconcile import Reconciler
@@ -33,6 +35,7 @@ from intentserve.controller.service.settings import (
 from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
 from intentserve.status import ErrorInterceptor
+from intentserve.tls import secure_channel, server_credentials, server_name
 from intentserve.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -69,6 +72,7 @@ class ControllerServer:
             self.deployment,
             max_outstanding_per_worker=config.max_outstanding_per_worker,
             max_outstanding_total=config.max_outstanding_total,
+            channel_factory=_worker_channels(config),
         )
         self._health = health.HealthServicer()
         self.reconciler = Reconciler(
@@ -81,7 +85,11 @@ class ControllerServer:
         num_threads = config.max_outstanding_total + CONTROL_THREADS
         self._server = grpc.server(
             futures.ThreadPoolExecutor(num_threads, thread_name_prefix="controller-rpc"),
-            interceptors=[ErrorInterceptor(STATUS_CODES)],
+            # NOTE: authorization first: a refused call never reaches the error mapping.
+            interceptors=[
+                AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
+                ErrorInterceptor(STATUS_CODES),
+            ],
             options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
         )
         worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
@@ -95,16 +103,50 @@ class ControllerServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
-        self.bound_port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        # Probes that speak no TLS get a port of their own, with nothing on it but health.
+        self._health_server = None
+        self.health_port = None
+        if config.health_port is not None:
+            self._health_server = grpc.server(futures.ThreadPoolExecutor(2))
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(
+                f"{config.host}:{config.health_port}"
+            )
+        tls = config.security.tls
+        if tls is None:
+            self.bound_port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+            self.registry_port = self.bound_port
+        else:
+            # Two ports: clients and probes need no certificate on the public one; workers
+            # register on the other, where TLS itself requires a certificate of the CA.
+            # NOTE: grpc's Python API cannot request an optional client certificate.
+            public = server_credentials(tls, require_client_auth=False)
+            mutual = server_credentials(tls, require_client_auth=True)
+            self.bound_port = self._server.add_secure_port(f"{config.host}:{config.port}", public)
+            self.registry_port = self._server.add_secure_port(
+                f"{config.host}:{config.registry_port}", mutual
+            )
 
     @property
     def address(self) -> str:
-        """Where clients and workers reach it (loopback when bound to every interface)."""
+        """Where clients reach it on this machine (loopback when bound to every interface)."""
+        return f"{self._local_host}:{self.bound_port}"
+
+    @property
+    def registry_address(self) -> str:
+        """Where workers on this machine register (the mutual-TLS port; with no TLS, the
+        same port as clients)."""
+        return f"{self._local_host}:{self.registry_port}"
+
+    @property
+    def _local_host(self) -> str:
         host = self.config.host
-        return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '::') else host}:{self.bound_port}"
+        return "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
 
     def start(self) -> ControllerServer:
         self._server.start()
+        if self._health_server is not None:
+            self._health_server.start()
         self.reconciler.start()
         log.info(
             "controller %s listening on %s:%d",
@@ -119,6 +161,8 @@ class ControllerServer:
         self._health.enter_graceful_shutdown()
         self.request_shutdown()
         self.reconciler.stop()
+        if self._health_server is not None:
+            self._health_server.stop(0)
         self._server.stop(grace_s).wait()
         self.router.close()
 
@@ -151,6 +195,18 @@ class ControllerServer:
         self.stop(grace_s=0)
 
 
+def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Channel]:
+    """Channels to the workers: with TLS, the worker is verified as itself and the controller
+    presents its own certificate (worker servers accept no one else)."""
+    tls = config.security.tls
+    if tls is None:
+        return lambda address, worker_id: grpc.insecure_channel(address)
+    deployment = config.desired.deployment
+    return lambda address, worker_id: secure_channel(
+        address, tls, server_name(deployment, worker_id)
+    )
+
+
 def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -161,7 +217,12 @@ def main() -> int:
         print(f"invalid controller settings:\n{describe_errors(error)}", file=sys.stderr)
         return 2
     try:
-        server = ControllerServer(settings.config()).start()
+        config = settings.config()
+    except SecurityError as error:
+        print(f"invalid controller settings:\n{error}", file=sys.stderr)
+        return 2
+    try:
+        server = ControllerServer(config).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         print(
             f"cannot start the controller on {settings.host}:{settings.port}: {error}",

@@ -9,8 +9,10 @@ value is refused at the edge with a message that names the field and the allowed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
+from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.service.state import DesiredState
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
@@ -25,6 +27,7 @@ from intentserve.policy import (
 )
 from intentserve.policy.config import MAX_BLOCK_SIZE
 from intentserve.policy.modes import allowed_values, lookup_choice
+from intentserve.tls import TlsIdentity
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -53,8 +56,13 @@ class ControllerConfig:
     """What one controller process runs with: the desired state, where it listens, its timings."""
 
     desired: DesiredState
+    security: Security = Security()  # the default, no TLS and no tokens, is for tests only
     host: str = "127.0.0.1"
     port: int = 50051  # 0 picks a free port
+    registry_port: int = 0  # with TLS: the workers' mutual-TLS port; 0 picks a free one
+    # A plaintext port that serves only `grpc.health.v1` (Kubernetes' gRPC probes speak no TLS);
+    # None: none. It says SERVING or NOT_SERVING, nothing else.
+    health_port: int | None = None
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     reconcile_interval_s: float = 0.5
@@ -95,6 +103,18 @@ class ControllerSettings(BaseSettings):
     reconcile_interval_s: float = Field(0.5, gt=0.0)
     max_outstanding_per_worker: int = Field(32, ge=1)
 
+    # Security (README: Security). TLS needs all three files; without them the operator must
+    # say `insecure` (plaintext, no worker identity), and off loopback `insecure_network` too.
+    registry_port: int = Field(0, ge=0, le=65535, description="workers' mutual-TLS port")
+    health_port: int | None = Field(None, ge=0, le=65535, description="plaintext health only")
+    tls_cert_file: str | None = None  # the controller's certificate (common name `controller`)
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None  # the deployment's CA, which signed every worker certificate
+    insecure: bool = False
+    insecure_network: bool = False
+    admin_token_file: str | None = None  # one token per line; set: Admin needs one
+    api_keys_file: str | None = None  # one key per line; set: Inference needs one
+
     @field_validator("paged_attention", "prefix_caching", mode="before")
     @classmethod
     def _mode(cls, value: object, info) -> Mode:
@@ -123,7 +143,42 @@ class ControllerSettings(BaseSettings):
                 f"heartbeat_interval_s ({self.heartbeat_interval_s:g})"
             )
         self.desired_state()  # conflicting intent fields raise IntentError naming the field
+        self._check_security()
         return self
+
+    def _check_security(self) -> None:
+        files = (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+        if any(files) and not all(files):
+            raise ValueError("tls_cert_file, tls_key_file and tls_ca_file go together")
+        if all(files) and self.insecure:
+            raise ValueError("insecure is true, but TLS files are given; choose one")
+        if not any(files) and not self.insecure:
+            raise ValueError(
+                "tls_cert_file: no TLS files are given; give tls_cert_file, tls_key_file and "
+                "tls_ca_file, or set insecure=true (plaintext, workers unauthenticated)"
+            )
+        loopback = self.host == "localhost" or self.host.startswith("127.")
+        if self.insecure and not loopback and not self.insecure_network:
+            raise ValueError(
+                f"insecure: the controller would bind {self.host} in plaintext; set "
+                "insecure_network=true to accept that off loopback"
+            )
+
+    def security(self) -> Security:
+        """The TLS identity and the secrets, read from their files (errors name the field)."""
+        tls = None
+        if self.tls_cert_file:
+            paths = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+            try:
+                tls = TlsIdentity(*(Path(f).read_bytes() for f in paths))
+            except OSError as error:
+                raise SecurityError(f"tls files: {error}") from None
+        tokens = keys = frozenset()
+        if self.admin_token_file:
+            tokens = read_secret_lines(self.admin_token_file, "admin_token_file")
+        if self.api_keys_file:
+            keys = read_secret_lines(self.api_keys_file, "api_keys_file")
+        return Security(tls, tokens, keys)
 
     def desired_state(self) -> DesiredState:
         given = self.model_fields_set
@@ -145,8 +200,11 @@ class ControllerSettings(BaseSettings):
     def config(self) -> ControllerConfig:
         return ControllerConfig(
             desired=self.desired_state(),
+            security=self.security(),
             host=self.host,
             port=self.port,
+            registry_port=self.registry_port,
+            health_port=self.health_port,
             heartbeat_interval_s=self.heartbeat_interval_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             reconcile_interval_s=self.reconcile_interval_s,

@@ -23,6 +23,12 @@ class DesiredState:
     replicas: int
     min_ready: int  # verified replicas needed before the deployment is ready
 
+    @property
+    def worker_ids(self) -> tuple[str, ...]:
+        """The ids of the deployment's replicas, `<deployment>-<i>`: the only ones that may
+        register (with TLS, each must hold the certificate of its id)."""
+        return tuple(f"{self.deployment}-{i}" for i in range(self.replicas))
+
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {self.replicas}")

@@ -23,6 +23,8 @@ FAST = {
     "heartbeat_interval_s": 0.1,
     "heartbeat_timeout_s": 1.0,
     "reconcile_interval_s": 0.05,
+    # Scripted workers speak plaintext; tests/test_security.py runs the controller with TLS.
+    "insecure": True,
 }
 
 

@@ -20,12 +20,14 @@ from intentserve.policy import (
     BackendKind,
     CacheKind,
     Capability,
+    ModelFacts,
     PagedAttentionConfig,
     RealizedCache,
     Reason,
     Resolution,
     SchedulerKind,
 )
+from intentserve.policy.examples import LLAMA, kv_bytes_per_token
 from intentserve.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -76,8 +78,23 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
             )
 
 
-def realized_for(config: PagedAttentionConfig | None, resolution: Resolution) -> RealizedCache:
-    """What an honest engine builds for its resolution."""
+# Float32 K and V of one token of the example model (`examples.LLAMA`), over all layers.
+PER_TOKEN = kv_bytes_per_token(LLAMA)
+
+
+def realized_for(
+    config: PagedAttentionConfig | None, resolution: Resolution, model: ModelFacts = LLAMA
+) -> RealizedCache:
+    """What an honest engine builds for its resolution (geometry consistent with the model;
+    no KV cache at all for a model that has none)."""
+    per_token = kv_bytes_per_token(model)
+    if not model.has_kv_cache:
+        return RealizedCache(
+            kind=CacheKind.NONE,
+            max_num_seqs=4,
+            scheduler=SchedulerKind.DEFAULT,
+            fallback_reasons=resolution.fallback_reasons,
+        )
     if resolution.paged_attention.enabled:
         return RealizedCache(
             kind=CacheKind.PAGED,
@@ -85,7 +102,7 @@ def realized_for(config: PagedAttentionConfig | None, resolution: Resolution) ->
             prefix_caching=resolution.prefix_caching.enabled,
             block_size=config.block_size,
             num_blocks=64,
-            kv_cache_bytes=64 * config.block_size * 4096,
+            kv_cache_bytes=64 * config.block_size * per_token,
             max_num_seqs=8,
             kv_cache_dtype="float32",
             scheduler=SchedulerKind.PAGED,
@@ -93,23 +110,34 @@ def realized_for(config: PagedAttentionConfig | None, resolution: Resolution) ->
         )
     return RealizedCache(
         kind=CacheKind.CONTIGUOUS,
+        block_size=2048,
+        num_blocks=4,
         max_num_seqs=4,
-        kv_cache_bytes=4 * 2048 * 4096,
+        kv_cache_bytes=4 * 2048 * per_token,
         kv_cache_dtype="float32",
         scheduler=SchedulerKind.DEFAULT,
         fallback_reasons=resolution.fallback_reasons,
     )
 
 
-# What a worker that ignores its resolution builds.
+# What a worker that ignores its resolution builds (honest geometry, the wrong cache).
 PAGED = RealizedCache(
     kind=CacheKind.PAGED,
     backend=BackendKind.TORCH_PAGED,
     block_size=16,
     num_blocks=64,
+    kv_cache_bytes=64 * 16 * PER_TOKEN,
+    kv_cache_dtype="float32",
     scheduler=SchedulerKind.PAGED,
 )
-CONTIGUOUS = RealizedCache(kind=CacheKind.CONTIGUOUS, scheduler=SchedulerKind.DEFAULT)
+CONTIGUOUS = RealizedCache(
+    kind=CacheKind.CONTIGUOUS,
+    block_size=2048,
+    num_blocks=4,
+    kv_cache_bytes=4 * 2048 * PER_TOKEN,
+    kv_cache_dtype="float32",
+    scheduler=SchedulerKind.DEFAULT,
+)
 
 
 class ScriptedWorker:
@@ -171,7 +199,7 @@ class ScriptedWorker:
         return response
 
     def matching_realized(self) -> RealizedCache:
-        return realized_for(self.config, self.resolution)
+        return realized_for(self.config, self.resolution, self.capability.model)
 
     def report(
         self, realized: RealizedCache | None = None, load_error: Reason | None = None

@@ -51,8 +51,9 @@ def make(mode="on", min_ready=1, replicas=None):
 
 def up(deployment, worker_id="w0", capability=None, realized=None):
     """Register and report what matches the resolution (or `realized`)."""
-    resolution = deployment.register(worker_id, f"{worker_id}:1", capability or examples.cpu())
-    state = realized or realized_for(deployment.desired.policy, resolution)
+    capability = capability or examples.cpu()
+    resolution = deployment.register(worker_id, f"{worker_id}:1", capability)
+    state = realized or realized_for(deployment.desired.policy, resolution, capability.model)
     return resolution, deployment.report_realized(worker_id, state, None)
 
 
@@ -91,6 +92,17 @@ def test_auto_with_the_same_worker_falls_back_and_says_why():
     record = deployment.registry.get("w0")
     assert record.state is WorkerState.READY and deployment.verdict().ready
     assert ReasonCode.MODEL_HAS_NO_KV_CACHE in {r.code for r in record.reasons}
+
+
+def test_an_impossible_report_from_a_registered_worker_is_rejected_with_its_own_code():
+    # The worker is who it says it is (registered); what it says it built cannot be true.
+    deployment, _, _ = make("on")
+    forged = replace(PAGED, num_blocks=100_000_000, kv_cache_bytes=1 << 40)
+    _, problem = up(deployment, realized=forged)
+    assert problem.code is ReasonCode.REALIZED_REPORT_IMPLAUSIBLE
+    assert "bytes of memory are free" in problem.message
+    assert state_of(deployment) is WorkerState.REJECTED
+    assert deployment_state(deployment.verdict()) is DeploymentState.FAILED
 
 
 def test_off_with_a_worker_that_realized_a_paged_cache_is_a_violation():

@@ -12,6 +12,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from intentserve import convert
+from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.credentials import Credentials
+from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
 from intentserve.controller.service.server import SERVICE_NAMES, ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
@@ -219,8 +222,22 @@ def test_admin_shutdown_ends_wait(start_controller):
     assert server.wait(timeout_s=5)
 
 
-def test_python_m_controller_server_runs_one(tmp_path):
-    env = {**os.environ, "INTENTSERVE_PORT": "0", "INTENTSERVE_HOST": "127.0.0.1"}
+def test_python_m_controller_server_runs_one_with_tls(tmp_path):
+    ca = DeploymentCa.create("intentserve")
+    ca_file, _ = ca.write(tmp_path / "ca")
+    identity = ca.controller_identity(())
+    (tmp_path / "tls.crt").write_bytes(identity.cert_pem)
+    (tmp_path / "tls.key").write_bytes(identity.key_pem)
+    (tmp_path / "admin-token").write_text("s3cret\n")
+    env = {
+        **os.environ,
+        "INTENTSERVE_PORT": "0",
+        "INTENTSERVE_HOST": "127.0.0.1",
+        "INTENTSERVE_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+        "INTENTSERVE_TLS_KEY_FILE": str(tmp_path / "tls.key"),
+        "INTENTSERVE_TLS_CA_FILE": str(ca_file),
+        "INTENTSERVE_ADMIN_TOKEN_FILE": str(tmp_path / "admin-token"),
+    }
     process = subprocess.Popen(
         [sys.executable, "-m", "intentserve.controller.service.server"],
         env=env,
@@ -230,14 +247,30 @@ def test_python_m_controller_server_runs_one(tmp_path):
     )
     try:
         line = process.stdout.readline()
-        assert "listening on 127.0.0.1:" in line
-        client = Client(line.rsplit(" ", 1)[1].strip())
-        assert client.health_status("intentserve") == NOT_SERVING
-        client.admin.Shutdown(admin_pb2.ShutdownRequest(), timeout=5)
+        assert "listening on 127.0.0.1:" in line  # the address really bound
+        address = line.rsplit(" ", 1)[1].strip()
+        client = ControllerClient(
+            address, credentials=Credentials("intentserve", ca.cert_pem, "s3cret")
+        )
+        assert client.health("intentserve") == "not_serving"
+        client.shutdown()
         assert process.wait(timeout=10) == 0
-        client.channel.close()
+        client.close()
     finally:
         process.kill()
+
+
+def test_python_m_controller_server_refuses_to_run_without_tls_or_insecure():
+    env = {**os.environ, "INTENTSERVE_PORT": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "intentserve.controller.service.server"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "tls_cert_file: no TLS files are given" in done.stderr
+    assert "insecure=true" in done.stderr
 
 
 def test_python_m_controller_server_refuses_bad_settings():
@@ -257,4 +290,6 @@ def test_python_m_controller_server_refuses_bad_settings():
 def test_a_second_controller_on_a_taken_port_is_refused(start_controller):
     server, _ = start_controller()
     with pytest.raises(RuntimeError, match="Failed to bind"):
-        ControllerServer(ControllerSettings(host="127.0.0.1", port=server.bound_port).config())
+        ControllerServer(
+            ControllerSettings(host="127.0.0.1", port=server.bound_port, insecure=True).config()
+        )

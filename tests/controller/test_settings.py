@@ -19,6 +19,34 @@ from intentserve.policy import (
 from pydantic import ValidationError
 
 
+@pytest.fixture(autouse=True)
+def plaintext(monkeypatch):
+    """These tests are about the intent and the timings; security has its own below."""
+    monkeypatch.setenv("INTENTSERVE_INSECURE", "true")
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"INTENTSERVE_INSECURE": "false"}, "tls_cert_file: no TLS files are given"),
+        ({"INTENTSERVE_TLS_CERT_FILE": "/x.crt"}, "go together"),
+        ({"INTENTSERVE_HOST": "0.0.0.0"}, "insecure: the controller would bind 0.0.0.0"),
+    ],
+)
+def test_security_is_a_default_and_plaintext_off_loopback_is_named(monkeypatch, env, fragment):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=re.escape(fragment)):
+        ControllerSettings()
+
+
+def test_plaintext_off_loopback_only_when_named(monkeypatch):
+    monkeypatch.setenv("INTENTSERVE_HOST", "0.0.0.0")
+    monkeypatch.setenv("INTENTSERVE_INSECURE_NETWORK", "true")
+    config = ControllerSettings().config()
+    assert config.host == "0.0.0.0" and config.security.insecure
+
+
 def test_defaults_give_auto_on_cuda_and_one_replica():
     desired = ControllerSettings().desired_state()
     assert desired.policy == paged_attention_config("auto")

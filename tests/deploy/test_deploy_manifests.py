@@ -108,8 +108,10 @@ def test_the_controller_deployment_is_ready_only_when_grpc_health_says_serving()
     container = pod["spec"]["containers"][0]
     probe = container["readinessProbe"]["grpc"]
     assert probe["service"] == ""
-    grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
-    assert probe["port"] == grpc_port
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    grpc_port = ports["grpc"]
+    # Kubernetes' gRPC probe speaks no TLS: it asks the plaintext, health-only port.
+    assert probe["port"] == ports["health"] != grpc_port
     # It runs `intentserve up` on the ConfigMap's manifest, joining the RayCluster's head service.
     command = container["command"]
     assert command[:2] == ["intentserve", "up"]
@@ -119,8 +121,17 @@ def test_the_controller_deployment_is_ready_only_when_grpc_health_says_serving()
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     key = Path(command[2]).relative_to(mount["mountPath"]).as_posix()
     manifest = parse_manifest(yaml.safe_load(config_map["data"][key]), "ConfigMap")
-    assert manifest.spec.controller.port == grpc_port
-    assert manifest.spec.controller.host == "0.0.0.0"
+    c = manifest.spec.controller
+    assert (c.port, c.registry_port, c.health_port) == (grpc_port, ports["registry"], probe["port"])
+    assert c.host == "0.0.0.0"
+    # Security stays on: the CA comes from the Secret mounted where the manifest says.
+    security = manifest.spec.security
+    assert not security.insecure
+    ca_mount = next(m for m in container["volumeMounts"] if m["name"] == "ca")
+    ca_volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "ca")
+    assert ca_volume["secret"]["secretName"] == "intentserve-ca"
+    for path in (security.ca_cert_file, security.ca_key_file):
+        assert Path(path).parent.as_posix() == ca_mount["mountPath"]
     ray_address = command[command.index("--ray-address") + 1]
     head_service = f"{k8s_object('RayCluster')['metadata']['name']}-head-svc"
     assert re.fullmatch(rf"ray://{head_service}:10001", ray_address)

@@ -9,6 +9,7 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.cli.client import open_channel
 
 from tests.launcher.up_process import UpProcess
 
@@ -30,9 +31,11 @@ class HealthWatch:
     """Every status `grpc.health.v1.Health/Watch` sends for the whole server, from the moment
     the controller listens until it stops."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, up: UpProcess) -> None:
         self.statuses: list[str] = []
-        self._channel = grpc.insecure_channel(address)
+        # NOTE: health is open, but over TLS: the CA comes from what `up` wrote when it started
+        # listening, long before any worker could be verified.
+        self._channel = open_channel(up.address, up.wait_credentials())
         stub = health_pb2_grpc.HealthStub(self._channel)
         self._call = stub.Watch(
             health_pb2.HealthCheckRequest(service=""), wait_for_ready=True, timeout=BOUND_S + 30
@@ -67,7 +70,7 @@ def test_up_exits_1_with_the_reason_and_never_serves(tmp_path, model, no_kv_cach
     manifest = tmp_path / "refused.yaml"
     manifest.write_text(MANIFEST.format(model=model, no_kv_cache=no_kv_cache))
     up = UpProcess(manifest, tmp_path)
-    watch = HealthWatch(up.address)
+    watch = HealthWatch(up)
     try:
         returncode = up.wait_exit(BOUND_S)
     finally:

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from intentserve.controller.cli import credentials
 from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.credentials import Credentials
 
 from tests.launcher.processes import processes_mentioning, short_temp_dir
 
@@ -65,14 +67,29 @@ class UpProcess:
     def wait_ready(self, timeout_s: float) -> dict:
         """The status once READY; fails (with up's output) if `up` exits or time runs out."""
         deadline = time.monotonic() + timeout_s
-        with ControllerClient(self.address, timeout_s=2) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"up exited with {self.proc.returncode}\n{self.describe()}")
-                if "] READY after" in self.stdout:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"up exited with {self.proc.returncode}\n{self.describe()}")
+            if "] READY after" in self.stdout:
+                # NOTE: made now: `up` has written the CLI's credentials (CA, admin token).
+                with ControllerClient(self.address, timeout_s=2) as client:
                     return client.status()
-                time.sleep(0.2)
+            time.sleep(0.2)
         pytest.fail(f"not READY after {timeout_s} s\n{self.describe()}")
+
+    def wait_credentials(self, timeout_s: float = 30.0) -> Credentials:
+        """What `up` writes for the CLI as soon as its controller listens."""
+        deadline = time.monotonic() + timeout_s
+        path = credentials.folder_for(self.address) / "credentials.json"
+        while not path.is_file():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                pytest.fail(f"up wrote no credentials\n{self.describe()}")
+            time.sleep(0.05)
+        return credentials.load(self.address)
+
+    def registry_address(self) -> str:
+        """Where workers register (the mutual-TLS port), as `up` prints it."""
+        return re.search(r"workers register on (\S+?);", self.stdout).group(1)
 
     def gcs_address(self) -> str:
         return re.search(r"GCS at (\S+)", self.stdout).group(1)

@@ -75,7 +75,13 @@ class WorkerRuntime:
     def __init__(self, spec: WorkerSpec, on_fatal: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self._on_fatal = on_fatal
-        self._client = RegistryClient(spec.controller_address, spec.worker_id, spec.rpc_timeout_s)
+        self._client = RegistryClient(
+            spec.controller_address,
+            spec.worker_id,
+            spec.rpc_timeout_s,
+            tls=spec.tls_identity,
+            deployment=spec.deployment,
+        )
         self._changed = threading.Condition()
         self._phase, self._detail = Phase.STARTING, ""
         self._stop = threading.Event()
@@ -155,6 +161,7 @@ class WorkerRuntime:
                 self.spec.host,
                 reservation.port,
                 capability=capability,
+                tls=self.spec.tls_identity,
             ).start()
             reservation.release()
             reservation = None

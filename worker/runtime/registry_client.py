@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 from intentserve import convert
 from intentserve.policy import Capability, KvBudget, PagedAttentionConfig, Reason, Resolution
+from intentserve.tls import CONTROLLER, TlsIdentity, secure_channel, server_name
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.service.convert import heartbeat_request_to_pb
@@ -53,10 +54,23 @@ class Registration:
 
 
 class RegistryClient:
-    def __init__(self, controller_address: str, worker_id: str, rpc_timeout_s: float) -> None:
+    def __init__(
+        self,
+        controller_address: str,
+        worker_id: str,
+        rpc_timeout_s: float,
+        tls: TlsIdentity | None = None,
+        deployment: str = "",
+    ) -> None:
+        """With `tls`, the controller is verified as the deployment's and this worker proves
+        it is `worker_id` with its own certificate."""
         self.worker_id = worker_id
         self._timeout_s = rpc_timeout_s
-        self._channel = grpc.insecure_channel(controller_address)
+        self._channel = (
+            grpc.insecure_channel(controller_address)
+            if tls is None
+            else secure_channel(controller_address, tls, server_name(deployment, CONTROLLER))
+        )
         self._stub = worker_pb2_grpc.WorkerRegistryStub(self._channel)
 
     def register(self, address: str, capability: Capability, wait_s: float) -> Registration:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from intentserve.policy import KvBudget, PagedAttentionConfig
+from intentserve.tls import TlsIdentity
 from intentserve.worker.engine.builder import EngineConfig
 from intentserve.worker.runtime.ports import advertised_host
 
@@ -29,6 +30,15 @@ class WorkerSpec:
     advertise_host: str | None = None  # where the controller reaches it; default from `host`
     register_timeout_s: float = 60.0  # keep trying to reach the controller this long
     rpc_timeout_s: float = 10.0
+    # Mutual TLS with the controller: this worker's own certificate and key and the deployment's
+    # CA (PEM text, as `TlsIdentity.to_dict` gives it), and the deployment's name, which names
+    # the controller's certificate. None: plaintext (an insecure deployment).
+    tls: dict[str, str] | None = None
+    deployment: str = ""
+
+    @property
+    def tls_identity(self) -> TlsIdentity | None:
+        return TlsIdentity.from_dict(self.tls) if self.tls is not None else None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerSpec:

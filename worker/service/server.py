@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from intentserve.policy import Capability
 from intentserve.status import ErrorInterceptor
+from intentserve.tls import CONTROLLER, PeerGate, TlsIdentity, server_credentials
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.service.engine_loop import EngineLoop
@@ -53,7 +54,10 @@ class WorkerServer:
         *,
         capability: Capability | None = None,
         max_streams: int | None = None,
+        tls: TlsIdentity | None = None,
     ) -> None:
+        """With `tls`, the server speaks TLS and serves only its controller (mutual TLS: the
+        peer must present the deployment's controller certificate); without it, plaintext."""
         self.worker_id = worker_id
         self.host = host
         max_streams = max_streams or STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
@@ -66,7 +70,10 @@ class WorkerServer:
             futures.ThreadPoolExecutor(
                 max_streams + CONTROL_THREADS, thread_name_prefix=f"{worker_id}-rpc"
             ),
-            interceptors=[ErrorInterceptor(STATUS_CODES)],
+            interceptors=[
+                *([PeerGate(frozenset({CONTROLLER}))] if tls is not None else []),
+                ErrorInterceptor(STATUS_CODES),
+            ],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.loop, worker_id, max_streams), self._server
@@ -77,7 +84,14 @@ class WorkerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(REFLECTION_NAMES, self._server)
         try:
-            self.bound_port = self._server.add_insecure_port(f"{host}:{port}")
+            bind = f"{host}:{port}"
+            self.bound_port = (
+                self._server.add_insecure_port(bind)
+                if tls is None
+                else self._server.add_secure_port(
+                    bind, server_credentials(tls, require_client_auth=True)
+                )
+            )
         except RuntimeError:
             self.bound_port = 0
         if not self.bound_port:

@@ -1,0 +1,72 @@
+"""A deployment served by `intentserve up` in a subprocess, for benchmarks of the served path.
+
+with Deployment(manifest, work_dir) as d:
+    for chunk in d.client.generate("Hello", max_tokens=8): ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from intentserve.controller.cli import credentials
+from intentserve.controller.cli.client import ControllerClient
+
+INTENTSERVE = Path(sys.executable).with_name("intentserve")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Deployment:
+    def __init__(
+        self, manifest: Path, work: Path, *, api_key: str | None = None, ready_s: float = 300.0
+    ) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        self._manifest, self._work, self._api_key, self._ready_s = manifest, work, api_key, ready_s
+        self.client: ControllerClient | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Deployment:
+        port = self.address.rsplit(":", 1)[1]
+        self._log = (self._work / f"up-{port}.log").open("w")
+        env = {**os.environ, "INTENTSERVE_SPEC__CONTROLLER__PORT": port}
+        self._proc = subprocess.Popen(
+            [str(INTENTSERVE), "up", str(self._manifest)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + self._ready_s
+        log = Path(self._log.name)
+        while "] READY after" not in log.read_text():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"`up {self._manifest}` did not get READY:\n{log.read_text()}")
+            time.sleep(0.2)
+        saved = credentials.load(self.address)
+        if self._api_key is not None:
+            saved = dataclasses.replace(saved, api_key=self._api_key)
+        self.client = ControllerClient(self.address, timeout_s=30, credentials=saved)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self._proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()

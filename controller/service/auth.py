@@ -1,0 +1,155 @@
+"""Who may call what on the controller.
+
+- WorkerRegistry: only the deployment's own workers, each as itself. The client certificate's
+  common name must be a worker id the desired state expects (`<name>-<i>`, i < replicas) and the
+  request's `worker_id`. No certificate: UNAUTHENTICATED; another identity: PERMISSION_DENIED.
+- Admin: operators, with a bearer token in the call metadata (`authorization: Bearer <token>`).
+  Status and Explain need it too: they show every worker's address and realized state.
+- Inference: open, or, when API keys are set, a valid key (or the admin token) as a bearer token.
+- Health and reflection stay open: load balancers and probes need them.
+
+Refusals are logged with the peer's address. With `tls` None (an explicit insecure choice) there
+is no worker identity to check; tokens and keys still apply when set.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from intentserve.tls import TlsIdentity, peer_common_name
+
+log = logging.getLogger(__name__)
+
+REGISTRY = "/intentserve.v1.WorkerRegistry/"
+ADMIN = "/intentserve.v1.Admin/"
+INFERENCE = "/intentserve.v1.Inference/"
+
+
+class SecurityError(ValueError):
+    """A secret or certificate file cannot be used; the message names the field and file."""
+
+
+def read_secret_lines(path: str, field: str) -> frozenset[str]:
+    """Non-empty, non-comment lines of a secret file (one token or key per line)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise SecurityError(f"{field} {path}: {error.strerror or error}") from None
+    values = frozenset(s for line in lines if (s := line.strip()) and not s.startswith("#"))
+    if not values:
+        raise SecurityError(f"{field} {path}: holds no value (one per line)")
+    return values
+
+
+@dataclass(frozen=True)
+class Security:
+    tls: TlsIdentity | None = None  # None: plaintext and no worker identity (insecure)
+    admin_tokens: frozenset[str] = frozenset()  # empty: Admin is open (insecure test setups)
+    api_keys: frozenset[str] = frozenset()  # empty: Inference is open
+
+    @property
+    def insecure(self) -> bool:
+        return self.tls is None
+
+
+def bearer(context: grpc.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key == "authorization" and value.startswith("Bearer "):
+            return value.removeprefix("Bearer ")
+    return None
+
+
+def _matches(token: str | None, accepted: frozenset[str]) -> bool:
+    # NOTE: compare_digest against every accepted value: no early exit that times the match.
+    found = False
+    for candidate in accepted:
+        found |= token is not None and hmac.compare_digest(token.encode(), candidate.encode())
+    return found
+
+
+Refusal = tuple[grpc.StatusCode, str] | None
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    def __init__(self, security: Security, worker_ids: Callable[[], frozenset[str]]) -> None:
+        self._security = security
+        self._worker_ids = worker_ids
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        check = self._check_for(method)
+        if handler is None or check is None:
+            return handler
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_guard_unary(handler.unary_unary, check, method))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_guard_stream(handler.unary_stream, check, method))
+        return handler
+
+    def _check_for(self, method: str) -> Callable | None:
+        if method.startswith(REGISTRY) and self._security.tls is not None:
+            return self._worker
+        if method.startswith(ADMIN) and self._security.admin_tokens:
+            return self._admin
+        if method.startswith(INFERENCE) and self._security.api_keys:
+            return self._client
+        return None
+
+    def _worker(self, request, context: grpc.ServicerContext) -> Refusal:
+        name = peer_common_name(context)
+        if name is None:
+            return grpc.StatusCode.UNAUTHENTICATED, "a worker must present its certificate"
+        if name not in self._worker_ids():
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{name!r} is not a worker of this deployment",
+            )
+        if request.worker_id != name:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of {name!r} cannot speak for worker {request.worker_id[:64]!r}",
+            )
+        return None
+
+    def _admin(self, request, context: grpc.ServicerContext) -> Refusal:
+        if _matches(bearer(context), self._security.admin_tokens):
+            return None
+        return grpc.StatusCode.UNAUTHENTICATED, "an admin token is required"
+
+    def _client(self, request, context: grpc.ServicerContext) -> Refusal:
+        token = bearer(context)
+        if _matches(token, self._security.api_keys | self._security.admin_tokens):
+            return None
+        return grpc.StatusCode.UNAUTHENTICATED, "a valid API key is required"
+
+
+def _refuse(context: grpc.ServicerContext, refusal: tuple[grpc.StatusCode, str], method: str):
+    code, message = refusal
+    log.warning("refused %s from %s: %s: %s", method, context.peer(), code.name, message)
+    context.abort(code, message)
+
+
+def _guard_unary(behavior, check, method: str):
+    def guarded(request, context):
+        refusal = check(request, context)
+        if refusal is not None:
+            _refuse(context, refusal, method)
+        return behavior(request, context)
+
+    return guarded
+
+
+def _guard_stream(behavior, check, method: str):
+    def guarded(request, context):
+        refusal = check(request, context)
+        if refusal is not None:
+            _refuse(context, refusal, method)
+        yield from behavior(request, context)
+
+    return guarded

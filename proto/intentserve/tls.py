@@ -1,0 +1,108 @@
+"""Mutual TLS between a deployment's controller and its workers, as both sides use it.
+
+Every certificate of a deployment is issued by the deployment's own CA; its common name is who
+holds it: `controller`, or the worker id (`local-0`). Servers are reached by a fixed name, not by
+whatever address they were dialled at, so certificates need not list every address a cluster may
+give a pod: the controller is `controller.<deployment>.intentserve`, a worker
+`<worker_id>.<deployment>.intentserve`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+CONTROLLER = "controller"  # the common name of the controller's certificate
+DOMAIN = "intentserve"
+
+
+@dataclass(frozen=True)
+class TlsIdentity:
+    """One party's certificate chain and key, and the CA it trusts (PEM bytes)."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    def to_dict(self) -> dict[str, str]:
+        """Plain data, to cross into a Ray actor (each actor gets only its own identity)."""
+        return {k: v.decode() for k, v in vars(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str]) -> TlsIdentity:
+        return cls(*(data[k].encode() for k in ("ca_pem", "cert_pem", "key_pem")))
+
+
+def server_name(deployment: str, holder: str) -> str:
+    """The name a server's certificate is checked against: `<holder>.<deployment>.intentserve`."""
+    return f"{holder}.{deployment}.{DOMAIN}"
+
+
+def server_credentials(identity: TlsIdentity, *, require_client_auth: bool):
+    """A TLS server; with `require_client_auth`, only peers with a certificate of the CA."""
+    return grpc.ssl_server_credentials(
+        [(identity.key_pem, identity.cert_pem)],
+        root_certificates=identity.ca_pem,
+        require_client_auth=require_client_auth,
+    )
+
+
+def secure_channel(address: str, identity: TlsIdentity, name: str, options=()) -> grpc.Channel:
+    """A channel that verifies the server as `name` and presents `identity` as the client."""
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=identity.ca_pem,
+        private_key=identity.key_pem,
+        certificate_chain=identity.cert_pem,
+    )
+    return grpc.secure_channel(
+        address, credentials, options=[("grpc.ssl_target_name_override", name), *options]
+    )
+
+
+def peer_common_name(context: grpc.ServicerContext) -> str | None:
+    """The common name of the peer's verified client certificate; None without one."""
+    names = context.auth_context().get("x509_common_name") or []
+    return names[0].decode() if names else None
+
+
+class PeerGate(grpc.ServerInterceptor):
+    """Lets through only peers whose verified certificate names one of `allowed`, on the
+    project's own services (`/intentserve.`); health and reflection stay as they are.
+    A worker's server uses it so that only its controller reaches it."""
+
+    def __init__(self, allowed: frozenset[str], prefix: str = "/intentserve.") -> None:
+        self._allowed = allowed
+        self._prefix = prefix
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(self._prefix):
+            return handler
+        allowed = self._allowed
+
+        def check(context: grpc.ServicerContext) -> None:
+            name = peer_common_name(context)
+            if name not in allowed:
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"only {', '.join(sorted(allowed))} may call this server",
+                )
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(request, context):
+                check(context)
+                return inner(request, context)
+
+            return handler._replace(unary_unary=unary)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            def stream(request, context):
+                check(context)
+                yield from inner_stream(request, context)
+
+            return handler._replace(unary_stream=stream)
+        return handler

@@ -1,0 +1,75 @@
+"""A controller with TLS on loopback (no Ray): the probes' plaintext health port serves health
+only, and the auth rules hold call by call."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.credentials import Credentials
+from intentserve.controller.launch.pki import DeploymentCa
+from intentserve.controller.service.auth import Security
+from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.settings import ControllerSettings
+from intentserve.v1 import admin_pb2, admin_pb2_grpc
+
+from tests.controller.conftest import DEPLOYMENT, FAST
+
+pytestmark = pytest.mark.integration
+TOKEN = "operator-token"
+
+
+@pytest.fixture
+def secure():
+    ca = DeploymentCa.create(DEPLOYMENT)
+    config = dataclasses.replace(
+        ControllerSettings(**FAST, health_port=0).config(),
+        security=Security(ca.controller_identity(()), frozenset({TOKEN}), frozenset({"k1"})),
+    )
+    server = ControllerServer(config).start()
+    yield server, ca
+    server.stop(grace_s=0)
+
+
+def test_the_health_port_is_plaintext_and_serves_health_only(secure):
+    server, _ = secure
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.health_port}")
+    health = health_pb2_grpc.HealthStub(channel)
+    answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(grpc.RpcError) as error:
+        admin_pb2_grpc.AdminStub(channel).Shutdown(admin_pb2.ShutdownRequest(), timeout=5)
+    assert error.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert not server.wait(0)
+    channel.close()
+
+
+def test_the_operators_token_opens_admin_and_a_key_or_the_token_opens_inference(secure):
+    server, ca = secure
+    operator = ControllerClient(
+        server.address, credentials=Credentials(DEPLOYMENT, ca.cert_pem, TOKEN)
+    )
+    assert operator.status()["deployment"] == DEPLOYMENT
+    # Not ready yet, so inference is UNAVAILABLE: the key was accepted, readiness was not met.
+    for credentials in (
+        Credentials(DEPLOYMENT, ca.cert_pem, None, "k1"),
+        Credentials(DEPLOYMENT, ca.cert_pem, TOKEN),
+    ):
+        client = ControllerClient(server.address, credentials=credentials)
+        with pytest.raises(grpc.RpcError) as error:
+            list(client.generate("hi", timeout_s=5))
+        assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+        client.close()
+    stranger = ControllerClient(
+        server.address, credentials=Credentials(DEPLOYMENT, ca.cert_pem, None, "k2")
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        list(stranger.generate("hi", timeout_s=5))
+    assert error.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    operator.shutdown()
+    assert server.wait(5)
+    operator.close()
+    stranger.close()
