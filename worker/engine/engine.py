@@ -1,16 +1,22 @@
 """The engine loop: schedule, run, postprocess; plus the request surface around it.
 
 output = scheduler.schedule()
-sampled = runner.run(output, params_of)
+samples = runner.run(output, params_of)
 stops = {seq_id: why for each sampled token that ends its request}  # EOS, stop ids, stop strings
-finished = scheduler.postprocess(output, sampled, stops)
+scheduler.abort(seq_id, ERROR) for each request that failed alone (sampling, stop checks, logits)
+finished = scheduler.postprocess(output, samples.tokens, stops)
 
 Control flows down: the engine decides which tokens end a request and tells the scheduler, which
 never calls back into the engine.
+
+A request owns its failures: an error in its sampling, detokenizing or stop checks ends that
+request alone (finish_reason ERROR, with the cause) and its batch mates go on unchanged. Only the
+step itself (the model forward) raises, and that fails the whole batch.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
@@ -22,6 +28,8 @@ from intentserve.worker.engine.sampling import InvalidRequestError, SamplingPara
 from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 from intentserve.worker.sched.scheduler import Scheduler
 from intentserve.worker.sched.sequence import FinishReason, Sequence
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -115,17 +123,27 @@ class Engine:
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
-        sampled = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
-        stops = {
-            seq_id: reason
-            for seq_id, token_id in sampled.items()
-            if (reason := self._stop_reason(seq_id, token_id)) is not None
-        }
+        # NOTE: an exception from the runner is the step's own (the forward): the caller fails
+        # the batch. Whatever belongs to one request comes back as a value.
+        samples = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
+        failures = dict(samples.failures)
+        stops: dict[str, FinishReason] = {}
+        for seq_id, token_id in samples.tokens.items():
+            try:
+                reason = self._stop_reason(seq_id, token_id)
+            except Exception as error:
+                log.exception("detokenizing or stop checks failed for request %s", seq_id)
+                failures[seq_id] = f"detokenizing or stop checks: {type(error).__name__}: {error}"
+                continue
+            if reason is not None:
+                stops[seq_id] = reason
+        failed = [self._fail(seq_id, cause) for seq_id, cause in failures.items()]
+        sampled = {s: t for s, t in samples.tokens.items() if s not in failures}
         finished = {seq.seq_id for seq in self.scheduler.postprocess(output, sampled, stops)}
         outputs = [self._output(seq_id, seq_id in finished) for seq_id in sampled]
         for seq_id in finished:
             self._forget(seq_id)
-        return outputs
+        return outputs + [out for out in failed if out is not None]
 
     def stream(self) -> Iterator[RequestOutput]:
         """Run until every request finishes, yielding deltas as they are produced."""
@@ -163,6 +181,7 @@ class Engine:
                 last[r].finish_reason,
                 last[r].num_prompt_tokens,
                 last[r].num_output_tokens,
+                last[r].error,
             )
             for r in order
         ]
@@ -216,6 +235,24 @@ class Engine:
             finish_reason=seq.finish_reason if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+        )
+
+    def _fail(self, seq_id: str, cause: str) -> RequestOutput | None:
+        """End one request that failed alone: its KV is freed, its last output says why."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or not self.scheduler.abort(seq_id, FinishReason.ERROR):
+            return None  # aborted since the step was scheduled
+        log.error("request %s failed: %s", seq_id, cause)
+        self._forget(seq_id)
+        return RequestOutput(
+            request_id=seq_id,
+            new_token_ids=(),
+            new_text="",
+            finished=True,
+            finish_reason=FinishReason.ERROR,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            error=cause,
         )
 
     def _forget(self, request_id: str) -> None:

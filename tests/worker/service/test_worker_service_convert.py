@@ -97,9 +97,16 @@ def test_token_ids_take_precedence_and_chat_renders_one_user_message():
         ({"stop": inference_pb2.StopConditions(max_tokens=4, stop=[""])}, "stop.stop"),
         ({"sampling": inference_pb2.SamplingParams(temperature=-0.1)}, "sampling.temperature"),
         ({"sampling": inference_pb2.SamplingParams(temperature=math.nan)}, "sampling.temperature"),
+        ({"sampling": inference_pb2.SamplingParams(temperature=math.inf)}, "sampling.temperature"),
         ({"sampling": inference_pb2.SamplingParams(top_p=1.5)}, "sampling.top_p"),
         ({"sampling": inference_pb2.SamplingParams(top_p=-0.1)}, "sampling.top_p"),
         ({"sampling": inference_pb2.SamplingParams(top_p=math.nan)}, "sampling.top_p"),
+        ({"stop": inference_pb2.StopConditions(max_tokens=4, stop=["x"] * 33)}, "stop.stop"),
+        ({"stop": inference_pb2.StopConditions(max_tokens=4, stop=["x" * 1025])}, "stop.stop"),
+        (
+            {"stop": inference_pb2.StopConditions(max_tokens=4, stop_token_ids=[1] * 1025)},
+            "stop.stop_token_ids",
+        ),
         ({"prompt_token_ids": [1, 100]}, "prompt_token_ids"),
         ({"prompt_token_ids": [1], "chat": True}, "chat"),
         ({"prompt": "x" * 64}, "prompt"),  # longer than max_model_len
