@@ -9,6 +9,9 @@ Other threads hand it operations through a queue and wait for the result:
 
 NOTE: operations queued while a step runs are applied before the next step, so a caller waits
 at most one step; the loop never starves callers the way a lock re-taken in a tight loop can.
+
+A request that fails alone (finish_reason ERROR) ends its own stream with RequestFailedError; a
+step that raises fails every stream in flight, and `StepHealth` hears of each step's outcome.
 """
 
 from __future__ import annotations
@@ -27,12 +30,22 @@ from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.request import PreparedRequest, RequestOutput
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service.step_health import StepHealth
 
 log = logging.getLogger(__name__)
 
 
 class EngineLoopClosedError(RuntimeError):
     """The loop was closed: no new requests, and in-flight streams end with this error."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed alone in the engine (its sampling, stop checks, its logits); the
+    message says where. Its batch mates were not affected."""
+
+    def __init__(self, request_id: str, cause: str) -> None:
+        super().__init__(f"request {request_id!r} failed: {cause}")
+        self.request_id = request_id
 
 
 @dataclass(frozen=True)
@@ -121,11 +134,14 @@ class EngineLoop:
     """Runs `engine.step()` on a background thread while requests are unfinished.
 
     An exception inside a step fails the streams in flight with that error (and aborts their
-    sequences); the loop logs it and keeps serving new requests.
+    sequences); the loop logs it, tells `health`, and keeps serving new requests.
     """
 
-    def __init__(self, engine: Engine, *, name: str = "engine-loop") -> None:
+    def __init__(
+        self, engine: Engine, *, name: str = "engine-loop", health: StepHealth | None = None
+    ) -> None:
         self.engine = engine
+        self._health = health
         self._wakeup = threading.Condition()
         self._ops: deque[tuple[Future | None, Callable[..., Any], tuple]] = deque()
         self._closed = False
@@ -256,14 +272,24 @@ class EngineLoop:
         return aborted
 
     def _step(self) -> None:
-        outputs = self.engine.step()
+        try:
+            outputs = self.engine.step()
+        except Exception:
+            if self._health is not None:
+                self._health.step_failed()
+            raise
+        if self._health is not None:
+            self._health.step_succeeded()
         # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
         self._load = self._read_load()
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            stream._put(output)
+            if output.finish_reason is FinishReason.ERROR:
+                stream._fail(RequestFailedError(output.request_id, output.error))
+            else:
+                stream._put(output)
             if output.finished:
                 del self._streams[output.request_id]
 

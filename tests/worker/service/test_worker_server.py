@@ -5,6 +5,7 @@ One engine for the module (building it dequantizes the GGUF); every test leaves 
 
 from __future__ import annotations
 
+import math
 import time
 
 import grpc
@@ -152,13 +153,29 @@ def test_client_cancel_or_deadline_aborts_and_frees_blocks(stub, server, engine,
         (
             inference_pb2.GenerateRequest(
                 prompt=PROMPT,
+                sampling=inference_pb2.SamplingParams(temperature=math.inf),
+                stop=inference_pb2.StopConditions(max_tokens=4),
+            ),
+            "sampling.temperature",
+        ),
+        (
+            inference_pb2.GenerateRequest(
+                prompt=PROMPT,
                 sampling=inference_pb2.SamplingParams(top_p=1.5),
                 stop=inference_pb2.StopConditions(max_tokens=4),
             ),
             "sampling.top_p",
         ),
     ],
-    ids=["empty_prompt", "max_tokens_0", "max_tokens_over_len", "prompt_too_long", "temp", "top_p"],
+    ids=[
+        "empty_prompt",
+        "max_tokens_0",
+        "max_tokens_over_len",
+        "prompt_too_long",
+        "temp",
+        "temp_inf",
+        "top_p",
+    ],
 )
 def test_invalid_request_is_invalid_argument_naming_the_field(
     stub, server, engine, msg, field_path
@@ -171,7 +188,9 @@ def test_invalid_request_is_invalid_argument_naming_the_field(
 
 
 @pytest.mark.integration
-def test_a_failing_step_is_internal_and_the_loop_keeps_serving(stub, server, engine, monkeypatch):
+def test_a_failing_step_is_internal_and_the_loop_keeps_serving(
+    stub, channel, server, engine, monkeypatch
+):
     def failing_run(*args, **kwargs):
         raise RuntimeError("injected step failure")
 
@@ -180,6 +199,10 @@ def test_a_failing_step_is_internal_and_the_loop_keeps_serving(stub, server, eng
         list(stub.Generate(request(prompt="Once upon a time"), timeout=30))
     assert info.value.code() == grpc.StatusCode.INTERNAL
     assert "injected step failure" in info.value.details()
+    # One failed step does not take the worker out of rotation (see step_health).
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
     monkeypatch.undo()
     assert_idle(server, engine)
     chunks = list(stub.Generate(request(max_tokens=2), timeout=60))
@@ -275,4 +298,26 @@ def test_stop_goes_not_serving_and_ends_streams_in_flight(server, engine):
     assert not other.loop.is_running
     with pytest.raises(EngineLoopClosedError):
         other.loop.submit(PROMPT, SamplingParams(max_tokens=2))
+    assert_idle(other, engine)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("temperature", [1e-38, 1e-40])
+def test_a_tiny_temperature_harms_no_stream_beside_it(server, engine, reference, temperature):
+    """The poison request of the issue among six innocent streams, through a real server: it
+    behaves as greedy, and every stream ends as the engine's greedy output."""
+    poison = request()
+    poison.sampling.temperature = temperature
+    poison.sampling.seed = 1
+    with (
+        WorkerServer(engine, "worker-poison", MODEL, max_streams=8) as other,
+        grpc.insecure_channel(other.address) as other_channel,
+    ):
+        other_stub = inference_pb2_grpc.InferenceStub(other_channel)
+        calls = [other_stub.Generate(request(), timeout=60) for _ in range(6)]
+        calls.append(other_stub.Generate(poison, timeout=60))
+        for call in calls:
+            chunks = list(call)
+            assert [t for c in chunks for t in c.token_ids] == list(reference.new_token_ids)
+            assert chunks[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
     assert_idle(other, engine)
