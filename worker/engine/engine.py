@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
-from intentserve.ids import new_request_id
+from intentserve.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import PreparedRequest, RequestOutput, RequestState
 from intentserve.worker.engine.runner import Runner
@@ -63,15 +63,12 @@ class Engine:
         """Check and tokenize a request: text (with `chat`, as the user's turn through the
         model's chat template) or token ids. It reads no engine state, so any thread may call it
         (the serving loop tokenizes off its own thread). Every check of a request's content
-        happens here, once; InvalidRequestError names the field."""
+        happens here, once, cheap limits before tokenizing; InvalidRequestError names the field.
+        """
         params = params or SamplingParams()
+        if request_id and (problem := request_id_problem(request_id)) is not None:
+            raise InvalidRequestError("request_id", problem)
         prompt_ids = self._prompt_ids(prompt, chat)
-        if len(prompt_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                "prompt",
-                f"has {len(prompt_ids)} tokens; at most {self.max_model_len - 1} fit "
-                f"max_model_len={self.max_model_len}",
-            )
         if params.max_tokens > self.max_model_len - len(prompt_ids):
             raise InvalidRequestError(
                 "max_tokens",
@@ -194,6 +191,7 @@ class Engine:
         if not isinstance(prompt, str):
             if chat:
                 raise InvalidRequestError("chat", "applies to a text prompt, not to token ids")
+            self._check_prompt_fits("prompt_token_ids", len(prompt))
             vocab = self.runner.model.config.vocab_size
             bad = [t for t in prompt if not 0 <= t < vocab]
             if bad:
@@ -201,12 +199,34 @@ class Engine:
                     "prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
                 )
             return list(prompt)
+        try:
+            utf8 = prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidRequestError(
+                "prompt", f"is not valid Unicode text (character {error.start})"
+            ) from None
+        # NOTE: cheap first: a prompt too long for max_model_len is refused before tokenizing.
+        self._check_prompt_fits("prompt", self.tokenizer.min_num_tokens(utf8), at_least=True)
         if chat:
             try:
                 prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             except ValueError as error:
                 raise InvalidRequestError("chat", str(error)) from None
-        return self.tokenizer.encode(prompt)
+        prompt_ids = self.tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise InvalidRequestError(
+                "prompt", "makes no tokens (this tokenizer drops every character in it)"
+            )
+        self._check_prompt_fits("prompt", len(prompt_ids))
+        return prompt_ids
+
+    def _check_prompt_fits(self, field: str, num_tokens: int, at_least: bool = False) -> None:
+        if num_tokens >= self.max_model_len:
+            raise InvalidRequestError(
+                field,
+                f"has {'at least ' * at_least}{num_tokens} tokens; at most "
+                f"{self.max_model_len - 1} fit max_model_len={self.max_model_len}",
+            )
 
     def _stop_reason(self, seq_id: str, token_id: int) -> FinishReason | None:
         """Whether `token_id`, just sampled, ends its request: a stop string now complete in the

@@ -6,6 +6,7 @@ One engine for the module (building it dequantizes the GGUF); every test leaves 
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import grpc
@@ -166,6 +167,16 @@ def test_client_cancel_or_deadline_aborts_and_frees_blocks(stub, server, engine,
             ),
             "sampling.top_p",
         ),
+        (
+            inference_pb2.GenerateRequest(
+                request_id="r" * (512 << 10),
+                prompt=PROMPT,
+                stop=inference_pb2.StopConditions(max_tokens=4),
+            ),
+            "request_id",
+        ),
+        (request(prompt="hello " * 650_000), "prompt"),  # 3.9 MB: refused before tokenizing
+        (request(prompt="\x04\x06"), "prompt"),  # SmolLM2's tokenizer drops both: no tokens
     ],
     ids=[
         "empty_prompt",
@@ -175,6 +186,9 @@ def test_client_cancel_or_deadline_aborts_and_frees_blocks(stub, server, engine,
         "temp",
         "temp_inf",
         "top_p",
+        "request_id_512KiB",
+        "prompt_3.9MB",
+        "no_tokens",
     ],
 )
 def test_invalid_request_is_invalid_argument_naming_the_field(
@@ -184,7 +198,39 @@ def test_invalid_request_is_invalid_argument_naming_the_field(
         list(stub.Generate(msg, timeout=30))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith(f"{field_path}: ")
+    assert len(info.value.details()) < 1000  # the value sent is never echoed whole
     assert engine.scheduler.num_unfinished == 0
+
+
+def timed_stream(stub, num_tokens: int) -> float:
+    started_s = time.monotonic()
+    chunks = list(stub.Generate(request(max_tokens=num_tokens), timeout=60))
+    assert chunks[-1].num_output_tokens == num_tokens
+    return time.monotonic() - started_s
+
+
+@pytest.mark.integration
+def test_a_huge_prompt_does_not_slow_a_concurrent_stream(stub, server, engine):
+    """Another client's 3.9 MB prompt (under the 4 MB message limit) beside a 32-token stream:
+    the stream takes about as long as alone (baseline measured here, best of two)."""
+    huge = request(prompt="hello world " * 325_000)
+    baseline_s = min(timed_stream(stub, 32) for _ in range(2))
+    errors: list[grpc.RpcError] = []
+
+    def send_huge() -> None:
+        try:
+            list(stub.Generate(huge, timeout=60))
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    sender = threading.Thread(target=send_huge)
+    sender.start()
+    beside_s = timed_stream(stub, 32)
+    sender.join(60)
+    print(f"32-token stream: {baseline_s:.2f} s alone, {beside_s:.2f} s beside a 3.9 MB prompt")
+    assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT]
+    assert beside_s < 1.5 * baseline_s
+    assert_idle(server, engine)
 
 
 @pytest.mark.integration
