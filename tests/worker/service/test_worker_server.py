@@ -202,6 +202,33 @@ def test_invalid_request_is_invalid_argument_naming_the_field(
     assert engine.scheduler.num_unfinished == 0
 
 
+GENERATE = "/intentserve.v1.Inference/Generate"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("raw", "details"),
+    [
+        (b"\x12\x03\xff\xfe\xfd", "prompt: "),  # field 2, 3 bytes that are not UTF-8
+        (b"\x12\x02hi\x2a\x05\x1a\x03\xc3\x28!", "stop.stop: "),  # in a nested message
+        (b"\x12\x40hi", "prompt: "),  # a length that runs past the end
+        (b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "GenerateRequest: "),
+    ],
+    ids=["invalid_utf8", "nested_invalid_utf8", "truncated", "garbage"],
+)
+def test_malformed_bytes_are_invalid_argument_naming_the_field(channel, engine, raw, details):
+    generate = channel.unary_stream(
+        GENERATE,
+        request_serializer=None,
+        response_deserializer=inference_pb2.GenerateResponse.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(generate(raw, timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert info.value.details().startswith(details)
+    assert engine.scheduler.num_unfinished == 0
+
+
 def timed_stream(stub, num_tokens: int) -> float:
     started_s = time.monotonic()
     chunks = list(stub.Generate(request(max_tokens=num_tokens), timeout=60))
