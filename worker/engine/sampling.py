@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from numbers import Real
 
 # Bounds on what the engine checks after every token of a request (on the engine-loop thread).
 MAX_STOP_STRINGS = 32
@@ -45,13 +46,13 @@ class SamplingParams:
             raise InvalidRequestError(
                 "max_tokens", f"must be a positive integer, got {self.max_tokens!r}"
             )
-        if not isinstance(self.temperature, int | float) or not 0.0 <= self.temperature < math.inf:
+        if not isinstance(self.temperature, Real) or not 0.0 <= self.temperature < math.inf:
             raise InvalidRequestError(
                 "temperature", f"must be finite and >= 0 (0 is greedy), got {self.temperature!r}"
             )
         if not _is_int(self.top_k) or self.top_k < 0:
             raise InvalidRequestError("top_k", f"must be >= 0 (0 disables it), got {self.top_k!r}")
-        if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
+        if not isinstance(self.top_p, Real) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise InvalidRequestError(
