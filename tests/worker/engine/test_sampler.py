@@ -39,7 +39,7 @@ def sample(logits: list[list[float]], params: list[SamplingParams]):
     return result.tokens, result.failures
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logits_rows, temperatures, top_ks, top_ps, seeds)
 def test_every_accepted_value_samples_a_token_the_parameters_allow(
     row, temperature, top_k, top_p, seed
