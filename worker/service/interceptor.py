@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 from intentserve.policy import IntentError, PolicyError
-from intentserve.worker.service.engine_loop import EngineLoopClosedError, RequestFailedError
+from intentserve.worker.service.request_stream import EngineLoopClosedError, RequestFailedError
 from intentserve.worker.service.servicer import WorkerOverloadedError
 
 # First match wins: IntentError is a PolicyError and a ValueError, and means bad input.

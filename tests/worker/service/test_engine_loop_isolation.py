@@ -11,7 +11,8 @@ from grpc_health.v1 import health, health_pb2
 from intentserve.worker.engine.sampler import Sampler
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
-from intentserve.worker.service.engine_loop import EngineLoop, RequestFailedError
+from intentserve.worker.service.engine_loop import EngineLoop
+from intentserve.worker.service.request_stream import RequestFailedError
 from intentserve.worker.service.step_health import FAILED_STEPS_NOT_SERVING, StepHealth
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
