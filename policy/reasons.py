@@ -24,6 +24,7 @@ class ReasonCode(enum.Enum):
     PAGED_CACHE_NOT_ENABLED = "paged_cache_not_enabled"
     # Found while loading (reported by the worker).
     KV_BUDGET_TOO_SMALL = "kv_budget_too_small"
+    KV_BUDGET_TOO_LARGE = "kv_budget_too_large"
     LOAD_FAILED = "load_failed"
     # Realized-state guard.
     PAGED_REQUIRED_NOT_REALIZED = "paged_required_not_realized"

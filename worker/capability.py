@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +15,7 @@ from intentserve.policy import (
     ModelFacts,
 )
 from intentserve.worker.attention.flash_paged import flash_status
+from intentserve.worker.memory import SYSTEM_FILES, MemoryFiles, device_memory
 
 TORCH_KV_DTYPES = frozenset({KvCacheDtype.FLOAT32, KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
 
@@ -46,18 +46,6 @@ def probe_backends(device: torch.device) -> tuple[BackendStatus, ...]:
     )
 
 
-def memory_bytes(device: torch.device, meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int]:
-    """(total, free) bytes of the device's memory."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return total, free
-    fields = {}
-    for line in meminfo.read_text().splitlines():
-        name, _, rest = line.partition(":")
-        fields[name] = int(rest.split()[0]) * 1024
-    return fields["MemTotal"], fields.get("MemAvailable", fields["MemFree"])
-
-
 def probe_capability(
     device: torch.device | str,
     model: ModelFacts,
@@ -65,17 +53,20 @@ def probe_capability(
     device_map: Sequence[str] = (),
     no_kv_cache: bool = False,
     backends: tuple[BackendStatus, ...] | None = None,
+    memory_files: MemoryFiles = SYSTEM_FILES,
 ) -> Capability:
-    """`backends` may be injected (tests describe a CUDA build on a CPU machine that way)."""
+    """`backends` may be injected (tests describe a CUDA build on a CPU machine that way), and
+    so may the files memory is read from. `free_memory_bytes` is what this worker can use: the
+    device's free memory, or the host's available memory within its cgroup's limit."""
     device = torch.device(device)
-    total, free = memory_bytes(device)
+    memory = device_memory(device, memory_files)
     return Capability(
         device_kind=device_kind(device),
         model=model,
         backends=probe_backends(device) if backends is None else backends,
         layer_devices=tuple(device_kind(d) for d in device_map),
-        total_memory_bytes=total,
-        free_memory_bytes=free,
+        total_memory_bytes=memory.total_bytes,
+        free_memory_bytes=memory.usable_bytes,
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda or "",
         no_kv_cache=no_kv_cache,

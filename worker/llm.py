@@ -39,6 +39,7 @@ class Completion:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str = ""  # why it failed, when finish_reason is ERROR (its batch mates are unaffected)
 
     @classmethod
     def of(cls, out: RequestOutput) -> Completion:
@@ -49,6 +50,7 @@ class Completion:
             finish_reason=out.finish_reason,
             num_prompt_tokens=out.num_prompt_tokens,
             num_output_tokens=out.num_output_tokens,
+            error=out.error,
         )
 
 

@@ -2,18 +2,37 @@
 
 Each side passes its own table (first match wins); handlers stay free of try/except. The
 interceptor wraps only our services (`/intentserve.` methods): health and reflection abort alone.
+
+Two kinds of bad input never reach a handler as an exception of its own, so the interceptor
+answers them itself:
+- a request that does not parse (invalid UTF-8 in a string, a truncated field) is
+  INVALID_ARGUMENT naming the field (`malformed.describe_parse_error`), never grpc's INTERNAL
+  "Exception deserializing request!";
+- every status message is cut to MAX_STATUS_MESSAGE_BYTES, so a value a client sent (a
+  100,000-character worker id) is never echoed whole and the status always fits in the
+  trailers (grpc's metadata limit is 8 KiB, and grpc-message is percent-encoded).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
+
+from intentserve.malformed import describe_parse_error
 
 log = logging.getLogger(__name__)
 
 StatusTable = Sequence[tuple[type[BaseException], grpc.StatusCode]]
+MAX_STATUS_MESSAGE_BYTES = 1024
+
+
+class MalformedRequestError(ValueError):
+    """The request's bytes do not parse; the message names the field (INVALID_ARGUMENT)."""
+
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def lookup(table: StatusTable, error: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -25,6 +44,40 @@ def lookup(table: StatusTable, error: BaseException) -> tuple[grpc.StatusCode, s
         if isinstance(error, kind):
             return status, str(error)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+
+
+def fit_status_message(message: str, limit_bytes: int = MAX_STATUS_MESSAGE_BYTES) -> str:
+    """`message`, cut to at most `limit_bytes` of UTF-8 (at a character boundary) with a note
+    saying how long it was."""
+    data = message.encode("utf-8", "backslashreplace")
+    if len(data) <= limit_bytes:
+        return message
+    note = f" [... cut: {len(data)} bytes in all]"
+    head = data[: limit_bytes - len(note)].decode("utf-8", "ignore")
+    return head + note
+
+
+class _Malformed:
+    """What the tolerant deserializer hands the handler instead of raising."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that never raises: bytes that do not parse become a `_Malformed`."""
+    message_type = getattr(deserializer, "__self__", None)  # generated code: Message.FromString
+    descriptor = getattr(message_type, "DESCRIPTOR", None)
+    if deserializer is None or descriptor is None:
+        return deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:
+            return _Malformed(describe_parse_error(descriptor, data))
+
+    return deserialize
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
@@ -39,14 +92,22 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not method.startswith(self._prefix):
             return handler
+        deserializer = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._unary(handler.unary_unary, method))
+            return handler._replace(
+                request_deserializer=deserializer,
+                unary_unary=self._unary(handler.unary_unary, method),
+            )
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=self._streaming(handler.unary_stream, method))
+            return handler._replace(
+                request_deserializer=deserializer,
+                unary_stream=self._streaming(handler.unary_stream, method),
+            )
         return handler
 
     def _abort(self, context: grpc.ServicerContext, error: Exception, method: str) -> None:
         code, message = self._status_for(error)
+        message = fit_status_message(message)
         if code is grpc.StatusCode.INTERNAL:
             log.exception("%s failed", method)
         else:
@@ -56,7 +117,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     def _unary(self, behavior, method: str):
         def guarded(request, context):
             try:
-                return behavior(request, context)
+                return behavior(_parsed(request), context)
             except Exception as error:
                 self._abort(context, error, method)
 
@@ -65,8 +126,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     def _streaming(self, behavior, method: str):
         def guarded(request, context):
             try:
-                yield from behavior(request, context)
+                yield from behavior(_parsed(request), context)
             except Exception as error:
                 self._abort(context, error, method)
 
         return guarded
+
+
+def _parsed(request: Any) -> Any:
+    if isinstance(request, _Malformed):
+        raise MalformedRequestError(request.problem)
+    return request

@@ -128,6 +128,22 @@ def test_a_kv_budget_too_small_is_reported_as_a_load_error(controller, runtime, 
 
 
 @pytest.mark.integration
+def test_a_kv_budget_beyond_the_workers_memory_is_reported_as_a_load_error(
+    controller, runtime, tiny_model
+):
+    server = controller(paged_attention="on", kv_cache_bytes=1 << 40)  # kvCacheMemory: 1Ti
+    rt = runtime(server, tiny_model)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.REJECTED
+    detail = rt.status()["detail"]
+    assert detail.startswith("kv_budget_too_large: KV cache budget too large: ")
+    assert "spec.pagedAttention.kvCacheMemory" in detail and "1099511627776 bytes" in detail
+    record = eventually(lambda: worker_record(server), what="the worker's record")
+    assert record.state is WorkerState.REJECTED
+    assert record.problem.code.value == "kv_budget_too_large"
+    assert server.wait_until_settled(5).failed
+
+
+@pytest.mark.integration
 def test_auto_on_cpu_falls_back_with_the_reason(controller, runtime, tiny_model):
     server = controller(paged_attention="auto")
     rt = runtime(server, tiny_model)

@@ -9,11 +9,17 @@ including the block. A later sequence whose prompt starts with the same tokens r
 (its reference count goes up) and skips computing those tokens. A freed block keeps its key
 and stays reusable until the pool needs a free block and evicts it: blocks that hold no cached
 prefix go first, then cached ones, least recently freed first.
+
+Blocks that hold no cached prefix are handed out most recently freed first (a stack), and the
+never-used ones last: the KV pool's pages are only touched when a token is written, so the
+memory really in use follows the work in flight, not the number of requests served. (With
+prefix caching, cached prefixes still fill the pool over time: that is the cache, and the pool
+is sized within the memory the worker can use.)
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,7 +61,8 @@ class BlockAllocator:
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks = [_Block(block_id) for block_id in range(num_blocks)]
         # NOTE: every block with ref_count 0 is in exactly one of the two free collections.
-        self._free_uncached: deque[int] = deque(range(num_blocks))
+        # A stack: the top is the block freed last; block 0 is on top of the never-used ones.
+        self._free_uncached: list[int] = list(reversed(range(num_blocks)))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._cached: dict[BlockKey, int] = {}  # key -> the block published under it
         self._num_live_tokens = 0
@@ -208,7 +215,7 @@ class BlockAllocator:
 
     def _take_free_block(self) -> _Block:
         if self._free_uncached:
-            block = self._blocks[self._free_uncached.popleft()]
+            block = self._blocks[self._free_uncached.pop()]
         elif self._free_cached:
             block_id, _ = self._free_cached.popitem(last=False)
             block = self._blocks[block_id]

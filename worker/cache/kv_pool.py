@@ -75,6 +75,8 @@ class KvPool:
         shape = (num_blocks, block_size, geometry.num_kv_heads, geometry.head_dim)
         # NOTE: torch.empty, not zeros: pages are only touched when a token is written, and
         # attention never reads a row that was not written (masks stop at the context length).
+        # The block allocator reuses recently freed blocks first, so the pages touched follow
+        # the work in flight; the budget was checked against the memory the worker can use.
         self.k = [
             torch.empty(shape, dtype=geometry.dtype, device=device)
             for _ in range(geometry.num_layers)
@@ -86,7 +88,8 @@ class KvPool:
 
     @property
     def num_bytes(self) -> int:
-        return self.num_blocks * self.block_size * self.geometry.bytes_per_token
+        """The bytes of the K and V tensors as allocated (what the realized report states)."""
+        return sum(t.nbytes for t in (*self.k, *self.v))
 
     @property
     def num_token_rows(self) -> int:

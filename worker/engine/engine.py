@@ -1,20 +1,26 @@
 """The engine loop: schedule, run, postprocess; plus the request surface around it.
 
 output = scheduler.schedule()
-sampled = runner.run(output, params_of)
+samples = runner.run(output, params_of)
 stops = {seq_id: why for each sampled token that ends its request}  # EOS, stop ids, stop strings
-finished = scheduler.postprocess(output, sampled, stops)
+scheduler.abort(seq_id, ERROR) for each request that failed alone (sampling, stop checks, logits)
+finished = scheduler.postprocess(output, samples.tokens, stops)
 
 Control flows down: the engine decides which tokens end a request and tells the scheduler, which
 never calls back into the engine.
+
+A request owns its failures: an error in its sampling, detokenizing or stop checks ends that
+request alone (finish_reason ERROR, with the cause) and its batch mates go on unchanged. Only the
+step itself (the model forward) raises, and that fails the whole batch.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
-from intentserve.ids import new_request_id
+from intentserve.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import PreparedRequest, RequestOutput, RequestState
 from intentserve.worker.engine.runner import Runner
@@ -22,6 +28,8 @@ from intentserve.worker.engine.sampling import InvalidRequestError, SamplingPara
 from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 from intentserve.worker.sched.scheduler import Scheduler
 from intentserve.worker.sched.sequence import FinishReason, Sequence
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -55,15 +63,12 @@ class Engine:
         """Check and tokenize a request: text (with `chat`, as the user's turn through the
         model's chat template) or token ids. It reads no engine state, so any thread may call it
         (the serving loop tokenizes off its own thread). Every check of a request's content
-        happens here, once; InvalidRequestError names the field."""
+        happens here, once, cheap limits before tokenizing; InvalidRequestError names the field.
+        """
         params = params or SamplingParams()
+        if request_id and (problem := request_id_problem(request_id)) is not None:
+            raise InvalidRequestError("request_id", problem)
         prompt_ids = self._prompt_ids(prompt, chat)
-        if len(prompt_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                "prompt",
-                f"has {len(prompt_ids)} tokens; at most {self.max_model_len - 1} fit "
-                f"max_model_len={self.max_model_len}",
-            )
         if params.max_tokens > self.max_model_len - len(prompt_ids):
             raise InvalidRequestError(
                 "max_tokens",
@@ -115,17 +120,27 @@ class Engine:
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
-        sampled = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
-        stops = {
-            seq_id: reason
-            for seq_id, token_id in sampled.items()
-            if (reason := self._stop_reason(seq_id, token_id)) is not None
-        }
+        # NOTE: an exception from the runner is the step's own (the forward): the caller fails
+        # the batch. Whatever belongs to one request comes back as a value.
+        samples = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
+        failures = dict(samples.failures)
+        stops: dict[str, FinishReason] = {}
+        for seq_id, token_id in samples.tokens.items():
+            try:
+                reason = self._stop_reason(seq_id, token_id)
+            except Exception as error:
+                log.exception("detokenizing or stop checks failed for request %s", seq_id)
+                failures[seq_id] = f"detokenizing or stop checks: {type(error).__name__}: {error}"
+                continue
+            if reason is not None:
+                stops[seq_id] = reason
+        failed = [self._fail(seq_id, cause) for seq_id, cause in failures.items()]
+        sampled = {s: t for s, t in samples.tokens.items() if s not in failures}
         finished = {seq.seq_id for seq in self.scheduler.postprocess(output, sampled, stops)}
         outputs = [self._output(seq_id, seq_id in finished) for seq_id in sampled]
         for seq_id in finished:
             self._forget(seq_id)
-        return outputs
+        return outputs + [out for out in failed if out is not None]
 
     def stream(self) -> Iterator[RequestOutput]:
         """Run until every request finishes, yielding deltas as they are produced."""
@@ -163,6 +178,7 @@ class Engine:
                 last[r].finish_reason,
                 last[r].num_prompt_tokens,
                 last[r].num_output_tokens,
+                last[r].error,
             )
             for r in order
         ]
@@ -175,6 +191,7 @@ class Engine:
         if not isinstance(prompt, str):
             if chat:
                 raise InvalidRequestError("chat", "applies to a text prompt, not to token ids")
+            self._check_prompt_fits("prompt_token_ids", len(prompt))
             vocab = self.runner.model.config.vocab_size
             bad = [t for t in prompt if not 0 <= t < vocab]
             if bad:
@@ -182,12 +199,34 @@ class Engine:
                     "prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
                 )
             return list(prompt)
+        try:
+            utf8 = prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidRequestError(
+                "prompt", f"is not valid Unicode text (character {error.start})"
+            ) from None
+        # NOTE: cheap first: a prompt too long for max_model_len is refused before tokenizing.
+        self._check_prompt_fits("prompt", self.tokenizer.min_num_tokens(utf8), at_least=True)
         if chat:
             try:
                 prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             except ValueError as error:
                 raise InvalidRequestError("chat", str(error)) from None
-        return self.tokenizer.encode(prompt)
+        prompt_ids = self.tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise InvalidRequestError(
+                "prompt", "makes no tokens (this tokenizer drops every character in it)"
+            )
+        self._check_prompt_fits("prompt", len(prompt_ids))
+        return prompt_ids
+
+    def _check_prompt_fits(self, field: str, num_tokens: int, at_least: bool = False) -> None:
+        if num_tokens >= self.max_model_len:
+            raise InvalidRequestError(
+                field,
+                f"has {'at least ' * at_least}{num_tokens} tokens; at most "
+                f"{self.max_model_len - 1} fit max_model_len={self.max_model_len}",
+            )
 
     def _stop_reason(self, seq_id: str, token_id: int) -> FinishReason | None:
         """Whether `token_id`, just sampled, ends its request: a stop string now complete in the
@@ -216,6 +255,24 @@ class Engine:
             finish_reason=seq.finish_reason if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+        )
+
+    def _fail(self, seq_id: str, cause: str) -> RequestOutput | None:
+        """End one request that failed alone: its KV is freed, its last output says why."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or not self.scheduler.abort(seq_id, FinishReason.ERROR):
+            return None  # aborted since the step was scheduled
+        log.error("request %s failed: %s", seq_id, cause)
+        self._forget(seq_id)
+        return RequestOutput(
+            request_id=seq_id,
+            new_token_ids=(),
+            new_text="",
+            finished=True,
+            finish_reason=FinishReason.ERROR,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            error=cause,
         )
 
     def _forget(self, request_id: str) -> None:

@@ -31,6 +31,12 @@ from intentserve.worker.sched.default_scheduler import DefaultScheduler
 from intentserve.worker.sched.paged_scheduler import PagedScheduler
 from intentserve.worker.sched.scheduler import Scheduler
 
+
+class KvBudgetTooLargeError(ValueError):
+    """The KV budget is more than the memory this worker can use: a pool that size would be
+    promised in the realized report, then paid for by the OOM killer as it fills."""
+
+
 # Share of free memory the KV cache takes when the operator sets no budget.
 DEFAULT_KV_FRACTION = {"cpu": 0.1, "cuda": 0.8}
 _KV_DTYPES = {
@@ -107,14 +113,33 @@ def realize_without_cache(request: KvRequest, loaded: LoadedModel) -> RealizedKv
 def budget_in_bytes(
     budget: KvBudget, free_memory_bytes: int, device: torch.device
 ) -> tuple[int, str]:
-    """(bytes, where the number came from) for the error message when it is too small."""
+    """(bytes, where the number came from) for the error message when it is too small.
+
+    `free_memory_bytes` is what the worker can use (the capability's: free device memory, or
+    the host's available memory within its cgroup's limit); a budget beyond it is refused."""
     if budget.num_bytes is not None:
+        if budget.num_bytes > free_memory_bytes:
+            usable = (
+                "free device memory"
+                if device.type == "cuda"
+                else "the host's available memory, within its cgroup's limit"
+            )
+            raise KvBudgetTooLargeError(
+                "KV cache budget too large: kv_cache_memory (spec.pagedAttention.kvCacheMemory) "
+                f"asks for {budget.num_bytes} bytes ({_gib(budget.num_bytes)}), but this worker "
+                f"can use at most {free_memory_bytes} bytes ({_gib(free_memory_bytes)}: {usable}); "
+                "lower the KV budget or give the worker more memory"
+            )
         return budget.num_bytes, "kv_cache_memory"
     fraction = budget.fraction or DEFAULT_KV_FRACTION[device.type]
     return (
         int(free_memory_bytes * fraction),
         f"kv_cache_memory={fraction:.0%} of {free_memory_bytes} free bytes",
     )
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / (1 << 30):.1f} GiB"
 
 
 def _geometry(loaded: LoadedModel, paged: PagedAttentionConfig | None) -> KvGeometry:

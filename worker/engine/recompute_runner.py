@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from intentserve.worker.engine.sampler import Sampler
+from intentserve.worker.engine.sampler import Sampler, StepSamples
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.reference_attention import CausalAttention
@@ -28,7 +28,7 @@ class RecomputeRunner:
     @torch.inference_mode()
     def run(
         self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
-    ) -> dict[str, int]:
+    ) -> StepSamples:
         seq_ids, last_logits = [], []
         for item in output.scheduled:
             # NOTE: start_pos drops back to 0 after a preemption; slicing keeps history exact.
@@ -42,11 +42,8 @@ class RecomputeRunner:
             last_logits.append(self.model.compute_logits(hidden[-1:]))
             seq_ids.append(item.seq_id)
         if not seq_ids:
-            return {}
-        tokens = self.sampler.sample(
-            torch.cat(last_logits), seq_ids, [params_of(s) for s in seq_ids]
-        )
-        return dict(zip(seq_ids, tokens, strict=True))
+            return StepSamples({}, {})
+        return self.sampler.sample(torch.cat(last_logits), seq_ids, [params_of(s) for s in seq_ids])
 
     def forget(self, seq_id: str) -> None:
         self._history.pop(seq_id, None)

@@ -29,6 +29,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str = ""  # why the request failed, when finish_reason is ERROR
 
 
 class RequestState:

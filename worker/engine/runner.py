@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 from intentserve.worker.attention.batch import build_step_batch
-from intentserve.worker.engine.sampler import Sampler
+from intentserve.worker.engine.sampler import Sampler, StepSamples
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.sched.scheduler_output import SchedulerOutput
@@ -20,7 +20,7 @@ class Runner(Protocol):
 
     def run(
         self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
-    ) -> dict[str, int]: ...
+    ) -> StepSamples: ...
 
     def forget(self, seq_id: str) -> None: ...
 
@@ -36,8 +36,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(
         self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
-    ) -> dict[str, int]:
-        """Returns {seq_id: sampled token} for the sequences whose step reaches their end."""
+    ) -> StepSamples:
+        """A sampled token (or why not) for each sequence whose step reaches its end.
+
+        An exception here is the step's own failure (the forward); a request's is a value."""
         scheduled = output.scheduled
         batch = build_step_batch(scheduled, self.block_size, self.device)
         input_ids = torch.tensor(
@@ -47,12 +49,11 @@ class ModelRunner:
         hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
         wanted = [i for i, item in enumerate(scheduled) if item.needs_logits]
         if not wanted:
-            return {}
+            return StepSamples({}, {})
         last_rows = torch.tensor([batch.query_start[i + 1] - 1 for i in wanted], device=self.device)
         logits = self.model.compute_logits(hidden[last_rows])  # [N, vocab] float32
         seq_ids = [scheduled[i].seq_id for i in wanted]
-        tokens = self.sampler.sample(logits, seq_ids, [params_of(s) for s in seq_ids])
-        return dict(zip(seq_ids, tokens, strict=True))
+        return self.sampler.sample(logits, seq_ids, [params_of(s) for s in seq_ids])
 
     def forget(self, seq_id: str) -> None:
         self.sampler.forget(seq_id)

@@ -1,13 +1,31 @@
 """Next-token choice for a batch of rows: greedy rows by argmax, the rest by temperature, top-k,
-top-p and an optional per-request seed (a request's draws do not depend on its batch mates)."""
+top-p and an optional per-request seed (a request's draws do not depend on its batch mates).
+
+A row that cannot be sampled is that request's failure alone: it comes back as a value in
+`StepSamples.failures` (logits that are not finite, an error while sampling), and every other
+row is sampled as if it were not there.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from intentserve.worker.engine.sampling import SamplingParams
 from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """One step's sampling: a token for each row that could be sampled, and for each that could
+    not, why (a sentence that names the stage)."""
+
+    tokens: dict[str, int]
+    failures: dict[str, str]
 
 
 def argmax_rows(logits: Tensor, chunk: int = 1024) -> Tensor:
@@ -52,23 +70,43 @@ class Sampler:
 
     def sample(
         self, logits: Tensor, seq_ids: Sequence[str], params: Sequence[SamplingParams]
-    ) -> list[int]:
-        """logits: [N, vocab] float32 on any device -> one token id per row."""
+    ) -> StepSamples:
+        """logits: [N, vocab] float32 on any device -> a token per row, or why not."""
+        # NOTE: amax propagates NaN, so a row maximum that is not finite flags NaN, +inf, or a
+        # row with no finite value; -inf entries alone are tokens that are never drawn.
+        finite = torch.isfinite(logits.amax(dim=-1)).tolist()  # [N]
         chosen = argmax_rows(logits).tolist()
+        tokens: dict[str, int] = {}
+        failures: dict[str, str] = {}
         for row, (seq_id, p) in enumerate(zip(seq_ids, params, strict=True)):
-            if not p.greedy:
-                chosen[row] = self._sample_row(
-                    logits[row].float().cpu(), p, self._generator(seq_id, p)
-                )
-        return chosen
+            if not finite[row]:
+                failures[seq_id] = "logits: the model's logits for this request are not finite"
+            elif p.greedy:
+                tokens[seq_id] = chosen[row]
+            else:
+                try:
+                    tokens[seq_id] = self._sample_row(logits[row], p, self._generator(seq_id, p))
+                except Exception as error:  # NOTE: this request's failure, not its batch's
+                    log.exception("sampling failed for request %s", seq_id)
+                    failures[seq_id] = f"sampling: {type(error).__name__}: {error}"
+        return StepSamples(tokens, failures)
 
     @staticmethod
     def _sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-        logits = logits / p.temperature
+        """One draw from finite logits [vocab], in float64 (which holds every float32 exactly).
+
+        The logits are shifted so that the best is 0 before dividing by the temperature: every
+        scaled value is <= 0 and none overflows, whatever the (finite, positive) temperature.
+        A temperature so small that every other token's exp() underflows draws among the best
+        tokens only, i.e. it is greedy.
+        """
+        values = logits.detach().to("cpu", torch.float64)  # [vocab]
+        scaled = (values - values.max()) / p.temperature
         if p.top_k:
-            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
+            # On the unscaled values: scaling may round distinct logits to one value.
+            kth = torch.topk(values, min(p.top_k, values.numel())).values[-1]
+            scaled = scaled.masked_fill(values < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)  # the best token has exp(0) = 1: the sum is >= 1
         if p.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).

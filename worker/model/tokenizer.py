@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 import tokenizers
+from intentserve.worker.model.token_bound import token_bound
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Tokens of prompt context the streaming decoder starts from: decoders that strip a leading
@@ -64,6 +65,12 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
         self._template = None if chat_template is None else compile_chat_template(chat_template)
+        self._bound = token_bound(backend)
+
+    def min_num_tokens(self, utf8: bytes) -> int:
+        """The fewest tokens the text `utf8` can encode to, known without tokenizing it (0 when
+        this tokenizer gives no bound; see token_bound)."""
+        return 0 if self._bound is None else self._bound.min_num_tokens(utf8)
 
     @property
     def vocab_size(self) -> int:

@@ -25,6 +25,7 @@ from intentserve.worker.cache.kv_pool import KvBudgetError
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.builder import build_engine
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.kv_setup import KvBudgetTooLargeError
 from intentserve.worker.model.facts import read_model_facts
 from intentserve.worker.model.registry import load_model
 from intentserve.worker.runtime.heartbeat import IDLE, Heartbeat
@@ -64,6 +65,8 @@ def load_error_reason(error: Exception) -> Reason:
         return Reason(error.reason.code, str(error))
     if isinstance(error, KvBudgetError):
         return Reason(ReasonCode.KV_BUDGET_TOO_SMALL, str(error))
+    if isinstance(error, KvBudgetTooLargeError):
+        return Reason(ReasonCode.KV_BUDGET_TOO_LARGE, str(error))
     return Reason(ReasonCode.LOAD_FAILED, f"{type(error).__name__}: {error}")
 
 

@@ -4,6 +4,7 @@ The engine loop is the same for either scheduler:
 
     output = scheduler.schedule()
     sampled = runner.run(output)  # {seq_id: token_id} for the entries with needs_logits
+    scheduler.abort(seq_id, FinishReason.ERROR)  # for each request that failed alone
     finished = scheduler.postprocess(output, sampled, stops)  # stops: the engine's verdicts
 
 There are no prefill and decode phases: each running sequence advances its num_computed_tokens
@@ -68,16 +69,17 @@ class Scheduler(ABC):
         self._unfinished[seq.seq_id] = seq
         self.waiting.append(seq)
 
-    def abort(self, seq_id: str) -> bool:
-        """Finishes the sequence (ABORT) wherever it is and frees its KV; False if unknown."""
+    def abort(self, seq_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """Finishes the sequence (ABORT, or ERROR when the engine failed it) wherever it is and
+        frees its KV; False if unknown."""
         seq = self._unfinished.get(seq_id)
         if seq is None:
             return False
         if seq.status is SequenceStatus.RUNNING:
-            self._finish(seq, FinishReason.ABORT)
+            self._finish(seq, reason)
         else:
             self.waiting.remove(seq)
-            self._mark_finished(seq, FinishReason.ABORT)
+            self._mark_finished(seq, reason)
         return True
 
     def schedule(self) -> SchedulerOutput:

@@ -20,6 +20,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # the engine's stop check matched (EOS, a stop token or string)
     LENGTH = "length"  # max_tokens, max_model_len or the KV pool's capacity reached
     ABORT = "abort"  # cancelled by the client or the engine
+    ERROR = "error"  # a failure of this request alone (its sampling, stop checks, its logits)
 
 
 @dataclass(eq=False, slots=True)

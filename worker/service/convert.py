@@ -27,6 +27,8 @@ PROTO_FIELDS = {
     "temperature": "sampling.temperature",
     "top_k": "sampling.top_k",
     "top_p": "sampling.top_p",
+    "seed": "sampling.seed",
+    "stop_token_ids": "stop.stop_token_ids",
 }
 
 FINISH_REASONS = {

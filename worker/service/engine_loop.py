@@ -9,30 +9,34 @@ Other threads hand it operations through a queue and wait for the result:
 
 NOTE: operations queued while a step runs are applied before the next step, so a caller waits
 at most one step; the loop never starves callers the way a lock re-taken in a tight loop can.
+
+A request that fails alone (finish_reason ERROR) ends its own stream with RequestFailedError; a
+step that raises fails every stream in flight, and `StepHealth` hears of each step's outcome.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from intentserve.worker.engine.engine import Engine
-from intentserve.worker.engine.request import PreparedRequest, RequestOutput
+from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service.request_stream import (
+    EngineLoopClosedError,
+    RequestFailedError,
+    RequestStream,
+)
+from intentserve.worker.service.step_health import StepHealth
 
 log = logging.getLogger(__name__)
-
-
-class EngineLoopClosedError(RuntimeError):
-    """The loop was closed: no new requests, and in-flight streams end with this error."""
 
 
 @dataclass(frozen=True)
@@ -45,87 +49,18 @@ class EngineLoad:
     num_kv_total: int
 
 
-_END = object()  # queued after a stream's last item
-
-
-class RequestStream:
-    """The RequestOutput deltas of one request, in order; ends after the finished output.
-
-    Iterating raises the engine's error if a step failed while the request was in flight.
-    """
-
-    def __init__(self, request_id: str, cancel: Callable[[str], None]) -> None:
-        self.request_id = request_id
-        self._cancel = cancel
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = False  # set by the consumer once it has seen the end
-        self.finished = False  # set by the loop once the last item is queued
-        self._num_prompt_tokens = 0
-        self._num_output_tokens = 0
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        return self
-
-    def __next__(self) -> RequestOutput:
-        if self._done:
-            raise StopIteration
-        item = self._items.get()
-        if item is _END:
-            self._done = True
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        """Abort the request without waiting; the stream then ends with an ABORT output."""
-        if not self.finished:
-            self._cancel(self.request_id)
-
-    # -- called on the loop thread only ------------------------------------------------------
-
-    def _put(self, output: RequestOutput) -> None:
-        self._num_prompt_tokens = output.num_prompt_tokens
-        self._num_output_tokens = output.num_output_tokens
-        self._items.put(output)
-        if output.finished:
-            self._end()
-
-    def _put_aborted(self) -> None:
-        # NOTE: a request aborted before its first step has reported no prompt length yet (0).
-        self._put(
-            RequestOutput(
-                self.request_id,
-                (),
-                "",
-                True,
-                FinishReason.ABORT,
-                self._num_prompt_tokens,
-                self._num_output_tokens,
-            )
-        )
-
-    # NOTE: `finished` is set before the last item is queued, so a consumer that has seen the
-    # end never sends a needless abort from `cancel()`.
-    def _fail(self, error: BaseException) -> None:
-        self.finished = True
-        self._items.put(error)
-
-    def _end(self) -> None:
-        self.finished = True
-        self._items.put(_END)
-
-
 class EngineLoop:
     """Runs `engine.step()` on a background thread while requests are unfinished.
 
     An exception inside a step fails the streams in flight with that error (and aborts their
-    sequences); the loop logs it and keeps serving new requests.
+    sequences); the loop logs it, tells `health`, and keeps serving new requests.
     """
 
-    def __init__(self, engine: Engine, *, name: str = "engine-loop") -> None:
+    def __init__(
+        self, engine: Engine, *, name: str = "engine-loop", health: StepHealth | None = None
+    ) -> None:
         self.engine = engine
+        self._health = health
         self._wakeup = threading.Condition()
         self._ops: deque[tuple[Future | None, Callable[..., Any], tuple]] = deque()
         self._closed = False
@@ -256,14 +191,24 @@ class EngineLoop:
         return aborted
 
     def _step(self) -> None:
-        outputs = self.engine.step()
+        try:
+            outputs = self.engine.step()
+        except Exception:
+            if self._health is not None:
+                self._health.step_failed()
+            raise
+        if self._health is not None:
+            self._health.step_succeeded()
         # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
         self._load = self._read_load()
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            stream._put(output)
+            if output.finish_reason is FinishReason.ERROR:
+                stream._fail(RequestFailedError(output.request_id, output.error))
+            else:
+                stream._put(output)
             if output.finished:
                 del self._streams[output.request_id]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 from intentserve.policy import IntentError, PolicyError
-from intentserve.worker.service.engine_loop import EngineLoopClosedError
+from intentserve.worker.service.request_stream import EngineLoopClosedError, RequestFailedError
 from intentserve.worker.service.servicer import WorkerOverloadedError
 
 # First match wins: IntentError is a PolicyError and a ValueError, and means bad input.
@@ -15,4 +15,5 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (WorkerOverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (EngineLoopClosedError, grpc.StatusCode.UNAVAILABLE),
+    (RequestFailedError, grpc.StatusCode.INTERNAL),  # its message names the cause
 )

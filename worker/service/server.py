@@ -4,6 +4,10 @@ over one engine driven by an `EngineLoop`.
     server = WorkerServer(engine, "worker-0", "smollm2-135m").start()
     ...  # register server.address with the controller; heartbeat with server.loop.load()
     server.stop()
+
+Health says SERVING from `start()` until `stop()` or a drain, except while the engine's steps
+fail: three failed steps in a row (the model forward, not one request's own error) make it
+NOT_SERVING, and the next step that succeeds makes it SERVING again (`step_health`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from intentserve.worker.engine.engine import Engine
 from intentserve.worker.service.engine_loop import EngineLoop
 from intentserve.worker.service.interceptor import STATUS_CODES
 from intentserve.worker.service.servicer import InferenceServicer, WorkerInfoServicer
+from intentserve.worker.service.step_health import StepHealth
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +66,13 @@ class WorkerServer:
         self.worker_id = worker_id
         self.host = host
         max_streams = max_streams or STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
-        self.loop = EngineLoop(engine, name=f"engine-loop-{worker_id}")
         # NOTE: public so the host can publish NOT_SERVING while it drains.
         self.health = health.HealthServicer()
         for name in HEALTH_NAMES:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.loop = EngineLoop(
+            engine, name=f"engine-loop-{worker_id}", health=StepHealth(self.health, HEALTH_NAMES)
+        )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_streams + CONTROL_THREADS, thread_name_prefix=f"{worker_id}-rpc"

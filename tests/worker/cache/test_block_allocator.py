@@ -118,3 +118,30 @@ def test_usage_counts_live_tokens_against_reserved_capacity(allocator, compute):
 def test_empty_pool_is_rejected(num_blocks, block_size):
     with pytest.raises(ValueError, match="must be at least 1"):
         BlockAllocator(num_blocks, block_size, enable_prefix_caching=False)
+
+
+@pytest.mark.parametrize(
+    ("prefix_caching", "num_prompt_tokens", "num_at_once"),
+    [(False, 40, 1), (False, 40, 4), (True, 10, 4)],  # with caching: no full block gets cached
+)
+def test_a_stream_of_small_requests_touches_a_bounded_set_of_blocks(
+    compute, decode, prefix_caching, num_prompt_tokens, num_at_once
+):
+    """Recently freed blocks are reused first, so the blocks ever written (the KV memory really
+    touched) follow the work in flight, not the number of requests served."""
+    allocator = BlockAllocator(num_blocks=1000, block_size=16, enable_prefix_caching=prefix_caching)
+    touched: set[int] = set()
+    for wave in range(100):
+        seqs = [
+            _seq(f"s{wave}-{i}", num_prompt_tokens, first_token=1000 * (wave * num_at_once + i))
+            for i in range(num_at_once)
+        ]
+        for seq in seqs:
+            allocator.allocate(seq)
+            decode(allocator, seq)
+            compute(allocator, seq, 1)
+            touched |= set(seq.block_table)
+        for seq in seqs:
+            allocator.free(seq)
+    blocks_per_seq = -(-(num_prompt_tokens + 1) // 16)
+    assert len(touched) == num_at_once * blocks_per_seq

@@ -5,6 +5,8 @@ One engine for the module (building it dequantizes the GGUF); every test leaves 
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 
 import grpc
@@ -152,13 +154,42 @@ def test_client_cancel_or_deadline_aborts_and_frees_blocks(stub, server, engine,
         (
             inference_pb2.GenerateRequest(
                 prompt=PROMPT,
+                sampling=inference_pb2.SamplingParams(temperature=math.inf),
+                stop=inference_pb2.StopConditions(max_tokens=4),
+            ),
+            "sampling.temperature",
+        ),
+        (
+            inference_pb2.GenerateRequest(
+                prompt=PROMPT,
                 sampling=inference_pb2.SamplingParams(top_p=1.5),
                 stop=inference_pb2.StopConditions(max_tokens=4),
             ),
             "sampling.top_p",
         ),
+        (
+            inference_pb2.GenerateRequest(
+                request_id="r" * (512 << 10),
+                prompt=PROMPT,
+                stop=inference_pb2.StopConditions(max_tokens=4),
+            ),
+            "request_id",
+        ),
+        (request(prompt="hello " * 650_000), "prompt"),  # 3.9 MB: refused before tokenizing
+        (request(prompt="\x04\x06"), "prompt"),  # SmolLM2's tokenizer drops both: no tokens
     ],
-    ids=["empty_prompt", "max_tokens_0", "max_tokens_over_len", "prompt_too_long", "temp", "top_p"],
+    ids=[
+        "empty_prompt",
+        "max_tokens_0",
+        "max_tokens_over_len",
+        "prompt_too_long",
+        "temp",
+        "temp_inf",
+        "top_p",
+        "request_id_512KiB",
+        "prompt_3.9MB",
+        "no_tokens",
+    ],
 )
 def test_invalid_request_is_invalid_argument_naming_the_field(
     stub, server, engine, msg, field_path
@@ -167,11 +198,76 @@ def test_invalid_request_is_invalid_argument_naming_the_field(
         list(stub.Generate(msg, timeout=30))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith(f"{field_path}: ")
+    assert len(info.value.details()) < 1000  # the value sent is never echoed whole
     assert engine.scheduler.num_unfinished == 0
 
 
+GENERATE = "/intentserve.v1.Inference/Generate"
+
+
 @pytest.mark.integration
-def test_a_failing_step_is_internal_and_the_loop_keeps_serving(stub, server, engine, monkeypatch):
+@pytest.mark.parametrize(
+    ("raw", "details"),
+    [
+        (b"\x12\x03\xff\xfe\xfd", "prompt: "),  # field 2, 3 bytes that are not UTF-8
+        (b"\x12\x02hi\x2a\x05\x1a\x03\xc3\x28!", "stop.stop: "),  # in a nested message
+        (b"\x12\x40hi", "prompt: "),  # a length that runs past the end
+        (b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "GenerateRequest: "),
+    ],
+    ids=["invalid_utf8", "nested_invalid_utf8", "truncated", "garbage"],
+)
+def test_malformed_bytes_are_invalid_argument_naming_the_field(channel, engine, raw, details):
+    generate = channel.unary_stream(
+        GENERATE,
+        request_serializer=None,
+        response_deserializer=inference_pb2.GenerateResponse.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(generate(raw, timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert info.value.details().startswith(details)
+    assert engine.scheduler.num_unfinished == 0
+
+
+def timed_stream(stub, num_tokens: int) -> float:
+    started_s = time.monotonic()
+    chunks = list(stub.Generate(request(max_tokens=num_tokens), timeout=60))
+    assert chunks[-1].num_output_tokens == num_tokens
+    return time.monotonic() - started_s
+
+
+@pytest.mark.integration
+def test_a_huge_prompt_does_not_slow_a_concurrent_stream(stub, server, engine):
+    """Another client's 3.9 MB prompt (under the 4 MB message limit) beside a 32-token stream:
+    the stream takes about as long as alone (both best of two, measured here)."""
+    huge = request(prompt="hello world " * 325_000)
+    errors: list[grpc.RpcError] = []
+
+    def send_huge() -> None:
+        try:
+            list(stub.Generate(huge, timeout=60))
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    def beside_huge() -> float:
+        sender = threading.Thread(target=send_huge)
+        sender.start()
+        elapsed_s = timed_stream(stub, 32)
+        sender.join(60)
+        return elapsed_s
+
+    baseline_s = min(timed_stream(stub, 32) for _ in range(2))
+    beside_s = min(beside_huge() for _ in range(2))
+    print(f"32-token stream: {baseline_s:.2f} s alone, {beside_s:.2f} s beside a 3.9 MB prompt")
+    assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT] * 2
+    assert beside_s < 1.5 * baseline_s
+    assert_idle(server, engine)
+
+
+@pytest.mark.integration
+def test_a_failing_step_is_internal_and_the_loop_keeps_serving(
+    stub, channel, server, engine, monkeypatch
+):
     def failing_run(*args, **kwargs):
         raise RuntimeError("injected step failure")
 
@@ -180,6 +276,10 @@ def test_a_failing_step_is_internal_and_the_loop_keeps_serving(stub, server, eng
         list(stub.Generate(request(prompt="Once upon a time"), timeout=30))
     assert info.value.code() == grpc.StatusCode.INTERNAL
     assert "injected step failure" in info.value.details()
+    # One failed step does not take the worker out of rotation (see step_health).
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
     monkeypatch.undo()
     assert_idle(server, engine)
     chunks = list(stub.Generate(request(max_tokens=2), timeout=60))
@@ -275,4 +375,26 @@ def test_stop_goes_not_serving_and_ends_streams_in_flight(server, engine):
     assert not other.loop.is_running
     with pytest.raises(EngineLoopClosedError):
         other.loop.submit(PROMPT, SamplingParams(max_tokens=2))
+    assert_idle(other, engine)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("temperature", [1e-38, 1e-40])
+def test_a_tiny_temperature_harms_no_stream_beside_it(server, engine, reference, temperature):
+    """The poison request of the issue among six innocent streams, through a real server: it
+    behaves as greedy, and every stream ends as the engine's greedy output."""
+    poison = request()
+    poison.sampling.temperature = temperature
+    poison.sampling.seed = 1
+    with (
+        WorkerServer(engine, "worker-poison", MODEL, max_streams=8) as other,
+        grpc.insecure_channel(other.address) as other_channel,
+    ):
+        other_stub = inference_pb2_grpc.InferenceStub(other_channel)
+        calls = [other_stub.Generate(request(), timeout=60) for _ in range(6)]
+        calls.append(other_stub.Generate(poison, timeout=60))
+        for call in calls:
+            chunks = list(call)
+            assert [t for c in chunks for t in c.token_ids] == list(reference.new_token_ids)
+            assert chunks[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
     assert_idle(other, engine)

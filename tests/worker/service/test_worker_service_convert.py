@@ -21,12 +21,18 @@ from intentserve.worker.service.servicer import WorkerOverloadedError
 
 
 class FakeTokenizer:
-    """One token per character; a chat template that wraps the user's turn."""
+    """One token per character, save U+0004, which it drops (as SmolLM2's tokenizer does); a
+    chat template that wraps the user's turn. It counts the texts it tokenizes."""
 
     vocab_size = 100
+    num_encoded = 0
 
     def encode(self, text: str) -> list[int]:
-        return [ord(c) % self.vocab_size for c in text]
+        FakeTokenizer.num_encoded += 1
+        return [ord(c) % self.vocab_size for c in text if c != "\x04"]
+
+    def min_num_tokens(self, utf8: bytes) -> int:
+        return -(-len(utf8.replace(b"\x04", b"")) // 4)  # a character has at most 4 bytes
 
     def apply_chat_template(self, messages):
         return f"<user>{messages[0]['content']}</user><assistant>"
@@ -97,9 +103,21 @@ def test_token_ids_take_precedence_and_chat_renders_one_user_message():
         ({"stop": inference_pb2.StopConditions(max_tokens=4, stop=[""])}, "stop.stop"),
         ({"sampling": inference_pb2.SamplingParams(temperature=-0.1)}, "sampling.temperature"),
         ({"sampling": inference_pb2.SamplingParams(temperature=math.nan)}, "sampling.temperature"),
+        ({"sampling": inference_pb2.SamplingParams(temperature=math.inf)}, "sampling.temperature"),
         ({"sampling": inference_pb2.SamplingParams(top_p=1.5)}, "sampling.top_p"),
         ({"sampling": inference_pb2.SamplingParams(top_p=-0.1)}, "sampling.top_p"),
         ({"sampling": inference_pb2.SamplingParams(top_p=math.nan)}, "sampling.top_p"),
+        ({"stop": inference_pb2.StopConditions(max_tokens=4, stop=["x"] * 33)}, "stop.stop"),
+        ({"stop": inference_pb2.StopConditions(max_tokens=4, stop=["x" * 1025])}, "stop.stop"),
+        (
+            {"stop": inference_pb2.StopConditions(max_tokens=4, stop_token_ids=[1] * 1025)},
+            "stop.stop_token_ids",
+        ),
+        ({"prompt": "\x04\x04"}, "prompt"),  # the tokenizer drops all of it: no tokens
+        ({"request_id": "r" * 257}, "request_id"),
+        ({"request_id": "r" * (512 << 10)}, "request_id"),
+        ({"request_id": "two\nlines"}, "request_id"),
+        ({"prompt_token_ids": [1] * 64}, "prompt_token_ids"),  # longer than max_model_len
         ({"prompt_token_ids": [1, 100]}, "prompt_token_ids"),
         ({"prompt_token_ids": [1], "chat": True}, "chat"),
         ({"prompt": "x" * 64}, "prompt"),  # longer than max_model_len
@@ -138,6 +156,14 @@ def test_valid_requests_pass_with_the_values_sent(
     assert prepared.params.max_tokens == max_tokens
     assert prepared.params.temperature == pytest.approx(temperature)
     assert prepared.params.top_p == pytest.approx(top_p)
+
+
+def test_a_prompt_longer_than_its_bytes_allow_is_refused_without_tokenizing():
+    before = FakeTokenizer.num_encoded
+    with pytest.raises(InvalidRequestError, match=r"^prompt: has at least 4096 tokens; at most"):
+        decode(request(prompt="é" * 8192))  # 16384 bytes: at least 4096 tokens
+    assert FakeTokenizer.num_encoded == before
+    assert decode(request(prompt="\x04" * 200 + "Hi")).prompt_ids == (72, 5)  # dropped: no count
 
 
 def test_engine_errors_are_renamed_to_proto_paths():

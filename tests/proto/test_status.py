@@ -1,0 +1,78 @@
+"""The shared interceptor's answers to bad input: a request that does not parse is
+INVALID_ARGUMENT naming the field; no status message outgrows its trailers; request ids are
+bounded the same way on both sides."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf.message import DecodeError
+from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.settings import ControllerSettings
+from intentserve.ids import MAX_REQUEST_ID_CHARS, check_request_id, request_id_problem
+from intentserve.malformed import describe_parse_error
+from intentserve.status import MAX_STATUS_MESSAGE_BYTES, fit_status_message
+from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2
+
+from tests.controller.conftest import FAST
+
+REQUEST = inference_pb2.GenerateRequest.DESCRIPTOR
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\x12\x03\xff\xfe\xfd", "prompt: is not valid UTF-8 (byte 0 of the value)"),
+        (b"\x12\x03ab\xc3", "prompt: is not valid UTF-8 (byte 2 of the value)"),
+        (b"\x0a\x01r\x2a\x05\x1a\x03\xc3\x28!", "stop.stop: is not valid UTF-8"),
+        (b"\x12\x40hi", "prompt: its length (64 bytes) runs past the end"),
+        (b"\x2a\x02\x08", "stop: its length (2 bytes) runs past the end"),
+        (b"\x18\xff", "prompt_token_ids: the message ends inside a varint"),
+        (b"\xff" * 11, "GenerateRequest: a varint longer than 10 bytes"),
+        (b"\x0f", "request_id: wire type 7 is not valid here"),
+        (b"\x00", "GenerateRequest: field number 0 is not valid"),
+        (b"\xfa\x01\x01\xff\x12\x01\xff", "prompt: is not valid UTF-8"),  # unknown 31 skipped
+    ],
+)
+def test_a_parse_error_names_the_field(data, problem):
+    with pytest.raises(DecodeError):
+        inference_pb2.GenerateRequest.FromString(data)
+    assert describe_parse_error(REQUEST, data).startswith(problem)
+
+
+@pytest.mark.parametrize("size", [0, 10, MAX_STATUS_MESSAGE_BYTES])
+def test_short_messages_are_left_alone(size):
+    assert fit_status_message("é" * (size // 2)) == "é" * (size // 2)
+
+
+@pytest.mark.parametrize("text", ["w" * 100_000, "東" * 40_000, "\udcff" * 5_000])
+def test_long_messages_are_cut_to_the_limit_and_say_so(text):
+    fitted = fit_status_message(f"unknown worker {text!r}")
+    assert len(fitted.encode("utf-8", "backslashreplace")) <= MAX_STATUS_MESSAGE_BYTES
+    assert fitted.startswith("unknown worker '") and fitted.endswith(" bytes in all]")
+
+
+def test_request_ids_are_bounded_and_printable():
+    assert check_request_id("req-1") == "req-1"
+    assert request_id_problem("") is None  # unset: the receiver names the request
+    assert request_id_problem("r" * MAX_REQUEST_ID_CHARS) is None
+    assert request_id_problem("r" * (MAX_REQUEST_ID_CHARS + 1)) == "has 257 characters; at most 256"
+    with pytest.raises(ValueError, match=r"^request_id: has 524288 characters; at most 256$"):
+        check_request_id("r" * (512 << 10))
+    with pytest.raises(ValueError, match=r"^request_id: must be printable"):
+        check_request_id("a\r\nb")
+
+
+@pytest.mark.integration
+def test_drain_of_a_100000_character_worker_id_is_not_found_with_a_status_that_fits():
+    server = ControllerServer(ControllerSettings(**FAST).config()).start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                admin.Drain(admin_pb2.DrainRequest(worker_id="w" * 100_000), timeout=10)
+    finally:
+        server.stop(grace_s=0)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND, info.value.details()
+    assert info.value.details().startswith("unknown worker 'www")
+    assert len(info.value.details().encode()) <= MAX_STATUS_MESSAGE_BYTES

@@ -1,0 +1,102 @@
+"""The serving loop over a tiny random-weight engine (fast layer): a request that fails alone ends
+its own stream; failed steps fail their batch and, three in a row, the worker's health; the
+expensive part of admitting a request (tokenizing) runs on the caller's thread."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from grpc_health.v1 import health, health_pb2
+from intentserve.worker.engine.sampler import Sampler
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service.engine_loop import EngineLoop
+from intentserve.worker.service.request_stream import RequestFailedError
+from intentserve.worker.service.step_health import FAILED_STEPS_NOT_SERVING, StepHealth
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
+POISON_SEED = 666
+
+
+@pytest.fixture
+def served(tiny_engine):
+    """(loop, health servicer) over a fresh tiny engine; health starts SERVING."""
+    servicer = health.HealthServicer()
+    servicer.set("", SERVING)
+    loop = EngineLoop(tiny_engine(), health=StepHealth(servicer, [""]))
+    yield loop, servicer
+    loop.close()
+
+
+def status(servicer) -> int:
+    return servicer.Check(health_pb2.HealthCheckRequest(service=""), None).status
+
+
+def test_a_request_that_fails_alone_ends_only_its_own_stream(served, monkeypatch):
+    loop, servicer = served
+    sample_row = Sampler._sample_row
+
+    def failing(logits, params, gen):
+        if params.seed == POISON_SEED:
+            raise RuntimeError("injected sampling failure")
+        return sample_row(logits, params, gen)
+
+    monkeypatch.setattr(Sampler, "_sample_row", staticmethod(failing))
+    innocents = [loop.submit(f"hello {i}", PARAMS) for i in range(4)]
+    poison = loop.submit("hello", SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED))
+    with pytest.raises(RequestFailedError, match="sampling: RuntimeError: injected") as info:
+        list(poison)
+    assert info.value.request_id == poison.request_id
+    for stream in innocents:
+        outputs = list(stream)
+        assert outputs[-1].finish_reason is FinishReason.LENGTH
+        assert sum(len(o.new_token_ids) for o in outputs) == PARAMS.max_tokens
+    assert status(servicer) == SERVING
+    assert loop.load().num_kv_used == 0
+
+
+def test_three_failed_steps_in_a_row_take_health_down_and_one_good_step_brings_it_back(
+    served, monkeypatch
+):
+    loop, servicer = served
+
+    def failing_run(*args, **kwargs):
+        raise RuntimeError("injected step failure")
+
+    monkeypatch.setattr(loop.engine.runner, "run", failing_run)
+    for num_failed in range(1, FAILED_STEPS_NOT_SERVING + 1):
+        with pytest.raises(RuntimeError, match="injected step failure"):
+            list(loop.submit("hello", PARAMS))  # one request: one failed step
+        expected = NOT_SERVING if num_failed == FAILED_STEPS_NOT_SERVING else SERVING
+        assert status(servicer) == expected, num_failed
+    monkeypatch.undo()
+    assert list(loop.submit("hello", PARAMS))[-1].finish_reason is FinishReason.LENGTH
+    assert status(servicer) == SERVING
+
+
+def test_step_health_never_opens_a_draining_server():
+    servicer = health.HealthServicer()
+    step_health = StepHealth(servicer, [""], threshold=1)
+    step_health.step_failed()
+    assert status(servicer) == NOT_SERVING
+    servicer.enter_graceful_shutdown()
+    step_health.step_succeeded()
+    assert status(servicer) == NOT_SERVING
+
+
+def test_a_request_is_tokenized_on_the_callers_thread(served, monkeypatch):
+    loop, _ = served
+    tokenizer = loop.engine.tokenizer
+    encode = tokenizer.encode
+    threads: list[threading.Thread] = []
+
+    def recording(text, *args, **kwargs):
+        threads.append(threading.current_thread())
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", recording)
+    list(loop.submit("hello world", PARAMS))
+    assert threads == [threading.current_thread()]
