@@ -50,7 +50,7 @@ from intentserve.policy.modes import (
     PagedAttentionMode,
     PrefixCachingMode,
 )
-from intentserve.policy.readiness import Verdict, WorkerReport, readiness
+from intentserve.policy.readiness import Availability, Verdict, WorkerReport, readiness
 from intentserve.policy.reasons import Reason, ReasonCode
 from intentserve.policy.resolution import Resolution, resolve
 
@@ -59,6 +59,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "KV_MEMORY_FORMS",
     "RULES",
+    "Availability",
     "BackendChoice",
     "BackendIntent",
     "BackendKind",

@@ -35,6 +35,7 @@ class ReasonCode(enum.Enum):
     FALLBACK_WITHOUT_REASON = "fallback_without_reason"
     # Deployment readiness.
     READY = "ready"
+    DEGRADED = "degraded"  # ready, while some worker is suspect, lost or dead
     WORKER_PENDING = "worker_pending"
     WORKER_NOT_SERVING = "worker_not_serving"
     NOT_ENOUGH_REPLICAS = "not_enough_replicas"

@@ -66,9 +66,13 @@ class ControllerClient:
         request = admin_pb2.ExplainRequest(worker_id=worker_id)
         return to_data(self._admin.Explain(request, timeout=self.timeout_s))
 
-    def drain(self, worker_id: str) -> dict[str, Any]:
-        request = admin_pb2.DrainRequest(worker_id=worker_id)
+    def drain(self, worker_id: str, *, force: bool = False) -> dict[str, Any]:
+        request = admin_pb2.DrainRequest(worker_id=worker_id, force=force)
         return to_data(self._admin.Drain(request, timeout=self.timeout_s))
+
+    def resume(self, worker_id: str) -> dict[str, Any]:
+        request = admin_pb2.ResumeRequest(worker_id=worker_id)
+        return to_data(self._admin.Resume(request, timeout=self.timeout_s))
 
     def shutdown(self) -> None:
         self._admin.Shutdown(admin_pb2.ShutdownRequest(), timeout=self.timeout_s)

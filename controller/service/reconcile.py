@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from grpc_health.v1 import health, health_pb2
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.router import Router
-from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
 
 log = logging.getLogger(__name__)
@@ -134,10 +133,9 @@ class Reconciler:
         self._publish_health(verdict)
 
     def _publish_health(self, verdict: Verdict) -> None:
-        serving = deployment_state(verdict) is DeploymentState.READY
         status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
+            health_pb2.HealthCheckResponse.SERVING  # READY or DEGRADED
+            if verdict.ready
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         if status == self._health_status:

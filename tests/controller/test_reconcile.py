@@ -45,7 +45,7 @@ def test_health_follows_the_verdict_for_both_service_names():
     up(deployment)
     assert reconciler.reconcile().ready
     assert health_of(servicer) == health_of(servicer, "d") == SERVING
-    deployment.drain("w0")
+    deployment.drain("w0", force=True)
     assert not reconciler.reconcile().ready
     assert health_of(servicer) == health_of(servicer, "d") == NOT_SERVING
 
