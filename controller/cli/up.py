@@ -194,11 +194,15 @@ PAGED_ATTENTION_ENV = "INTENTSERVE_SPEC__PAGEDATTENTION__MODE"
 def run(args: argparse.Namespace) -> int:
     if args.paged_attention is not None:
         os.environ[PAGED_ATTENTION_ENV] = args.paged_attention
+    embedded = args.ray_address is None  # every replica on this one node
     try:
-        manifest = load_manifest(args.manifest)
+        manifest = load_manifest(args.manifest, one_node=embedded)
     except ManifestError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    shared = None if embedded else manifest.shared_kv_problem()
+    if shared is not None:
+        print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     progress = Progress()
     s = manifest.spec
