@@ -51,7 +51,7 @@ from intentserve.policy.modes import (
     PrefixCachingMode,
 )
 from intentserve.policy.plausibility import check_plausible
-from intentserve.policy.readiness import Verdict, WorkerReport, readiness
+from intentserve.policy.readiness import Availability, Verdict, WorkerReport, readiness
 from intentserve.policy.reasons import Reason, ReasonCode
 from intentserve.policy.resolution import Resolution, resolve
 
@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "KV_MEMORY_FORMS",
     "RULES",
+    "Availability",
     "BackendChoice",
     "BackendIntent",
     "BackendKind",

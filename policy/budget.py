@@ -48,6 +48,19 @@ class KvBudget:
         return "the device's default share of free memory"
 
 
+def overcommitted(budget: KvBudget, num_sharing: int, pool: str) -> str | None:
+    """Why `num_sharing` workers, each with `budget`, cannot share the free memory of one `pool`
+    (a node, a GPU), or None when they can: shares (`60%`) must add up to 100% at most. A size in
+    bytes is checked by each worker against the memory it finds."""
+    if budget.fraction is None or num_sharing * budget.fraction <= 1.0 + 1e-9:
+        return None
+    return (
+        f"{num_sharing} replicas share one {pool}'s free memory: {num_sharing} x "
+        f"{budget.fraction:.0%} is {num_sharing * budget.fraction:.0%} (at most 100%); give each "
+        f"at most {100 // num_sharing}%, or a size in bytes"
+    )
+
+
 def parse_kv_memory(value: object) -> KvBudget:
     """`kv_cache_memory` as written -> the budget; IntentError naming `kv_cache_memory` when the
     value is none of the allowed forms."""

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from intentserve.policy.config import PagedAttentionConfig
 from intentserve.policy.guard import RealizedCache, verify_report
 from intentserve.policy.reasons import Reason, ReasonCode
+
+
+class Availability(enum.Enum):
+    """Whether the controller sends a worker requests, whatever its cache."""
+
+    SERVING = "serving"  # receives requests (once its realized cache is verified)
+    DRAINING = "draining"  # the operator took it out: its streams finish, no new ones start
+    SUSPECT = "suspect"  # a stream or its connection broke: re-checked before it serves again
+    LOST = "lost"  # silent past the heartbeat timeout, or its process is gone for good
+
+
+# NOTE: out of service through a fault, not the operator's choice: these make a ready
+# deployment DEGRADED.
+FAULTS = frozenset({Availability.SUSPECT, Availability.LOST})
 
 
 @dataclass(frozen=True)
@@ -17,13 +32,15 @@ class WorkerReport:
     worker_id: str
     realized: RealizedCache | None = None  # None until the worker has loaded and reported
     rejection: Reason | None = None  # set when the worker could not honour the policy
-    serving: bool = True  # False while lost or draining: it is not counted toward readiness
+    availability: Availability = Availability.SERVING  # only SERVING counts toward readiness
+    why: Reason | None = None  # why it is not SERVING, in the worker's own words
 
 
 @dataclass(frozen=True)
 class Verdict:
     ready: bool
     failed: bool  # some worker cannot honour a required (or `off`) policy
+    degraded: bool  # ready, while some worker is out of service through a fault
     num_verified: int
     min_ready: int
     reason: Reason
@@ -39,12 +56,18 @@ def readiness(
     num_verified = 0
     violations: list[tuple[str, Reason]] = []
     waiting: list[tuple[str, Reason]] = []
+    out_of_service: list[tuple[str, Reason]] = []
+    faulty = False
     for report in reports:
         problem = report.rejection or (
             verify_report(policy, report.realized) if report.realized is not None else None
         )
         if problem is not None:
             violations.append((report.worker_id, problem))
+        elif report.availability is not Availability.SERVING:
+            why = report.why or Reason(ReasonCode.WORKER_NOT_SERVING, report.availability.value)
+            out_of_service.append((report.worker_id, why))
+            faulty = faulty or report.availability in FAULTS
         elif report.realized is None:
             waiting.append(
                 (
@@ -52,27 +75,32 @@ def readiness(
                     Reason(ReasonCode.WORKER_PENDING, "has not reported a realized cache yet"),
                 )
             )
-        elif not report.serving:
-            waiting.append(
-                (report.worker_id, Reason(ReasonCode.WORKER_NOT_SERVING, "is lost or draining"))
-            )
         else:
             num_verified += 1
+    ready = not violations and num_verified >= min_ready
+    not_serving = "".join(
+        f"{'; not serving: ' if i == 0 else ', '}{worker_id} ({why.message})"
+        for i, (worker_id, why) in enumerate(out_of_service)
+    )
     if violations:
         worker_id, first = violations[0]
         reason = Reason(ReasonCode.POLICY_VIOLATION, f"worker {worker_id}: {first.message}")
-    elif num_verified < min_ready:
+    elif not ready:
         reason = Reason(
             ReasonCode.NOT_ENOUGH_REPLICAS,
-            f"{num_verified} of {min_ready} required replicas verified",
+            f"{num_verified} of {min_ready} required replicas verified{not_serving}",
         )
     else:
-        reason = Reason(ReasonCode.READY, f"{num_verified} replicas verified")
+        code = ReasonCode.DEGRADED if faulty else ReasonCode.READY
+        reason = Reason(
+            code, f"{num_verified} replicas verified ({min_ready} required){not_serving}"
+        )
     return Verdict(
-        ready=not violations and num_verified >= min_ready,
+        ready=ready,
         failed=bool(violations),
+        degraded=ready and faulty,
         num_verified=num_verified,
         min_ready=min_ready,
         reason=reason,
-        worker_reasons=tuple(violations + waiting),
+        worker_reasons=tuple(violations + out_of_service + waiting),
     )

@@ -38,6 +38,7 @@ class ReasonCode(enum.Enum):
     REALIZED_REPORT_IMPLAUSIBLE = "realized_report_implausible"
     # Deployment readiness.
     READY = "ready"
+    DEGRADED = "degraded"  # ready, while some worker is suspect, lost or dead
     WORKER_PENDING = "worker_pending"
     WORKER_NOT_SERVING = "worker_not_serving"
     NOT_ENOUGH_REPLICAS = "not_enough_replicas"

@@ -54,7 +54,11 @@ def venv(wheel, tmp_path_factory) -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Every site dir of this environment: a venv may itself borrow its dependencies through a
+    # .pth (a worktree's venv does), and a .pth is read only in a site dir, not in a path it adds.
+    borrowed = [sysconfig.get_paths()["purelib"]]
+    borrowed += [p for p in sys.path if Path(p).name == "site-packages" and p not in borrowed]
+    (Path(site) / "deps.pth").write_text("".join(f"{p}\n" for p in borrowed))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python", python]
     subprocess.run([*pip, "install", "--no-deps", wheel], check=True)
     return root

@@ -1,5 +1,5 @@
 """The admin commands against a running controller (`--controller HOST:PORT`): status, workers,
-explain, drain, down, and generate. Tables for people, `--json` for scripts."""
+explain, drain, resume, down, and generate. Tables for people, `--json` for scripts."""
 
 from __future__ import annotations
 
@@ -44,11 +44,25 @@ def _explain(client: ControllerClient, args: argparse.Namespace) -> int:
 
 
 def _drain(client: ControllerClient, args: argparse.Namespace) -> int:
-    drained = client.drain(args.worker)
+    try:
+        drained = client.drain(args.worker, force=args.force)
+    except grpc.RpcError as error:
+        if error.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        # Refused: it would take the deployment below min_ready.
+        print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
+        print("use --force to drain it anyway", file=sys.stderr)
+        return EXIT_FAILED
     if args.json:
         _print_json(drained)
     else:
         print(f"{args.worker}: {drained['state']}, {drained['num_outstanding']} streams running")
+    return EXIT_OK
+
+
+def _resume(client: ControllerClient, args: argparse.Namespace) -> int:
+    resumed = client.resume(args.worker)
+    _print_json(resumed) if args.json else print(f"{args.worker}: {resumed['state']}")
     return EXIT_OK
 
 
@@ -136,8 +150,20 @@ def add_parsers(commands) -> None:
     add("workers", _workers, "one row per worker: state, realized cache, load")
     explain = add("explain", _explain, "intent -> capability -> decision -> realized -> verdict")
     explain.add_argument("worker", help="worker id (see `intentserve workers`)")
-    drain = add("drain", _drain, "stop routing to a worker and let its streams finish")
+    drain = add(
+        "drain",
+        _drain,
+        "stop routing to a worker and let its streams finish (refused when it would leave fewer "
+        "verified replicas than minReady, unless --force)",
+    )
     drain.add_argument("worker", help="worker id")
+    drain.add_argument(
+        "--force",
+        action="store_true",
+        help="drain even below minReady: the deployment stops serving until a resume",
+    )
+    resume = add("resume", _resume, "undo a drain: the worker receives requests again")
+    resume.add_argument("worker", help="worker id")
     add("down", _down, "shut the deployment down (the `up` process stops its workers and exits)")
     gen = add("generate", _generate, "generate text through the controller, streaming tokens")
     gen.add_argument("prompt")

@@ -101,10 +101,16 @@ class ControllerClient:
             self._admin.Explain(request, timeout=self.timeout_s, metadata=self._admin_auth)
         )
 
-    def drain(self, worker_id: str) -> dict[str, Any]:
-        request = admin_pb2.DrainRequest(worker_id=worker_id)
+    def drain(self, worker_id: str, *, force: bool = False) -> dict[str, Any]:
+        request = admin_pb2.DrainRequest(worker_id=worker_id, force=force)
         return to_data(
             self._admin.Drain(request, timeout=self.timeout_s, metadata=self._admin_auth)
+        )
+
+    def resume(self, worker_id: str) -> dict[str, Any]:
+        request = admin_pb2.ResumeRequest(worker_id=worker_id)
+        return to_data(
+            self._admin.Resume(request, timeout=self.timeout_s, metadata=self._admin_auth)
         )
 
     def shutdown(self) -> None:

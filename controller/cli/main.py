@@ -1,7 +1,7 @@
 """The `intentserve` command line.
 
     intentserve up deploy/local.yaml          # bring a deployment up and serve it
-    intentserve status | workers | explain W | drain W | down | generate PROMPT
+    intentserve status | workers | explain W | drain W | resume W | down | generate PROMPT
     intentserve policy-table                  # the decision table the controller enforces
 
 Exit codes: 0 success; 1 the operation failed (e.g. a policy could not be realized, the

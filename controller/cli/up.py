@@ -5,7 +5,9 @@ actor per replica -> progress until the deployment is READY -> status table -> s
 Ctrl-C, SIGTERM or `intentserve down` -> controller stopped, actors killed, Ray shut down.
 
 Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
-reason is printed) or start-up failed; 2 bad manifest (the field, the value, what is allowed).
+reason is printed), start-up failed, or workers whose restart budget is spent leave too few to
+meet minReady (each named with its last error); 2 bad manifest (the field, the value, what is
+allowed).
 """
 
 from __future__ import annotations
@@ -22,20 +24,21 @@ from typing import TYPE_CHECKING
 from intentserve.controller.cli import credentials
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from intentserve.controller.cli.client import to_data
-from intentserve.controller.cli.render import describe_realized, status_text
+from intentserve.controller.cli.progress import Progress
+from intentserve.controller.cli.render import status_text
+from intentserve.controller.cli.supervise import supervise
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.controller.launch.security import (
     DeploymentSecurity,
     SecurityError,
     describe_security,
 )
-from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
+from intentserve.controller.launch.types import ActorProbe, LaunchError, Replica
 from intentserve.controller.service.convert import status_to_pb
 from intentserve.controller.service.deployment import deployment_state
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.state import DeploymentState, WorkerState
-from intentserve.convert import realized_to_pb
+from intentserve.controller.service.state import WorkerState
 from intentserve.policy import Verdict
 
 if TYPE_CHECKING:
@@ -45,80 +48,6 @@ POLL_S = 0.25
 ACTOR_POLL_S = 2.0  # while serving: how often the actors are asked whether they live
 WAITING_NOTE_S = 15.0  # while starting: how often a "still waiting" line is printed
 _ANY_HOST = ("0.0.0.0", "::", "[::]")
-
-
-class Progress:
-    """Prints what changed since the last look, with the time since `up` started: actors before
-    they register, then the controller's view of each worker and of the deployment (read from
-    the server `up` owns, as typed values)."""
-
-    def __init__(self) -> None:
-        self.started_s = time.monotonic()
-        self._actors: dict[str, tuple] = {}
-        self._workers: dict[str, tuple[WorkerState, str]] = {}
-        self._deployment: DeploymentState | None = None
-        self.signals: list[str] = []  # names of the signals received, in order
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started_s
-
-    def say(self, text: str) -> None:
-        print(f"[{self.elapsed_s:6.1f}s] {text}", flush=True)
-
-    def actors(self, probes: dict[str, ActorProbe]) -> None:
-        for worker_id, probe in probes.items():
-            if probe.state is ActorState.STARTING:
-                continue  # no answer yet: busy starting, or loading with the GIL held
-            phase = (probe.status or {}).get("phase", "")
-            key = (probe.state, phase)
-            if self._actors.get(worker_id) == key:
-                continue
-            self._actors[worker_id] = key
-            if probe.state is ActorState.RESTARTING:
-                self.say(f"{worker_id}: its actor died; Ray is restarting it")
-            elif probe.state is ActorState.DEAD:
-                self.say(f"{worker_id}: its actor is dead: {probe.error}")
-            elif phase == "probing":
-                self.say(f"{worker_id}: actor up (pid {probe.status['pid']}), reading the model")
-            elif phase == "registering":
-                self.say(f"{worker_id}: registering with the controller")
-            elif phase == "failed":
-                self.say(f"{worker_id}: FAILED - {probe.status['detail']}")
-
-    def controller(self, server: ControllerServer, verdict: Verdict) -> None:
-        deployment = server.deployment
-        for w in deployment.workers():
-            # NOTE: registered turns into loading at once; the two read as one event.
-            state = WorkerState.LOADING if w.state is WorkerState.REGISTERED else w.state
-            if self._workers.get(w.worker_id) == (state, w.address):
-                continue
-            self._workers[w.worker_id] = (state, w.address)
-            self.say(f"{w.worker_id}: {_worker_event(w)}")
-        state = deployment_state(verdict)
-        if state is not self._deployment:
-            self._deployment = state
-            self.say(
-                f"deployment {deployment.desired.deployment}: {state.value.upper()} - "
-                f"{verdict.reason.code.value}: {verdict.reason.message}"
-            )
-
-
-def _worker_event(w: WorkerRecord) -> str:
-    if w.state in (WorkerState.REGISTERED, WorkerState.LOADING):
-        return (
-            f"registered at {w.address} ({w.capability.device_kind.value}); "
-            "loading the model and realizing the KV cache"
-        )
-    if w.state is WorkerState.READY and w.realized is not None:
-        realized = describe_realized(to_data(realized_to_pb(w.realized)))
-        note = "".join(
-            f"; fallback {r.code.value}: {r.message}" for r in w.realized.fallback_reasons
-        )
-        return f"READY - {realized}{note}"
-    first = w.reasons[0] if w.reasons else None
-    why = f"{first.code.value}: {first.message}" if first else ""
-    return f"{w.state.value.upper()} - {why}"
 
 
 def _startup_failure(
@@ -133,8 +62,6 @@ def _startup_failure(
         ]
         return "\n".join(lines)
     for worker_id, probe in probes.items():
-        if probe.state is ActorState.DEAD:
-            return f"worker {worker_id} died and its restart budget is spent: {probe.error}"
         if (probe.status or {}).get("phase") == "failed":
             return f"worker {worker_id} failed before registering: {probe.status['detail']}"
     return None
@@ -207,11 +134,15 @@ PAGED_ATTENTION_ENV = "INTENTSERVE_SPEC__PAGEDATTENTION__MODE"
 def run(args: argparse.Namespace) -> int:
     if args.paged_attention is not None:
         os.environ[PAGED_ATTENTION_ENV] = args.paged_attention
+    embedded = args.ray_address is None  # every replica on this one node
     try:
-        manifest = load_manifest(args.manifest)
+        manifest = load_manifest(args.manifest, one_node=embedded)
     except ManifestError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    shared = None if embedded else manifest.shared_kv_problem()
+    if shared is not None:
+        print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     progress = Progress()
     s = manifest.spec
@@ -311,7 +242,9 @@ def _up(
         progress.actors(probes)
         if verdict.ready:
             break
-        failure = _startup_failure(verdict, server.deployment.workers(), probes)
+        failure = _startup_failure(verdict, server.deployment.workers(), probes) or supervise(
+            server.deployment, probes, s.max_restarts
+        )
         if failure is not None:
             print(f"error: {failure}", file=sys.stderr)
             return EXIT_FAILED
@@ -333,21 +266,30 @@ def _up(
         "Ctrl-C, SIGTERM or `intentserve down` stops it.",
         flush=True,
     )
-    _serve(server, launcher, progress)
-    return EXIT_OK
+    return _serve(server, launcher, progress, s.max_restarts)
 
 
-def _serve(server: ControllerServer, launcher: RayLauncher, progress: Progress) -> None:
-    """Report every change until shutdown is requested; Ray restarts dead workers meanwhile."""
+def _serve(
+    server: ControllerServer, launcher: RayLauncher, progress: Progress, max_restarts: int
+) -> int:
+    """Report every change until shutdown is requested; Ray restarts dead workers meanwhile.
+    Exit 1 once workers whose restart budget is spent leave too few to meet minReady."""
     next_actor_poll_s = 0.0
     while not server.wait(1.0):
         try:
             progress.controller(server, server.verdict())
             if time.monotonic() > next_actor_poll_s:
                 next_actor_poll_s = time.monotonic() + ACTOR_POLL_S
-                progress.actors(launcher.probe(POLL_S))
+                probes = launcher.probe(POLL_S)
+                progress.actors(probes)
+                failure = supervise(server.deployment, probes, max_restarts)
+                if failure is not None:
+                    progress.controller(server, server.verdict())
+                    print(f"error: {failure}", file=sys.stderr, flush=True)
+                    return EXIT_FAILED
         except Exception as error:  # NOTE: reporting must never stop serving
             progress.say(f"cannot read the status: {type(error).__name__}: {error}")
+    return EXIT_OK
 
 
 def add_parser(commands) -> None:

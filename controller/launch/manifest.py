@@ -11,6 +11,9 @@ Env vars `INTENTSERVE_<PATH>` override the file, one `__` per level and case-ins
 
 A bad manifest is refused before anything starts: `ManifestError` has one line per invalid field,
 naming its path in the file (`spec.pagedAttention.mode`), the value given and what is allowed.
+Shares of free memory (`kvCacheMemory: 60%`) of replicas that share one memory must fit in it:
+on one node (the embedded cluster) that is refused here; a joined cluster places the replicas
+itself, so `up` only warns there (`shared_kv_problem`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from intentserve.controller.launch.validation import describe_validation_error
 from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
 from intentserve.controller.service.state import DesiredState
 from intentserve.policy import (
@@ -35,7 +39,7 @@ from intentserve.policy import (
     PagedAttentionConfig,
     paged_attention_intent,
 )
-from intentserve.policy.budget import KV_MEMORY_FORMS, parse_kv_memory
+from intentserve.policy.budget import KV_MEMORY_FORMS, overcommitted, parse_kv_memory
 from intentserve.policy.config import MAX_BLOCK_SIZE, PAGED_OPTIONS
 from intentserve.policy.modes import allowed_values, lookup_choice
 from pydantic import (
@@ -162,7 +166,7 @@ class PagedAttentionSpec(_Section):
 
     @model_validator(mode="after")
     def _intent(self) -> PagedAttentionSpec:
-        self.intent()  # an IntentError names the option; describe_validation_error places it
+        self.intent()  # an IntentError names the option; validation.py places it
         return self
 
     def intent(self) -> PagedAttentionConfig | None:
@@ -332,6 +336,18 @@ class Manifest(BaseSettings):
             max_outstanding_per_worker=c.max_outstanding_per_worker,
         )
 
+    def shared_kv_problem(self) -> str | None:
+        """Why the replicas' shares of free memory cannot fit where they share it, were they all
+        on one node, or None. CPU workers share the node's memory; GPU workers share a GPU when
+        each takes less than one (1 / numGpus of them)."""
+        s, r = self.spec, self.spec.resources
+        if r.device is DeviceKind.CPU:
+            num_sharing, pool = s.replicas, "node"
+        else:
+            num_sharing, pool = min(s.replicas, max(int(1 / r.num_gpus), 1)), "GPU"
+        problem = overcommitted(s.paged_attention.kv_cache_memory, num_sharing, pool)
+        return None if problem is None else f"spec.pagedAttention.kvCacheMemory: {problem}"
+
     def worker_config(self, worker_id: str, controller_address: str, host: str) -> dict[str, Any]:
         """What one worker is started with (`intentserve.worker.runtime.spec.WorkerSpec`'s
         fields), as plain data: it crosses into a Ray actor and the controller never imports the
@@ -360,11 +376,12 @@ def parse_manifest(data: object, source: str = "<manifest>") -> Manifest:
     try:
         return Manifest(**data)
     except ValidationError as error:
-        raise ManifestError(source, describe_validation_error(error)) from None
+        raise ManifestError(source, describe_validation_error(error, Manifest)) from None
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    """Read, parse and validate; `ManifestError` says what is wrong and where."""
+def load_manifest(path: str | Path, *, one_node: bool = True) -> Manifest:
+    """Read, parse and validate; `ManifestError` says what is wrong and where. `one_node`: every
+    replica runs on one node (the embedded cluster), so their shares of its memory must fit."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -374,48 +391,8 @@ def load_manifest(path: str | Path) -> Manifest:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ManifestError(source, [f"not valid YAML: {error}"]) from None
-    return parse_manifest(data, source)
-
-
-def describe_validation_error(error: ValidationError) -> list[str]:
-    """One line per invalid field: `path: invalid value X; what is allowed`."""
-    lines = []
-    for item in error.errors():
-        cause = (item.get("ctx") or {}).get("error")
-        if isinstance(cause, IntentError):
-            # A section's own check (the policy's): placed at the option it names.
-            names, _ = _as_written((*item["loc"], cause.field))
-            lines.append(f"{'.'.join(names)}: {str(cause).removeprefix(f'{cause.field}: ')}")
-            continue
-        names, section = _as_written(item["loc"])
-        path = ".".join(names) or "manifest"
-        message = item["msg"].removeprefix("Value error, ")
-        message = message[:1].lower() + message[1:]
-        if item["type"] == "extra_forbidden":
-            allowed = ", ".join(f.alias or n for n, f in (section or {}).items())
-            lines.append(f"{path}: unknown field; allowed fields here are {allowed}")
-        elif item["type"] == "missing":
-            lines.append(f"{path}: required field is missing")
-        elif isinstance(item["input"], str | int | float | bool) or item["input"] is None:
-            lines.append(f"{path}: invalid value {item['input']!r}; {message}")
-        else:
-            lines.append(f"{path}: {message}")
-    return lines
-
-
-def _as_written(loc: tuple) -> tuple[list[str], dict | None]:
-    """The path as the file spells it (camelCase), and the fields of the section holding it."""
-    names: list[str] = []
-    model: type[BaseModel] | None = Manifest
-    section = None
-    for part in map(str, loc):
-        section = model.model_fields if model is not None else None
-        field = next((f for n, f in (section or {}).items() if part in (n, f.alias)), None)
-        names.append(field.alias or part if field is not None else part)
-        annotation = field.annotation if field is not None else None
-        model = (
-            annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
-            else None
-        )
-    return names, section
+    manifest = parse_manifest(data, source)
+    problem = manifest.shared_kv_problem() if one_node else None
+    if problem is not None:
+        raise ManifestError(source, [problem])
+    return manifest

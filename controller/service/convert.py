@@ -1,7 +1,8 @@
 """The controller's protobuf boundary: requests decoded into plain values, results encoded.
 
 Policy types go through `intentserve.convert` (shared with the worker); this module adds only the
-controller's own messages: registration, verification, heartbeats, status, explain and drain.
+controller's own messages: registration, verification, heartbeats, status, explain, drain and
+resume.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ def explain_to_pb(
 
 def drain_to_pb(record: WorkerRecord) -> admin_pb2.DrainResponse:
     return admin_pb2.DrainResponse(
+        state=_to_pb(record.state, admin_pb2.WorkerState, "WORKER_STATE_"),
+        num_outstanding=record.num_outstanding,
+    )
+
+
+def resume_to_pb(record: WorkerRecord) -> admin_pb2.ResumeResponse:
+    return admin_pb2.ResumeResponse(
         state=_to_pb(record.state, admin_pb2.WorkerState, "WORKER_STATE_"),
         num_outstanding=record.num_outstanding,
     )

@@ -6,9 +6,12 @@ registry: `resolve` at registration, `verify_report` on a realized report, `read
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
+from intentserve.controller.service.errors import DrainRefused
 from intentserve.controller.service.registry import Registry, WorkerLoad, WorkerRecord
 from intentserve.controller.service.state import (
     DeploymentState,
@@ -17,6 +20,7 @@ from intentserve.controller.service.state import (
     WorkerState,
 )
 from intentserve.policy import (
+    Availability,
     Capability,
     RealizedCache,
     Reason,
@@ -41,6 +45,7 @@ class Deployment:
         self.desired = desired
         self.registry = Registry(on_change)
         self._clock = clock
+        self._drains = threading.Lock()  # one drain's check and act at a time
 
     def now_s(self) -> float:
         return self._clock()
@@ -75,8 +80,43 @@ class Deployment:
     def heartbeat(self, worker_id: str, load: WorkerLoad) -> HeartbeatAction:
         return self.registry.heartbeat(worker_id, load, self._clock())
 
-    def drain(self, worker_id: str) -> WorkerRecord:
-        return self.registry.drain(worker_id)
+    def drain(self, worker_id: str, *, force: bool = False) -> WorkerRecord:
+        """Stop routing to a worker. Refused (DrainRefused) when it would leave fewer than
+        min_ready verified replicas, unless `force`."""
+        with self._drains:
+            record = self.registry.get(worker_id)
+            if not force and record.state is WorkerState.READY:
+                drained = tuple(
+                    replace(r, state=WorkerState.DRAINING) if r.worker_id == worker_id else r
+                    for r in self.workers()
+                )
+                after = self.verdict(drained)
+                min_ready = self.desired.min_ready
+                if after.num_verified < min_ready:
+                    raise DrainRefused(
+                        f"draining {worker_id} would leave {after.num_verified} of {min_ready} "
+                        f"required replicas verified (min_ready {min_ready}): the deployment "
+                        "would stop serving until it is resumed"
+                    )
+            return self.registry.drain(worker_id)
+
+    def resume(self, worker_id: str) -> WorkerRecord:
+        """Undo a drain; its verified state is kept."""
+        return self.registry.resume(worker_id)
+
+    def suspect(self, worker_id: str, address: str, reason: Reason) -> WorkerRecord | None:
+        """A stream to the worker at `address`, or its connection, broke: no request reaches it
+        until `restore`. None when that worker is not READY there."""
+        return self.registry.suspect(worker_id, address, reason, self._clock())
+
+    def restore(self, worker_id: str) -> bool:
+        """A suspect worker serves again once it has heartbeat since (the caller has seen its
+        connection work again)."""
+        return self.registry.restore(worker_id)
+
+    def mark_dead(self, worker_id: str, reason: Reason) -> WorkerRecord:
+        """Its process is gone for good (its restart budget is spent)."""
+        return self.registry.lose(worker_id, reason)
 
     def mark_lost(self, timeout_s: float) -> tuple[WorkerRecord, ...]:
         return self.registry.mark_lost(self._clock(), timeout_s)
@@ -86,19 +126,30 @@ class Deployment:
 
     def verdict(self, workers: tuple[WorkerRecord, ...] | None = None) -> Verdict:
         records = self.workers() if workers is None else workers
-        reports = [
-            WorkerReport(
-                r.worker_id,
-                realized=r.realized,
-                rejection=r.problem if r.state is WorkerState.REJECTED else None,
-                serving=r.state is WorkerState.READY,
-            )
-            for r in records
-        ]
+        reports = [_report(r) for r in records]
         return readiness(self.desired.policy, reports, self.desired.min_ready)
+
+
+# What the readiness verdict makes of a worker state; any other serves once verified.
+_AVAILABILITY = {
+    WorkerState.DRAINING: Availability.DRAINING,
+    WorkerState.SUSPECT: Availability.SUSPECT,
+    WorkerState.LOST: Availability.LOST,
+}
+
+
+def _report(record: WorkerRecord) -> WorkerReport:
+    availability = _AVAILABILITY.get(record.state, Availability.SERVING)
+    return WorkerReport(
+        record.worker_id,
+        realized=record.realized,
+        rejection=record.problem if record.state is WorkerState.REJECTED else None,
+        availability=availability,
+        why=record.reasons[0] if availability is not Availability.SERVING else None,
+    )
 
 
 def deployment_state(verdict: Verdict) -> DeploymentState:
     if verdict.ready:
-        return DeploymentState.READY
+        return DeploymentState.DEGRADED if verdict.degraded else DeploymentState.READY
     return DeploymentState.FAILED if verdict.failed else DeploymentState.PENDING

@@ -13,6 +13,10 @@ class WrongState(Exception):
     """The call does not fit the worker's state, e.g. a realized report from a lost worker."""
 
 
+class DrainRefused(WrongState):
+    """A drain would leave fewer verified replicas than min_ready (it can be forced)."""
+
+
 class UnknownWorker(KeyError):
     """No worker with this id has registered."""
 

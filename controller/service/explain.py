@@ -97,5 +97,13 @@ def _worker_verdict(record: WorkerRecord) -> str:
     if state is WorkerState.LOST:
         return f"LOST - {record.problem}; it must register again and be verified from scratch"
     if state is WorkerState.DRAINING:
-        return f"DRAINING - receives no new requests ({record.num_outstanding} still running)"
+        return (
+            f"DRAINING - receives no new requests ({record.num_outstanding} still running); "
+            "a resume takes it back"
+        )
+    if state is WorkerState.SUSPECT:
+        return (
+            f"SUSPECT - {record.problem}; it serves again once its connection works and it "
+            "heartbeats, else it is lost at the heartbeat timeout"
+        )
     return f"{state.name} - waiting for its realized report"

@@ -2,7 +2,8 @@
 
 `reconcile()` is idempotent. Each phase is wrapped so that one failure is logged and counted and
 never stops the loop. A change in the registry wakes the loop at once, so health follows a
-worker's report without waiting for the next tick.
+worker's report (or a worker made suspect by a broken stream or connection) without waiting for
+the next tick.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from dataclasses import dataclass, field
 from grpc_health.v1 import health, health_pb2
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.router import Router
-from intentserve.controller.service.state import DeploymentState
+from intentserve.controller.service.state import WorkerState
 from intentserve.policy import Verdict
 
 log = logging.getLogger(__name__)
+
+# Workers whose connection is watched: those the router routes to, and those it may again.
+_WATCHED = frozenset({WorkerState.READY, WorkerState.SUSPECT})
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,9 @@ class Reconciler:
         self._metrics = LoopMetrics()
         self._phases: tuple[tuple[str, Callable[[], None]], ...] = (
             ("mark_lost", self._mark_lost),
+            ("recheck_suspects", self._recheck_suspects),
             ("publish_verdict", self._publish_verdict),
-            ("prune_channels", self._prune_channels),
+            ("watch_connections", self._watch_connections),
         )
         self._health_status: int | None = None
         self._publish_health(self._verdict)
@@ -133,11 +138,19 @@ class Reconciler:
             log.info("deployment %s: %s", deployment_state(verdict).name, verdict.reason)
         self._publish_health(verdict)
 
+    def _recheck_suspects(self) -> None:
+        """A suspect whose connection works again serves again once it has heartbeat since."""
+        channels = self._router.channels
+        for record in self._deployment.workers():
+            if record.state is not WorkerState.SUSPECT or not channels.connected(record.address):
+                continue
+            if self._deployment.restore(record.worker_id):
+                log.info("worker %s is back: connected and heartbeating", record.worker_id)
+
     def _publish_health(self, verdict: Verdict) -> None:
-        serving = deployment_state(verdict) is DeploymentState.READY
         status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
+            health_pb2.HealthCheckResponse.SERVING  # READY or DEGRADED
+            if verdict.ready
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         if status == self._health_status:
@@ -146,5 +159,8 @@ class Reconciler:
             self._health.set(service, status)
         self._health_status = status
 
-    def _prune_channels(self) -> None:
-        self._router.prune_channels({r.address for r in self._deployment.workers()})
+    def _watch_connections(self) -> None:
+        workers = self._deployment.workers()
+        channels = self._router.channels
+        channels.prune({r.address for r in workers})
+        channels.watch({r.address: r.worker_id for r in workers if r.state in _WATCHED})

@@ -17,7 +17,13 @@ from intentserve.policy import Capability, RealizedCache, Reason, ReasonCode, Re
 
 # NOTE: a worker in any of these states has a live process behind it that must heartbeat.
 _MONITORED = frozenset(
-    {WorkerState.REGISTERED, WorkerState.LOADING, WorkerState.READY, WorkerState.DRAINING}
+    {
+        WorkerState.REGISTERED,
+        WorkerState.LOADING,
+        WorkerState.READY,
+        WorkerState.DRAINING,
+        WorkerState.SUSPECT,
+    }
 )
 # States in which a realized report is verified (a READY worker may report again: drift).
 _VERIFIABLE = frozenset({WorkerState.LOADING, WorkerState.READY, WorkerState.DRAINING})
@@ -48,6 +54,7 @@ class WorkerRecord:
     load: WorkerLoad = field(default_factory=WorkerLoad)
     num_outstanding: int = 0  # requests in flight through the controller
     num_registrations: int = 1  # a restarted worker registers again with the same id
+    suspect_since_s: float = 0.0  # clock time it last became SUSPECT
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
@@ -148,6 +155,59 @@ class Registry:
             return self._transition(worker_id, _DRAINABLE, WorkerState.DRAINING)
         except WrongState:
             return self.get(worker_id)
+
+    def resume(self, worker_id: str) -> WorkerRecord:
+        """Undo a drain: back to where it was, its verified state kept (READY is left as is)."""
+        with self._lock:
+            old = self._get(worker_id)
+            if old.state is WorkerState.READY:
+                return old
+            if old.state is not WorkerState.DRAINING:
+                raise WrongState(_state_error(old, "be resumed"))
+            if old.realized is not None:
+                state = WorkerState.READY
+            else:
+                state = WorkerState.LOADING if old.resolution else WorkerState.REGISTERED
+            record = self._records[worker_id] = replace(old, state=state)
+        self._on_change()
+        return record
+
+    def suspect(
+        self, worker_id: str, address: str, reason: Reason, now_s: float
+    ) -> WorkerRecord | None:
+        """READY -> SUSPECT; None when the worker is not READY at `address` (the news is about
+        an earlier incarnation, or the worker is out of service already)."""
+        with self._lock:
+            old = self._records.get(worker_id)
+            if old is None or old.state is not WorkerState.READY or old.address != address:
+                return None
+            record = replace(old, state=WorkerState.SUSPECT, problem=reason, suspect_since_s=now_s)
+            self._records[worker_id] = record
+        self._on_change()
+        return record
+
+    def restore(self, worker_id: str) -> bool:
+        """SUSPECT -> READY when it has heartbeat since it became suspect; False otherwise."""
+        with self._lock:
+            old = self._records.get(worker_id)
+            if old is None or old.state is not WorkerState.SUSPECT:
+                return False
+            if old.last_seen_s <= old.suspect_since_s:
+                return False
+            self._records[worker_id] = replace(old, state=WorkerState.READY, problem=None)
+        self._on_change()
+        return True
+
+    def lose(self, worker_id: str, reason: Reason) -> WorkerRecord:
+        """LOST with `reason`, whatever its state: its process is gone for good."""
+        with self._lock:
+            old = self._get(worker_id)
+            if (old.state, old.problem) == (WorkerState.LOST, reason):
+                return old
+            record = replace(old, state=WorkerState.LOST, problem=reason)
+            self._records[worker_id] = record
+        self._on_change()
+        return record
 
     def mark_lost(self, now_s: float, timeout_s: float) -> tuple[WorkerRecord, ...]:
         """Every monitored worker silent for longer than `timeout_s` becomes LOST."""

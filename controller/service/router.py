@@ -1,6 +1,8 @@
 """Inference routing: pick the READY worker with the fewest outstanding requests, and forward
 `Generate` with the client's remaining deadline and cancellation. The request's content is
 checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) passes through.
+A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
+stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
 
 The router is a proxy: the request and response messages pass through unchanged (save the ids
 it fills in), so it handles `inference_pb2` messages directly and nothing else does.
@@ -9,10 +11,12 @@ it fills in), so it handles `inference_pb2` messages directly and nothing else d
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 
 import grpc
+from intentserve.controller.service.channels import WorkerChannels
 from intentserve.controller.service.deployment import Deployment
 from intentserve.controller.service.errors import (
     NotReady,
@@ -25,6 +29,8 @@ from intentserve.controller.service.state import WorkerState
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 # NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
 _NO_DEADLINE_S = 1e9
@@ -61,9 +67,8 @@ class Router:
         self._deployment = deployment
         self._max_per_worker = max_outstanding_per_worker
         self._max_total = max_outstanding_total
-        self._channel_factory = channel_factory
+        self.channels = WorkerChannels(deployment, channel_factory)
         self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
         self._streams: dict[str, set[_Stream]] = {}
         self._num_active = 0
         self._turn = itertools.count()  # breaks ties between equally loaded workers
@@ -102,16 +107,8 @@ class Router:
                 stream.call.cancel()
         return len(streams)
 
-    def prune_channels(self, addresses: set[str]) -> None:
-        """Close channels to addresses no worker uses any more (a restarted worker moved)."""
-        with self._lock:
-            stale = [a for a in self._channels if a not in addresses]
-            closing = [self._channels.pop(a) for a in stale]
-        for channel in closing:
-            channel.close()
-
     def close(self) -> None:
-        self.prune_channels(set())
+        self.channels.close()
 
     def _admit(self) -> None:
         with self._lock:
@@ -157,7 +154,7 @@ class Router:
     ) -> Iterator[inference_pb2.GenerateResponse]:
         remaining_s = context.time_remaining()
         timeout_s = None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
-        stub = inference_pb2_grpc.InferenceStub(self._channel(record))
+        stub = inference_pb2_grpc.InferenceStub(self.channels.get(record.address, record.worker_id))
         stream = _Stream()
         self._track(record.worker_id, stream, add=True)
         started = False
@@ -174,17 +171,19 @@ class Router:
         except grpc.RpcError as error:
             if stream.abort_reason is None and not context.is_active():
                 return  # the client cancelled or its deadline passed: nobody to tell
+            if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
+                self._suspect(record, error, started)
             raise _failure(record.worker_id, error, started, stream.abort_reason) from None
         finally:
             self._track(record.worker_id, stream, add=False)
 
-    def _channel(self, record: WorkerRecord) -> grpc.Channel:
-        with self._lock:
-            channel = self._channels.get(record.address)
-            if channel is None:
-                channel = self._channel_factory(record.address, record.worker_id)
-                self._channels[record.address] = channel
-            return channel
+    def _suspect(self, record: WorkerRecord, error: grpc.RpcError, started: bool) -> None:
+        where = "mid-stream" if started else "before streaming"
+        reason = Reason(
+            ReasonCode.WORKER_NOT_SERVING, f"suspect: a stream broke {where}: {error.details()}"
+        )
+        if self._deployment.suspect(record.worker_id, record.address, reason) is not None:
+            log.warning("worker %s is suspect: %s", record.worker_id, reason.message)
 
     def _track(self, worker_id: str, stream: _Stream, *, add: bool) -> None:
         with self._lock:

@@ -65,7 +65,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return convert.explain_to_pb(record, lines, self._deployment.now_s())
 
     def Drain(self, request, context):
-        return convert.drain_to_pb(self._deployment.drain(request.worker_id))
+        record = self._deployment.drain(request.worker_id, force=request.force)
+        return convert.drain_to_pb(record)
+
+    def Resume(self, request, context):
+        return convert.resume_to_pb(self._deployment.resume(request.worker_id))
 
     def Shutdown(self, request, context):
         self._on_shutdown()

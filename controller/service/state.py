@@ -45,12 +45,14 @@ class WorkerState(enum.Enum):
     REJECTED = "rejected"  # cannot honour the policy; receives nothing until it registers again
     LOST = "lost"  # silent past the heartbeat timeout
     DRAINING = "draining"  # finishing its streams; receives no new requests
+    SUSPECT = "suspect"  # a stream or its connection broke; receives nothing until re-checked
 
 
 class DeploymentState(enum.Enum):
     PENDING = "pending"  # waiting for enough verified replicas
     READY = "ready"  # health says SERVING
     FAILED = "failed"  # a worker cannot honour a required (or `off`) policy
+    DEGRADED = "degraded"  # health says SERVING (min_ready met); some worker suspect, lost or dead
 
 
 class HeartbeatAction(enum.Enum):

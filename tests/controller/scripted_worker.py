@@ -3,7 +3,7 @@
 
 It streams fake tokens, or blocks until cancelled (recording that the cancel arrived), or answers
 RESOURCE_EXHAUSTED as a worker whose queue is full would, or INVALID_ARGUMENT as its engine does
-for a bad field.
+for a bad field, or breaks a stream with UNAVAILABLE as a worker whose engine loop closed does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from concurrent import futures
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from intentserve import convert
 from intentserve.policy import (
     BackendKind,
@@ -41,9 +42,12 @@ class Behaviour(enum.Enum):
     BLOCK = "block"  # one chunk, then wait until the call is cancelled
     BUSY = "busy"  # RESOURCE_EXHAUSTED: the worker's queue is full
     INVALID = "invalid"  # INVALID_ARGUMENT naming a field, as the engine's checks answer
+    BREAK = "break"  # one chunk, then UNAVAILABLE; the server and its connection stay up
 
 
 INVALID_DETAILS = "stop.max_tokens: must be a positive integer, got 0"
+BREAK_DETAILS = "the engine loop is closed"
+MAX_STREAMS = 40  # a thread per stream: 32 concurrent streams reach one worker in load tests
 
 
 class _FakeInference(inference_pb2_grpc.InferenceServicer):
@@ -59,6 +63,9 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
         if w.behaviour is Behaviour.INVALID:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS)
+        if w.behaviour is Behaviour.BREAK:
+            yield inference_pb2.GenerateResponse(request_id=request.request_id, token_ids=[1])
+            context.abort(grpc.StatusCode.UNAVAILABLE, BREAK_DETAILS)
         if w.behaviour is Behaviour.BLOCK:
             context.add_callback(w.cancelled.set)
             yield inference_pb2.GenerateResponse(request_id=request.request_id, token_ids=[1])
@@ -164,8 +171,10 @@ class ScriptedWorker:
         self.resolution: Resolution | None = None
         self.rejection: Reason | None = None
         self.actions: list[int] = []
-        self._server = grpc.server(futures.ThreadPoolExecutor(8))
+        self._server = grpc.server(futures.ThreadPoolExecutor(MAX_STREAMS))
         inference_pb2_grpc.add_InferenceServicer_to_server(_FakeInference(self), self._server)
+        # As a worker's server does: the controller watches its connection through health.
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self._server.start()
         self._channel = grpc.insecure_channel(controller_address)

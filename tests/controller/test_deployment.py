@@ -195,7 +195,7 @@ def test_drain_stops_routing_and_tells_the_worker_on_its_heartbeat():
     deployment, _, _ = make("on")
     up(deployment)
     assert deployment.registry.try_acquire("w0", 1)
-    record = deployment.drain("w0")
+    record = deployment.drain("w0", force=True)  # min_ready 1: only a forced drain
     assert record.state is WorkerState.DRAINING and record.num_outstanding == 1
     assert deployment.drain("w0").state is WorkerState.DRAINING  # idempotent
     assert not deployment.registry.try_acquire("w0", 10)
@@ -230,7 +230,7 @@ def test_reasons_put_the_problem_first_and_list_each_fallback_once():
     reasons = deployment.registry.get("w0").reasons
     codes = [r.code for r in reasons]
     assert codes == [ReasonCode.AUTO_NOT_ENABLED_ON_DEVICE, ReasonCode.PAGED_CACHE_NOT_ENABLED]
-    deployment.drain("w0")
+    deployment.drain("w0", force=True)
     assert deployment.registry.get("w0").reasons[0].code is ReasonCode.WORKER_NOT_SERVING
 
 

@@ -1,12 +1,14 @@
-"""The reconcile loop: idempotent passes, LOST detection, health follows the verdict, and a failing
-phase never stops the loop."""
+"""The reconcile loop: idempotent passes, LOST detection, suspects re-checked, health follows the
+verdict, and a failing phase never stops the loop."""
 
 import threading
 
 from grpc_health.v1 import health, health_pb2
 from intentserve.controller.service.reconcile import Reconciler
+from intentserve.controller.service.registry import WorkerLoad
 from intentserve.controller.service.router import Router
 from intentserve.controller.service.state import WorkerState
+from intentserve.policy import Reason, ReasonCode
 
 from tests.controller.conftest import eventually
 from tests.controller.test_deployment import TIMEOUT_S, make, up
@@ -15,9 +17,31 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+class FakeChannels:
+    """What the loop asks of the router's channels, with no network: which workers it watches,
+    and whether a watch is answered (`up`)."""
+
+    def __init__(self) -> None:
+        self.watched: dict[str, str] = {}
+        self.up: set[str] = set()
+
+    def watch(self, workers: dict[str, str]) -> None:
+        self.watched = dict(workers)
+
+    def prune(self, keep: set[str]) -> None:
+        self.up &= keep
+
+    def connected(self, address: str) -> bool:
+        return address in self.up
+
+    def close(self) -> None:
+        self.up.clear()
+
+
 class SpyRouter(Router):
     def __init__(self, deployment) -> None:
         super().__init__(deployment, max_outstanding_per_worker=1, max_outstanding_total=1)
+        self.channels = FakeChannels()
         self.aborted: list[str] = []
 
     def abort_streams(self, worker_id, reason):
@@ -45,7 +69,7 @@ def test_health_follows_the_verdict_for_both_service_names():
     up(deployment)
     assert reconciler.reconcile().ready
     assert health_of(servicer) == health_of(servicer, "d") == SERVING
-    deployment.drain("w0")
+    deployment.drain("w0", force=True)
     assert not reconciler.reconcile().ready
     assert health_of(servicer) == health_of(servicer, "d") == NOT_SERVING
 
@@ -70,6 +94,22 @@ def test_a_silent_worker_becomes_lost_its_streams_end_and_health_drops():
     assert not verdict.ready and health_of(servicer) == NOT_SERVING
     reconciler.reconcile()
     assert router.aborted == ["w0"]  # once, not every tick
+
+
+def test_ready_and_suspect_workers_are_watched_and_a_suspect_comes_back_when_answered():
+    reconciler, deployment, clock, router, servicer = loop()
+    up(deployment)
+    reconciler.reconcile()
+    assert router.channels.watched == {"w0:1": "w0"}
+    deployment.suspect("w0", "w0:1", Reason(ReasonCode.WORKER_NOT_SERVING, "suspect: broke"))
+    assert not reconciler.reconcile().ready and health_of(servicer) == NOT_SERVING
+    assert router.channels.watched == {"w0:1": "w0"}  # still watched: that is the re-check
+    clock.now_s += 0.1
+    deployment.heartbeat("w0", WorkerLoad())
+    assert not reconciler.reconcile().ready  # alive, but its connection is not answered yet
+    router.channels.up.add("w0:1")
+    assert reconciler.reconcile().ready and health_of(servicer) == SERVING
+    assert deployment.registry.get("w0").state is WorkerState.READY
 
 
 def test_a_failing_phase_is_counted_and_the_other_phases_still_run(monkeypatch, caplog):

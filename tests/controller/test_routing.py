@@ -186,7 +186,7 @@ def test_the_client_deadline_reaches_the_worker(start_controller, make_worker):
 def test_a_worker_dying_ends_only_its_stream_and_new_requests_go_elsewhere(
     start_controller, make_worker
 ):
-    _, client, (w0, w1) = ready_workers(
+    server, client, (w0, w1) = ready_workers(
         start_controller, make_worker, 2, num_tokens=20, token_delay_s=0.02
     )
     streams = {}
@@ -199,14 +199,19 @@ def test_a_worker_dying_ends_only_its_stream_and_new_requests_go_elsewhere(
     assert error.value.code() is grpc.StatusCode.UNAVAILABLE
     assert error.value.details().startswith("worker w0 became unavailable mid-stream")
     assert len(list(streams["w1"])) == 19
-    # Still READY (it heartbeats), but unreachable: new requests go to the other worker.
+    # Suspect at once (it still heartbeats, but its server is gone): new requests go to w1.
     for _ in range(4):
         assert {r.worker_id for r in client.generate(timeout=5)} == {"w1"}
     w1.kill_server()
+    eventually(lambda: not server.verdict().ready, what="both suspect: not ready")
     with pytest.raises(grpc.RpcError) as error:
         list(client.generate(timeout=5))
     assert error.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert "became unavailable before streaming" in error.value.details()
+    details = error.value.details()
+    assert details.startswith("deployment is not ready: not_enough_replicas: 0 of 1 required")
+    # w0's stream and connection broke together: either news may have come first.
+    assert "w0 (suspect: " in details
+    assert "w1 (suspect: its connection broke (" in details
 
 
 def test_a_worker_lost_to_heartbeats_mid_stream_ends_with_unavailable(

@@ -159,8 +159,11 @@ def test_explain_tells_the_chain_in_order(harness):
 
 def test_drain_and_shutdown(harness):
     harness.up()
-    drained = harness.call(ADMIN, "Drain", admin_pb2.DrainRequest(worker_id="w0"))
+    # min_ready 1: draining the only worker stops the deployment serving, so it must be forced.
+    drained = harness.call(ADMIN, "Drain", admin_pb2.DrainRequest(worker_id="w0", force=True))
     assert worker_state_from_pb(drained.state) is WorkerState.DRAINING
+    resumed = harness.call(ADMIN, "Resume", admin_pb2.ResumeRequest(worker_id="w0"))
+    assert worker_state_from_pb(resumed.state) is WorkerState.READY
     harness.call(ADMIN, "Shutdown", admin_pb2.ShutdownRequest())
     assert harness.shutdowns == [1]
 

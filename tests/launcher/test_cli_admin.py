@@ -95,8 +95,37 @@ def test_generate_streams_the_text_and_reports_the_worker(deployment, capsys):
 
 
 @pytest.mark.integration
+def test_a_drain_below_min_ready_asks_for_force_and_resume_undoes_it(deployment, capsys):
+    address = ("--controller", deployment.address)
+    code, out, err = run(capsys, "drain", "w-1", *address)
+    assert (code, out) == (1, "")
+    assert err == (
+        "error: FAILED_PRECONDITION: draining w-1 would leave 1 of 2 required replicas verified "
+        "(min_ready 2): the deployment would stop serving until it is resumed\n"
+        "use --force to drain it anyway\n"
+    )
+    assert deployment.verdict().ready
+    code, out, _ = run(capsys, "drain", "w-1", "--force", *address)
+    assert (code, out) == (0, "w-1: draining, 0 streams running\n")
+    eventually(lambda: not deployment.verdict().ready, what="not ready")
+    code, out, _ = run(capsys, "status", *address)
+    lines = out.splitlines()
+    assert lines[:2] == [
+        "deployment test-deployment: PENDING (1 of 2 required replicas verified)",
+        "reason: not_enough_replicas: 1 of 2 required replicas verified; not serving: "
+        "w-1 (draining: receives no new requests)",
+    ]
+    assert [line.split()[:2] for line in lines if line.startswith("w-1 ")] == [["w-1", "draining"]]
+    code, out, _ = run(capsys, "resume", "w-1", *address)
+    assert (code, out) == (0, "w-1: ready\n")
+    eventually(lambda: deployment.verdict().ready, what="READY again")
+    code, out, _ = run(capsys, "resume", "w-1", "--json", *address)
+    assert (code, json.loads(out)) == (0, {"state": "ready", "num_outstanding": 0})
+
+
+@pytest.mark.integration
 def test_drain_then_down(deployment, capsys):
-    code, out, _ = run(capsys, "drain", "w-0", "--controller", deployment.address)
+    code, out, _ = run(capsys, "drain", "w-0", "--force", "--controller", deployment.address)
     assert (code, out) == (0, "w-0: draining, 0 streams running\n")
     code, out, _ = run(capsys, "down", "--controller", deployment.address)
     assert code == 0
@@ -109,6 +138,7 @@ def test_drain_then_down(deployment, capsys):
     [
         (["explain", "nobody"], 2, "error: NOT_FOUND: unknown worker 'nobody'"),
         (["drain", "nobody"], 2, "error: NOT_FOUND"),
+        (["resume", "nobody"], 2, "error: NOT_FOUND: unknown worker 'nobody'"),
     ],
 )
 def test_bad_input_exits_2_naming_it(deployment, capsys, argv, code, message):

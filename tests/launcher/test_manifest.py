@@ -3,6 +3,7 @@ allowed), env overrides, and what it hands the controller and the workers."""
 
 from __future__ import annotations
 
+import socket
 import textwrap
 
 import pytest
@@ -229,4 +230,64 @@ def test_up_exits_2_on_a_bad_manifest_before_starting_anything(tmp_path, capsys)
     err = capsys.readouterr().err
     assert (
         "spec.pagedAttention.mode: invalid value 'maybe'; allowed values are auto, on, off" in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec_yaml", "expected"),
+    [
+        # CPU workers share the node's memory: the embedded cluster is one node.
+        (
+            "spec: {replicas: 2, pagedAttention: {kvCacheMemory: 60%}}",
+            "spec.pagedAttention.kvCacheMemory: 2 replicas share one node's free memory: "
+            "2 x 60% is 120% (at most 100%); give each at most 50%, or a size in bytes",
+        ),
+        (
+            "spec: {replicas: 3, pagedAttention: {kvCacheMemory: 40%}}",
+            "spec.pagedAttention.kvCacheMemory: 3 replicas share one node's free memory: "
+            "3 x 40% is 120% (at most 100%); give each at most 33%, or a size in bytes",
+        ),
+        # Fractional GPUs: 1 / numGpus workers share a GPU's memory.
+        (
+            "spec: {replicas: 3, resources: {device: cuda, numGpus: 0.5}, "
+            "pagedAttention: {kvCacheMemory: 60%}}",
+            "spec.pagedAttention.kvCacheMemory: 2 replicas share one GPU's free memory: "
+            "2 x 60% is 120% (at most 100%); give each at most 50%, or a size in bytes",
+        ),
+        ("spec: {replicas: 2, pagedAttention: {kvCacheMemory: 50%}}", None),
+        ("spec: {replicas: 1, pagedAttention: {kvCacheMemory: 100%}}", None),
+        ("spec: {replicas: 4, pagedAttention: {kvCacheMemory: 4Gi}}", None),
+        ("spec: {replicas: 4}", None),  # the default share (10%) is the worker's own
+        (
+            "spec: {replicas: 2, resources: {device: cuda, numGpus: 1}, "
+            "pagedAttention: {kvCacheMemory: 90%}}",
+            None,  # a GPU each
+        ),
+    ],
+)
+def test_percent_budgets_that_share_one_memory_must_fit_in_it(tmp_path, spec_yaml, expected):
+    path = manifest_file(tmp_path, MINIMAL + spec_yaml)
+    if expected is None:
+        load_manifest(path)
+        return
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(path)
+    assert caught.value.problems == [expected]
+    # On a joined cluster Ray decides the placement: the manifest is accepted, `up` warns.
+    assert load_manifest(path, one_node=False).shared_kv_problem() == expected
+
+
+def test_up_refuses_an_overcommitted_percent_budget_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    path = manifest_file(
+        tmp_path, MINIMAL + "spec: {replicas: 2, pagedAttention: {kvCacheMemory: 60%}}"
+    )
+    with socket.socket() as taken:  # were it not refused, `up` would stop at the taken port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("INTENTSERVE_SPEC__CONTROLLER__PORT", str(taken.getsockname()[1]))
+        assert main(["up", str(path)]) == 2
+    assert "spec.pagedAttention.kvCacheMemory: 2 replicas share one node's free memory" in (
+        capsys.readouterr().err
     )

@@ -1,5 +1,6 @@
 import pytest
 from intentserve.policy import (
+    Availability,
     BackendKind,
     CacheKind,
     RealizedCache,
@@ -67,19 +68,56 @@ def test_auto_fallback_is_ready():
     ("reports", "code"),
     [
         ([WorkerReport("w0", GOOD), WorkerReport("w1")], ReasonCode.WORKER_PENDING),
-        (
-            [WorkerReport("w0", GOOD), WorkerReport("w1", GOOD, serving=False)],
-            ReasonCode.WORKER_NOT_SERVING,
-        ),
         ([WorkerReport("w0", GOOD)], None),
     ],
 )
 def test_not_enough_verified_replicas(reports, code):
     v = verdict("on", reports)
-    assert not v.ready and not v.failed
+    assert not v.ready and not v.failed and not v.degraded
     assert v.reason.code is ReasonCode.NOT_ENOUGH_REPLICAS
     assert v.reason.message == "1 of 2 required replicas verified"
     assert [r.code for _, r in v.worker_reasons] == ([code] if code else [])
+
+
+DRAINING = Reason(ReasonCode.WORKER_NOT_SERVING, "draining: receives no new requests")
+SUSPECT = Reason(ReasonCode.WORKER_NOT_SERVING, "suspect: its connection failed")
+LOST = Reason(ReasonCode.WORKER_NOT_SERVING, "lost: no heartbeat for 5.2 s")
+
+
+@pytest.mark.parametrize(
+    ("availability", "why", "min_ready", "ready", "degraded", "code"),
+    [
+        # Every availability of a verified second worker, with min_ready 1 (still met) and 2.
+        (Availability.SERVING, None, 1, True, False, ReasonCode.READY),
+        (Availability.DRAINING, DRAINING, 1, True, False, ReasonCode.READY),
+        (Availability.SUSPECT, SUSPECT, 1, True, True, ReasonCode.DEGRADED),
+        (Availability.LOST, LOST, 1, True, True, ReasonCode.DEGRADED),
+        (Availability.SERVING, None, 2, True, False, ReasonCode.READY),
+        (Availability.DRAINING, DRAINING, 2, False, False, ReasonCode.NOT_ENOUGH_REPLICAS),
+        (Availability.SUSPECT, SUSPECT, 2, False, False, ReasonCode.NOT_ENOUGH_REPLICAS),
+        (Availability.LOST, LOST, 2, False, False, ReasonCode.NOT_ENOUGH_REPLICAS),
+    ],
+)
+def test_a_worker_out_of_service_is_not_counted_and_says_why(
+    availability, why, min_ready, ready, degraded, code
+):
+    reports = [
+        WorkerReport("w0", GOOD),
+        WorkerReport("w1", GOOD, availability=availability, why=why),
+    ]
+    v = verdict("on", reports, min_ready)
+    assert (v.ready, v.degraded, v.failed, v.reason.code) == (ready, degraded, False, code)
+    assert v.num_verified == (2 if availability is Availability.SERVING else 1)
+    if why is not None:
+        assert v.reason.message.endswith(f"; not serving: w1 ({why.message})")
+        assert dict(v.worker_reasons)["w1"] == why
+
+
+def test_a_worker_lost_before_it_reported_counts_as_lost():
+    lost = WorkerReport("w1", availability=Availability.LOST, why=LOST)
+    v = verdict("on", [WorkerReport("w0", GOOD), lost], 1)
+    assert v.ready and v.degraded
+    assert dict(v.worker_reasons)["w1"] == LOST
 
 
 def test_min_ready_must_be_positive():

@@ -17,6 +17,7 @@ class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_STATE_LOST: _ClassVar[WorkerState]
     WORKER_STATE_DRAINING: _ClassVar[WorkerState]
     WORKER_STATE_REGISTERED: _ClassVar[WorkerState]
+    WORKER_STATE_SUSPECT: _ClassVar[WorkerState]
 
 class DeploymentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -24,6 +25,7 @@ class DeploymentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEPLOYMENT_STATE_PENDING: _ClassVar[DeploymentState]
     DEPLOYMENT_STATE_READY: _ClassVar[DeploymentState]
     DEPLOYMENT_STATE_FAILED: _ClassVar[DeploymentState]
+    DEPLOYMENT_STATE_DEGRADED: _ClassVar[DeploymentState]
 WORKER_STATE_UNSPECIFIED: WorkerState
 WORKER_STATE_LOADING: WorkerState
 WORKER_STATE_READY: WorkerState
@@ -31,10 +33,12 @@ WORKER_STATE_REJECTED: WorkerState
 WORKER_STATE_LOST: WorkerState
 WORKER_STATE_DRAINING: WorkerState
 WORKER_STATE_REGISTERED: WorkerState
+WORKER_STATE_SUSPECT: WorkerState
 DEPLOYMENT_STATE_UNSPECIFIED: DeploymentState
 DEPLOYMENT_STATE_PENDING: DeploymentState
 DEPLOYMENT_STATE_READY: DeploymentState
 DEPLOYMENT_STATE_FAILED: DeploymentState
+DEPLOYMENT_STATE_DEGRADED: DeploymentState
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -103,12 +107,28 @@ class ExplainResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., worker: _Optional[_Union[WorkerStatus, _Mapping]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
+    __slots__ = ("worker_id", "force")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    force: bool
+    def __init__(self, worker_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("state", "num_outstanding")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    state: WorkerState
+    num_outstanding: int
+    def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., num_outstanding: _Optional[int] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
     __slots__ = ("worker_id",)
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
-class DrainResponse(_message.Message):
+class ResumeResponse(_message.Message):
     __slots__ = ("state", "num_outstanding")
     STATE_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class AdminStub:
                 request_serializer=intentserve_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
                 response_deserializer=intentserve_dot_v1_dot_admin__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/intentserve.v1.Admin/Resume',
+                request_serializer=intentserve_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_admin__pb2.ResumeResponse.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/intentserve.v1.Admin/Shutdown',
                 request_serializer=intentserve_dot_v1_dot_admin__pb2.ShutdownRequest.SerializeToString,
@@ -76,7 +81,16 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Drain(self, request, context):
-        """Stop routing to a worker and let its streams finish; NOT_FOUND for an unknown worker.
+        """Stop routing to a worker and let its streams finish; NOT_FOUND for an unknown worker,
+        FAILED_PRECONDITION when it would leave fewer than min_ready verified replicas (unless force).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Undo a drain: the worker receives requests again, its verified state kept; NOT_FOUND for an
+        unknown worker, FAILED_PRECONDITION for one that is lost, rejected or suspect.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,6 +120,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=intentserve_dot_v1_dot_admin__pb2.DrainRequest.FromString,
                     response_serializer=intentserve_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=intentserve_dot_v1_dot_admin__pb2.ResumeRequest.FromString,
+                    response_serializer=intentserve_dot_v1_dot_admin__pb2.ResumeResponse.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -195,6 +214,33 @@ class Admin:
             '/intentserve.v1.Admin/Drain',
             intentserve_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
             intentserve_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/intentserve.v1.Admin/Resume',
+            intentserve_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
+            intentserve_dot_v1_dot_admin__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,118 @@
+"""The controller's channels to the workers' Inference servers, one per address, and a watch
+stream on each serving worker.
+
+The watch is a `grpc.health.v1.Health/Watch` stream the worker's server holds open (health is
+open to any caller). Its statuses do not matter; its life does: when the worker's process dies
+or its server stops, the stream breaks with UNAVAILABLE at once, like any stream to it, and the
+worker becomes SUSPECT without waiting for the heartbeat timeout. A watch that is answered again
+(`connected`) is what lets the reconcile loop restore a suspect worker.
+
+NOTE: a stream, not grpc's connectivity subscription: that one's poller thread races with
+`channel.close()` and can fail on the closed channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.service.deployment import Deployment
+from intentserve.policy import Reason, ReasonCode
+
+log = logging.getLogger(__name__)
+
+
+class _Entry:
+    """One address: its channel and the watch on it."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self.watch: grpc.Call | None = None  # the open watch stream, if any
+        self.connected = False  # the open watch has been answered
+        self.unwatchable = False  # the server has no health service: only streams tell
+
+
+class WorkerChannels:
+    def __init__(self, deployment: Deployment, factory: Callable[[str, str], grpc.Channel]) -> None:
+        """`factory(address, worker_id)`: with TLS, the worker is verified as itself."""
+        self._deployment = deployment
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+
+    def get(self, address: str, worker_id: str) -> grpc.Channel:
+        """The channel to `worker_id` at `address` (made on first use)."""
+        with self._lock:
+            return self._entry(address, worker_id).channel
+
+    def watch(self, workers: dict[str, str]) -> None:
+        """Hold a watch stream open to each worker (address -> worker id) that has none."""
+        request = health_pb2.HealthCheckRequest(service="")
+        with self._lock:
+            for address, worker_id in workers.items():
+                entry = self._entry(address, worker_id)
+                if entry.watch is not None or entry.unwatchable:
+                    continue
+                entry.watch = health_pb2_grpc.HealthStub(entry.channel).Watch(request)
+                threading.Thread(
+                    target=self._follow,
+                    args=(address, worker_id, entry, entry.watch),
+                    name=f"watch-{worker_id}",
+                    daemon=True,
+                ).start()
+
+    def connected(self, address: str) -> bool:
+        """Whether a watch stream to `address` is open and has been answered."""
+        with self._lock:
+            entry = self._entries.get(address)
+            return entry is not None and entry.connected
+
+    def prune(self, keep: set[str]) -> None:
+        """End the watch and close the channel of every address not in `keep` (a restarted
+        worker moved)."""
+        with self._lock:
+            stale = [self._entries.pop(a) for a in list(self._entries) if a not in keep]
+        for entry in stale:
+            if entry.watch is not None:
+                entry.watch.cancel()
+            entry.channel.close()
+
+    def close(self) -> None:
+        self.prune(set())
+
+    def _entry(self, address: str, worker_id: str) -> _Entry:
+        entry = self._entries.get(address)
+        if entry is None:
+            entry = self._entries[address] = _Entry(self._factory(address, worker_id))
+        return entry
+
+    def _follow(self, address: str, worker_id: str, entry: _Entry, call: grpc.Call) -> None:
+        """The watch's own thread: connected while answered, SUSPECT when it breaks."""
+        try:
+            for _ in call:
+                with self._lock:
+                    entry.connected = True
+        except grpc.RpcError as error:
+            self._ended(address, worker_id, entry, error.code(), error.details())
+        finally:
+            with self._lock:
+                entry.connected = False
+                if entry.watch is call:
+                    entry.watch = None  # the next reconcile pass opens another
+
+    def _ended(
+        self, address: str, worker_id: str, entry: _Entry, code: grpc.StatusCode, details: str
+    ) -> None:
+        if code is grpc.StatusCode.UNIMPLEMENTED:
+            log.warning("worker %s at %s has no health service to watch", worker_id, address)
+            with self._lock:
+                entry.unwatchable = True
+        elif code is grpc.StatusCode.UNAVAILABLE:
+            reason = Reason(
+                ReasonCode.WORKER_NOT_SERVING, f"suspect: its connection broke ({details})"
+            )
+            if self._deployment.suspect(worker_id, address, reason) is not None:
+                log.warning("worker %s is %s", worker_id, reason.message)
