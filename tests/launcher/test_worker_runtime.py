@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
 from intentserve.controller.service.state import WorkerState
@@ -224,3 +226,30 @@ def test_spec_refuses_unknown_keys():
         WorkerSpec.from_dict({"worker_id": "w", "controller_address": "x:1", "colour": "red"})
     spec = WorkerSpec.from_dict({"worker_id": "w", "controller_address": "x:1", "device_map": []})
     assert spec.device_map == ()
+
+
+def worker_health(address: str) -> str:
+    channel = grpc.insecure_channel(address)
+    try:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    finally:
+        channel.close()
+
+
+@pytest.mark.integration
+def test_a_drained_worker_says_not_serving_and_serving_again_once_resumed(
+    controller, runtime, tiny_model
+):
+    server = controller(paged_attention="on", replicas=2, min_ready=1)
+    rt = runtime(server, tiny_model)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    address = rt.status()["address"]
+    assert worker_health(address) == "SERVING"
+    server.deployment.drain("w-0", force=True)
+    eventually(lambda: worker_health(address) == "NOT_SERVING", what="NOT_SERVING while drained")
+    server.deployment.resume("w-0")
+    eventually(lambda: worker_health(address) == "SERVING", what="SERVING once resumed")
+    assert worker_record(server).state is WorkerState.READY

@@ -46,11 +46,14 @@ class Heartbeat:
 
     def _run(self) -> None:
         last_warning_s = 0.0
+        last = Action.CONTINUE
         while not self._stop.is_set():
             try:
                 action = self._client.heartbeat(self._load(), timeout_s=self._interval_s * 2)
-                if action is not Action.CONTINUE:
+                # Every request to act, and the return to CONTINUE after one (a resumed drain).
+                if action is not Action.CONTINUE or last is not Action.CONTINUE:
                     self._on_action(action)
+                last = action
             except grpc.RpcError as error:
                 # NOTE: the controller may be restarting; it asks us to register when it is back.
                 if time.monotonic() - last_warning_s > _WARN_EVERY_S:

@@ -248,8 +248,9 @@ class WorkerRuntime:
     def _on_action(self, action: Action) -> None:
         if action is Action.REGISTER:
             self._register_again.set()
-        elif action is Action.DRAIN and self._server is not None:
-            self._server.health.enter_graceful_shutdown()
+        elif self._server is not None:
+            # DRAIN: NOT_SERVING while the controller routes nothing here; CONTINUE: resumed.
+            self._server.set_draining(action is Action.DRAIN)
 
     def _set(self, phase: Phase, detail: str = "") -> None:
         with self._changed:

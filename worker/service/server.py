@@ -68,10 +68,13 @@ class WorkerServer:
         max_streams = max_streams or STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
         # NOTE: public so the host can publish NOT_SERVING while it drains.
         self.health = health.HealthServicer()
+        self._draining = False
         for name in HEALTH_NAMES:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.loop = EngineLoop(
-            engine, name=f"engine-loop-{worker_id}", health=StepHealth(self.health, HEALTH_NAMES)
+            engine,
+            name=f"engine-loop-{worker_id}",
+            health=StepHealth(self.health, HEALTH_NAMES, may_serve=lambda: not self._draining),
         )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
@@ -117,6 +120,16 @@ class WorkerServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("worker %s serving on %s", self.worker_id, self.address)
         return self
+
+    def set_draining(self, draining: bool) -> None:
+        """Health NOT_SERVING while the controller drains this worker (its streams finish);
+        SERVING again when it resumes it."""
+        if draining == self._draining:
+            return
+        self._draining = draining
+        status = health_pb2.HealthCheckResponse
+        for name in HEALTH_NAMES:
+            self.health.set(name, status.NOT_SERVING if draining else status.SERVING)
 
     def stop(self, grace_s: float | None = 1.0) -> None:
         """Health goes NOT_SERVING, running streams get `grace_s` to finish, then the server

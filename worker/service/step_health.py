@@ -12,7 +12,7 @@ back; a worker that never recovers is left to whoever watches its health to rest
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from grpc_health.v1 import health, health_pb2
 
@@ -34,8 +34,12 @@ class StepHealth:
         servicer: health.HealthServicer,
         names: Sequence[str],
         threshold: int = FAILED_STEPS_NOT_SERVING,
+        may_serve: Callable[[], bool] = lambda: True,
     ) -> None:
+        """`may_serve`: False while the server is drained on purpose; then a recovered step
+        leaves health NOT_SERVING."""
         self._servicer = servicer
+        self._may_serve = may_serve
         self._names = tuple(names)
         self._threshold = threshold
         self._num_failed_in_a_row = 0
@@ -54,8 +58,9 @@ class StepHealth:
         if not self._marked_not_serving:
             return
         self._marked_not_serving = False
-        log.info("an engine step succeeded again: health goes SERVING")
-        self._publish(health_pb2.HealthCheckResponse.SERVING)
+        if self._may_serve():
+            log.info("an engine step succeeded again: health goes SERVING")
+            self._publish(health_pb2.HealthCheckResponse.SERVING)
 
     def _publish(self, status: int) -> None:
         for name in self._names:
