@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -54,7 +53,10 @@ def venv(wheel, tmp_path_factory) -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # NOTE: every site-packages folder on this interpreter's path, not only its own: a venv that
+    # borrows its packages through a .pth file (a git worktree's) has them in another one.
+    borrowed = [p for p in sys.path if Path(p).name == "site-packages"]
+    (Path(site) / "deps.pth").write_text("".join(f"{p}\n" for p in borrowed))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python", python]
     subprocess.run([*pip, "install", "--no-deps", wheel], check=True)
     return root
