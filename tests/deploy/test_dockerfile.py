@@ -149,6 +149,7 @@ def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look():
     assert build_step in [i.text for i in final.all("RUN")]
 
 
+@pytest.mark.integration  # runs make (a dry run)
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 def test_make_image_builds_this_dockerfile_tagged_with_the_version():
     dry_run = subprocess.run(
