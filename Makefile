@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast run proto lint clean
+.PHONY: setup test test-fast run proto lint clean image image-cuda constraints
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,22 @@ run: setup
 ## Regenerate the gRPC modules after editing proto/intentserve/v1/*.proto.
 proto: setup
 	$(PY) proto/generate.py
+
+## The container image, intentserve:<version> (needs Docker with BuildKit; see the Dockerfile's
+## header and docs/deploy.md): the controller's, and the Ray head's and workers'.
+IMAGE ?= intentserve
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proto/intentserve/__init__.py)
+TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu128
+
+image:
+	docker build -t $(IMAGE):$(VERSION) .
+
+image-cuda:
+	docker build -t $(IMAGE):$(VERSION)-cuda --build-arg TORCH_INDEX=$(TORCH_CUDA_INDEX) .
+
+## Re-pin the image's runtime dependencies (deploy/image/constraints.txt) after changing them.
+constraints: setup
+	$(PY) deploy/image/lock.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -28,6 +28,7 @@ from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
+from intentserve.controller.launch.ray_target import choose_ray_target
 from intentserve.controller.launch.security import (
     DeploymentSecurity,
     SecurityError,
@@ -179,8 +180,10 @@ def run(args: argparse.Namespace) -> int:
         RayLauncher,  # ray is imported only when `up` runs
     )
 
+    ray_target = choose_ray_target(args.ray_address)
+    progress.say(f"ray: {ray_target.describe()}")
     launcher = RayLauncher(
-        address=args.ray_address,
+        address=ray_target.address,
         num_cpus=args.ray_num_cpus,
         temp_dir=args.ray_temp_dir,
         log_to_driver=args.worker_logs,
@@ -198,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
         credentials.remove(server.address)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        progress.say("stopped: controller down, worker actors killed, Ray shut down")
+        ray_after = "Ray shut down" if launcher.embedded else "the Ray cluster left running"
+        progress.say(f"stopped: controller down, worker actors killed, {ray_after}")
 
 
 def _up(
@@ -209,7 +213,6 @@ def _up(
     prepared: DeploymentSecurity,
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
-    progress.say(f"ray: {'starting an embedded cluster' if launcher.embedded else 'joining'}")
     described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
     _install_signals(server, progress.signals)  # NOTE: ray.init installed its own SIGTERM one
     progress.say(f"ray: {described}, GCS at {launcher.gcs_address()}")
@@ -311,8 +314,8 @@ def add_parser(commands) -> None:
         "--ray-address",
         default=None,
         metavar="ADDRESS",
-        help="join this Ray cluster (auto, HOST:6379, ray://HOST:10001); default: start an "
-        "embedded one",
+        help="join this Ray cluster (auto, HOST:6379, ray://HOST:10001; local: start an embedded "
+        "one); default: $RAY_ADDRESS when set (as `ray job submit` sets it), else embedded",
     )
     up.add_argument(
         "--ray-num-cpus",

@@ -43,7 +43,9 @@ class UpProcess:
         self.address = f"127.0.0.1:{self.port}"
         self.temp_dir = short_temp_dir()
         self.stdout_path, self.stderr_path = log_dir / "up.out", log_dir / "up.err"
-        env = {**os.environ, "INTENTSERVE_SPEC__CONTROLLER__PORT": str(self.port), **env_overrides}
+        # NOTE: `up` joins the cluster RAY_ADDRESS names; a test that wants that passes it.
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env |= {"INTENTSERVE_SPEC__CONTROLLER__PORT": str(self.port), **env_overrides}
         self.started_s = time.monotonic()
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.proc = subprocess.Popen(

