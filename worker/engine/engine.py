@@ -11,10 +11,12 @@ never calls back into the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
 from intentserve.ids import new_request_id
+from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import PreparedRequest, RequestOutput, RequestState
 from intentserve.worker.engine.runner import Runner
@@ -46,16 +48,17 @@ class Engine:
 
     def prepare(
         self,
-        prompt: str | Seq[int],
+        prompt: str | Seq[int] | Conversation,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
         chat: bool = False,
     ) -> PreparedRequest:
         """Check and tokenize a request: text (with `chat`, as the user's turn through the
-        model's chat template) or token ids. It reads no engine state, so any thread may call it
-        (the serving loop tokenizes off its own thread). Every check of a request's content
-        happens here, once; InvalidRequestError names the field."""
+        model's chat template), a whole conversation (through the template) or token ids. It
+        reads no engine state, so any thread may call it (the serving loop tokenizes off its own
+        thread). Every check of a request's content happens here, once; InvalidRequestError
+        names the field. `max_tokens=None` becomes what the model length leaves."""
         params = params or SamplingParams()
         prompt_ids = self._prompt_ids(prompt, chat)
         if len(prompt_ids) >= self.max_model_len:
@@ -64,6 +67,8 @@ class Engine:
                 f"has {len(prompt_ids)} tokens; at most {self.max_model_len - 1} fit "
                 f"max_model_len={self.max_model_len}",
             )
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         if params.max_tokens > self.max_model_len - len(prompt_ids):
             raise InvalidRequestError(
                 "max_tokens",
@@ -89,7 +94,7 @@ class Engine:
 
     def add_request(
         self,
-        prompt: str | Seq[int],
+        prompt: str | Seq[int] | Conversation,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
@@ -133,7 +138,9 @@ class Engine:
             yield from self.step()
 
     def generate(
-        self, prompts: Iterable[str | Seq[int]], params: SamplingParams | None = None
+        self,
+        prompts: Iterable[str | Seq[int] | Conversation],
+        params: SamplingParams | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion; one combined output per prompt, in order.
 
@@ -169,7 +176,9 @@ class Engine:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt: str | Seq[int], chat: bool) -> list[int]:
+    def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
+        if isinstance(prompt, Conversation):
+            return self.tokenizer.encode(prompt.render(self.tokenizer))
         if len(prompt) == 0:
             raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
         if not isinstance(prompt, str):
@@ -183,10 +192,7 @@ class Engine:
                 )
             return list(prompt)
         if chat:
-            try:
-                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            except ValueError as error:
-                raise InvalidRequestError("chat", str(error)) from None
+            prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
         return self.tokenizer.encode(prompt)
 
     def _stop_reason(self, seq_id: str, token_id: int) -> FinishReason | None:

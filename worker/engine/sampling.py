@@ -15,7 +15,7 @@ class InvalidRequestError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 128
+    max_tokens: int | None = 128  # None: as many as the model length leaves after the prompt
     temperature: float = 0.0  # 0 is greedy
     top_k: int = 0  # 0 disables top-k
     top_p: float = 1.0
@@ -25,7 +25,9 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens <= 0
+        ):
             raise InvalidRequestError(
                 "max_tokens", f"must be a positive integer, got {self.max_tokens!r}"
             )
