@@ -54,10 +54,17 @@ def venv(wheel, tmp_path_factory) -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # NOTE: every site-packages folder of this environment: a venv may itself borrow its
+    # packages through a .pth file, which Python does not follow from another .pth.
+    borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], *_site_folders()])
+    (Path(site) / "deps.pth").write_text("".join(f"{folder}\n" for folder in borrowed))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python", python]
     subprocess.run([*pip, "install", "--no-deps", wheel], check=True)
     return root
+
+
+def _site_folders() -> list[str]:
+    return [p for p in sys.path if p.endswith("site-packages")]
 
 
 def _run(venv: Path, *argv: str) -> subprocess.CompletedProcess:
