@@ -64,6 +64,11 @@ class Deployment:
         self.client = ControllerClient(self.address, timeout_s=30, credentials=saved)
         return self
 
+    @property
+    def pid(self) -> int:
+        """The `up` process: the controller with its front ends (workers are Ray's processes)."""
+        return self._proc.pid
+
     def __exit__(self, *exc_info) -> None:
         if self.client is not None:
             self.client.close()
