@@ -32,6 +32,7 @@ class Deployment:
         self, manifest: Path, work: Path, *, api_key: str | None = None, ready_s: float = 300.0
     ) -> None:
         self.address = f"127.0.0.1:{free_port()}"
+        self.http_port = free_port()
         self._manifest, self._work, self._api_key, self._ready_s = manifest, work, api_key, ready_s
         self.client: ControllerClient | None = None
         self._proc: subprocess.Popen | None = None
@@ -39,7 +40,11 @@ class Deployment:
     def __enter__(self) -> Deployment:
         port = self.address.rsplit(":", 1)[1]
         self._log = (self._work / f"up-{port}.log").open("w")
-        env = {**os.environ, "INTENTSERVE_SPEC__CONTROLLER__PORT": port}
+        env = {
+            **os.environ,
+            "INTENTSERVE_SPEC__CONTROLLER__PORT": port,
+            "INTENTSERVE_SPEC__CONTROLLER__HTTPPORT": str(self.http_port),
+        }
         self._proc = subprocess.Popen(
             [str(INTENTSERVE), "up", str(self._manifest)],
             stdout=self._log,
@@ -58,6 +63,11 @@ class Deployment:
             saved = dataclasses.replace(saved, api_key=self._api_key)
         self.client = ControllerClient(self.address, timeout_s=30, credentials=saved)
         return self
+
+    @property
+    def pid(self) -> int:
+        """The `up` process: the controller with its front ends (workers are Ray's processes)."""
+        return self._proc.pid
 
     def __exit__(self, *exc_info) -> None:
         if self.client is not None:

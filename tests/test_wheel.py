@@ -64,6 +64,10 @@ def venv(wheel, tmp_path_factory) -> Path:
     return root
 
 
+def _site_folders() -> list[str]:
+    return [p for p in sys.path if p.endswith("site-packages")]
+
+
 def _run(venv: Path, *argv: str) -> subprocess.CompletedProcess:
     # NOTE: cwd is not the checkout, so only the installed copy can be imported.
     return subprocess.run(

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 from intentserve.policy import PagedAttentionMode, parse_kv_memory
 from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import RequestOutput
-from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Conversation
 
 
 @dataclass(frozen=True)
@@ -107,16 +108,6 @@ class LLM:
     def chat(
         self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None
     ) -> Completion:
-        """The assistant's reply to one conversation ({"role", "content"} dicts), rendered
-        through the model's chat template."""
-        if not messages or not all(
-            isinstance(m, Mapping) and {"role", "content"} <= m.keys() for m in messages
-        ):
-            raise InvalidRequestError(
-                "messages", 'must be a non-empty list of {"role": ..., "content": ...} dicts'
-            )
-        try:
-            prompt = self.engine.tokenizer.apply_chat_template(messages)
-        except ValueError as exc:
-            raise InvalidRequestError("messages", str(exc)) from exc
-        return self.generate([prompt], params)[0]
+        """The assistant's reply to one conversation ({"role", "content"} dicts; roles system,
+        user and assistant), rendered through the model's chat template."""
+        return self.generate([Conversation.of(messages)], params)[0]

@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         f"controller listening on {config.host}:{server.bound_port} "
         f"(health NOT_SERVING until READY); workers register on {server.registry_address}; "
         f"{describe_security(prepared)}; the admin CLI's credentials are in {saved}"
+        + (f"; HTTP API on {server.http_url}" if server.http_url else "")
     )
     from intentserve.controller.launch.launcher import (
         RayLauncher,  # ray is imported only when `up` runs
@@ -263,6 +264,8 @@ def _up(
             progress.say(f"still waiting: {verdict.reason.message}")
     progress.say(f"READY after {progress.elapsed_s:.1f} s")
     print(f"\n{status_report(server)}\n", flush=True)
+    if server.http_url:
+        print(f"serving HTTP on {server.http_url}: OpenAI's /v1, /health, /metrics", flush=True)
     print(
         f"serving gRPC on {server.address} (intentserve.v1.Inference/Generate); "
         f"try: intentserve generate 'Hello' --controller {server.address}\n"

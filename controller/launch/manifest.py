@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import yaml
 from intentserve.controller.launch.validation import describe_validation_error
 from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
-from intentserve.controller.service.state import DesiredState
+from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
@@ -59,6 +59,7 @@ KIND = "Deployment"
 # NOTE: mirrors worker.model.dtype.ALLOWED_DTYPES (controller/ never imports worker/); a test
 # keeps the two equal.
 MODEL_DTYPES = ("auto", "float32", "bfloat16")
+DEFAULT_HTTP_PORT = 8000  # vLLM's and most OpenAI-compatible servers'
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
@@ -85,7 +86,7 @@ class _Section(BaseModel):
 
 
 class ModelSpec(_Section):
-    name: str = Field("smollm2-135m", min_length=1, description="short name, .gguf file or folder")
+    name: str = Field(DEFAULT_MODEL, min_length=1, description="short name, .gguf file or folder")
     dtype: str = "auto"
 
     @field_validator("dtype")
@@ -188,6 +189,9 @@ class ControllerSpec(_Section):
     registry_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     # Plaintext, health only, for probes that speak no TLS (Kubernetes' gRPC probe).
     health_port: int | None = Field(None, ge=0, le=65535)
+    # The OpenAI-compatible HTTP API with /health and /metrics, on `host` like gRPC (HTTPS with
+    # the controller's certificate unless insecure); null: none.
+    http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
     advertise_host: str | None = None  # where workers reach it; default: found from the route
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
@@ -324,6 +328,7 @@ class Manifest(BaseSettings):
             auto_devices=auto_devices,
             replicas=s.replicas,
             min_ready=s.min_ready or s.replicas,
+            model=s.model.name,
         )
         return ControllerConfig(
             desired=desired,
@@ -331,6 +336,7 @@ class Manifest(BaseSettings):
             port=c.port,
             registry_port=c.registry_port,
             health_port=c.health_port,
+            http_port=c.http_port,
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,

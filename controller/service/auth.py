@@ -5,7 +5,8 @@
   request's `worker_id`. No certificate: UNAUTHENTICATED; another identity: PERMISSION_DENIED.
 - Admin: operators, with a bearer token in the call metadata (`authorization: Bearer <token>`).
   Status and Explain need it too: they show every worker's address and realized state.
-- Inference: open, or, when API keys are set, a valid key (or the admin token) as a bearer token.
+- Inference: open, or, when API keys are set, a valid key (or the admin token) as a bearer token;
+  the HTTP API asks `Security.admits_client` the same question.
 - Health and reflection stay open: load balancers and probes need them.
 
 Refusals are logged with the peer's address. With `tls` None (an explicit insecure choice) there
@@ -55,6 +56,11 @@ class Security:
     @property
     def insecure(self) -> bool:
         return self.tls is None
+
+    def admits_client(self, token: str | None) -> bool:
+        """Whether an inference call (gRPC or HTTP) with this bearer token may go on: always
+        when no API keys are set; else with a key, or an admin token."""
+        return not self.api_keys or _matches(token, self.api_keys | self.admin_tokens)
 
 
 def bearer(context: grpc.ServicerContext) -> str | None:
@@ -123,8 +129,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return grpc.StatusCode.UNAUTHENTICATED, "an admin token is required"
 
     def _client(self, request, context: grpc.ServicerContext) -> Refusal:
-        token = bearer(context)
-        if _matches(token, self._security.api_keys | self._security.admin_tokens):
+        if self._security.admits_client(bearer(context)):
             return None
         return grpc.StatusCode.UNAUTHENTICATED, "a valid API key is required"
 

@@ -72,7 +72,15 @@ def verification_to_pb(problem: Reason | None) -> worker_pb2.Verification:
 
 
 def heartbeat_from_pb(msg: worker_pb2.HeartbeatRequest) -> tuple[str, WorkerLoad]:
-    load = WorkerLoad(msg.num_running, msg.num_waiting, msg.num_kv_used, msg.num_kv_total)
+    load = WorkerLoad(
+        msg.num_running,
+        msg.num_waiting,
+        msg.num_kv_used,
+        msg.num_kv_total,
+        msg.num_preemptions,
+        msg.num_prefix_queried_tokens,
+        msg.num_prefix_hit_tokens,
+    )
     return _required(msg.worker_id, "worker_id"), load
 
 

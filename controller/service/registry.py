@@ -39,6 +39,9 @@ class WorkerLoad:
     num_waiting: int = 0
     num_kv_used: int = 0
     num_kv_total: int = 0
+    num_preemptions: int = 0  # cumulative since the worker started, like the prefix-cache counts
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
 
 @dataclass(frozen=True)

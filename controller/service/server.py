@@ -17,10 +17,14 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.controller.http.app import Frontend, build_app
+from intentserve.controller.http.metrics import DeploymentCollector
+from intentserve.controller.http.server import HttpServer
 from intentserve.controller.service.auth import AuthInterceptor, SecurityError
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.interceptor import STATUS_CODES
 from intentserve.controller.service.reconcile import Reconciler
+from intentserve.controller.service.request_metrics import MeteredRouter, RequestMetrics
 from intentserve.controller.service.router import Router
 from intentserve.controller.service.servicers import (
     AdminServicer,
@@ -44,6 +48,7 @@ from intentserve.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
@@ -82,6 +87,14 @@ class ControllerServer:
             interval_s=config.reconcile_interval_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
+        # Requests are measured where both front ends (gRPC, HTTP) take the router's responses.
+        self.metrics = CollectorRegistry()
+        self.metrics.register(DeploymentCollector(self.deployment, self.reconciler))
+        desired = config.desired
+        self.metered_router = MeteredRouter(
+            self.router,
+            RequestMetrics(self.metrics, deployment=desired.deployment, model=desired.model),
+        )
         num_threads = config.max_outstanding_total + CONTROL_THREADS
         self._server = grpc.server(
             futures.ThreadPoolExecutor(num_threads, thread_name_prefix="controller-rpc"),
@@ -96,7 +109,7 @@ class ControllerServer:
             WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), self._server
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.router), self._server
+            InferenceServicer(self.metered_router), self._server
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.deployment, self.request_shutdown), self._server
@@ -126,6 +139,25 @@ class ControllerServer:
             self.registry_port = self._server.add_secure_port(
                 f"{config.host}:{config.registry_port}", mutual
             )
+        self._http, self._http_threads = None, None
+        if config.http_port is not None:
+            self._http_threads = futures.ThreadPoolExecutor(num_threads, thread_name_prefix="http")
+            frontend = Frontend(
+                self.metered_router,
+                self.reconciler,
+                config.security,
+                desired.model,
+                self.metrics,
+                self._http_threads,
+            )
+            self._http = HttpServer(build_app(frontend), config.host, config.http_port, tls)
+
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP API's base URL on this machine (`https://127.0.0.1:8000`); None: none."""
+        if self._http is None:
+            return None
+        return f"{self._http.scheme}://{self._local_host}:{self._http.port}"
 
     @property
     def address(self) -> str:
@@ -147,12 +179,15 @@ class ControllerServer:
         self._server.start()
         if self._health_server is not None:
             self._health_server.start()
+        if self._http is not None:
+            self._http.start()
         self.reconciler.start()
         log.info(
-            "controller %s listening on %s:%d",
+            "controller %s listening on %s:%d%s",
             self.config.desired.deployment,
             self.config.host,
             self.bound_port,
+            f"; HTTP API on {self.http_url}" if self._http is not None else "",
         )
         return self
 
@@ -163,7 +198,12 @@ class ControllerServer:
         self.reconciler.stop()
         if self._health_server is not None:
             self._health_server.stop(0)
+        if self._http is not None:
+            self._http.begin_stop(grace_s)
         self._server.stop(grace_s).wait()
+        if self._http is not None:
+            self._http.join()
+            self._http_threads.shutdown(wait=False, cancel_futures=True)
         self.router.close()
 
     def request_shutdown(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
-from intentserve.controller.service.state import DesiredState
+from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
@@ -63,6 +63,9 @@ class ControllerConfig:
     # A plaintext port that serves only `grpc.health.v1` (Kubernetes' gRPC probes speak no TLS);
     # None: none. It says SERVING or NOT_SERVING, nothing else.
     health_port: int | None = None
+    # The OpenAI-compatible HTTP API, /health and /metrics (HTTPS with the controller's
+    # certificate when `security.tls` is set); None: none. 0 picks a free port.
+    http_port: int | None = None
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     reconcile_interval_s: float = 0.5
@@ -82,6 +85,7 @@ class ControllerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
     deployment: str = Field("intentserve", min_length=1, description="the health service name")
+    model: str = Field(DEFAULT_MODEL, min_length=1, description="the model id HTTP clients name")
 
     # The intent (see README: the contract).
     paged_attention: Mode = Mode.AUTO
@@ -107,6 +111,7 @@ class ControllerSettings(BaseSettings):
     # say `insecure` (plaintext, no worker identity), and off loopback `insecure_network` too.
     registry_port: int = Field(0, ge=0, le=65535, description="workers' mutual-TLS port")
     health_port: int | None = Field(None, ge=0, le=65535, description="plaintext health only")
+    http_port: int | None = Field(None, ge=0, le=65535, description="the OpenAI-compatible API")
     tls_cert_file: str | None = None  # the controller's certificate (common name `controller`)
     tls_key_file: str | None = None
     tls_ca_file: str | None = None  # the deployment's CA, which signed every worker certificate
@@ -195,6 +200,7 @@ class ControllerSettings(BaseSettings):
             auto_devices=self.auto_enabled_devices,
             replicas=self.replicas,
             min_ready=self.min_ready or self.replicas,
+            model=self.model,
         )
 
     def config(self) -> ControllerConfig:
@@ -205,6 +211,7 @@ class ControllerSettings(BaseSettings):
             port=self.port,
             registry_port=self.registry_port,
             health_port=self.health_port,
+            http_port=self.http_port,
             heartbeat_interval_s=self.heartbeat_interval_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             reconcile_interval_s=self.reconcile_interval_s,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from intentserve.policy import DeviceKind, KvBudget, PagedAttentionConfig
 
+DEFAULT_MODEL = "smollm2-135m"
+
 
 @dataclass(frozen=True)
 class DesiredState:
@@ -22,6 +24,7 @@ class DesiredState:
     auto_devices: frozenset[DeviceKind]  # where `auto` enables PagedAttention
     replicas: int
     min_ready: int  # verified replicas needed before the deployment is ready
+    model: str = DEFAULT_MODEL  # as the manifest names it: the id clients ask for over HTTP
 
     @property
     def worker_ids(self) -> tuple[str, ...]:

@@ -67,6 +67,7 @@ def test_local_auto_is_local_with_auto():
     assert auto.spec.resources == local.spec.resources
     assert auto.spec.scheduler == local.spec.scheduler
     assert auto.spec.controller.port != local.spec.controller.port  # both can run at once
+    assert auto.spec.controller.http_port != local.spec.controller.http_port
 
 
 def test_cuda_gives_each_worker_one_gpu_and_requires_paged_attention():
@@ -137,11 +138,29 @@ def test_the_controller_deployment_is_ready_only_when_grpc_health_says_serving()
     assert re.fullmatch(rf"ray://{head_service}:10001", ray_address)
 
 
-def test_the_service_routes_grpc_to_the_controller_pods():
+def test_the_service_routes_grpc_and_http_to_the_controller_pods():
     service = k8s_object("Service")
     pod_labels = k8s_object("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["grpc"]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["grpc", "http"]
+
+
+def test_prometheus_scrapes_the_controllers_http_port():
+    pod = k8s_object("Deployment")["spec"]["template"]
+    annotations = pod["metadata"]["annotations"]
+    container = pod["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    config_map = k8s_object("ConfigMap")
+    manifest = parse_manifest(yaml.safe_load(config_map["data"]["deployment.yaml"]), "ConfigMap")
+    assert (
+        manifest.spec.controller.http_port
+        == ports["http"]
+        == int(annotations["prometheus.io/port"])
+    )
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    # Security is on, so the HTTP port speaks TLS with the controller's certificate.
+    assert annotations["prometheus.io/scheme"] == "https" and not manifest.spec.security.insecure
 
 
 def test_make_run_brings_up_the_local_deployment():

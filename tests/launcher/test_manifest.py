@@ -187,6 +187,15 @@ def test_the_controller_gets_the_policy_the_budget_and_the_replicas():
     assert desired.policy == PagedAttentionConfig(required=True)
     assert desired.kv_budget == KvBudget(num_bytes=256 << 20)
     assert (config.host, config.port) == ("127.0.0.1", 50051)
+    assert (desired.model, config.http_port) == ("smollm2-135m", 8000)
+
+
+def test_the_http_api_is_on_by_default_and_null_turns_it_off(tmp_path):
+    assert load_manifest(manifest_file(tmp_path, MINIMAL)).controller_config().http_port == 8000
+    path = manifest_file(tmp_path, MINIMAL + "spec: {controller: {httpPort: null}}\n")
+    assert load_manifest(path).controller_config().http_port is None
+    path = manifest_file(tmp_path, MINIMAL + "spec: {model: {name: my-model}}\n")
+    assert load_manifest(path).controller_config().desired.model == "my-model"
 
 
 def test_off_with_the_budget_only_is_valid_and_the_budget_still_applies(tmp_path):

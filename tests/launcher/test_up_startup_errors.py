@@ -38,3 +38,14 @@ def test_the_paged_attention_flag_overrides_the_manifest(monkeypatch):
 
     monkeypatch.setenv(PAGED_ATTENTION_ENV, "off")  # what `--paged-attention off` sets
     assert load_manifest("deploy/local.yaml").spec.paged_attention.mode.value == "off"
+
+
+def test_a_taken_http_port_is_exit_1_naming_it(monkeypatch, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("INTENTSERVE_SPEC__CONTROLLER__PORT", "0")
+        monkeypatch.setenv("INTENTSERVE_SPEC__CONTROLLER__HTTPPORT", str(port))
+        assert main(["up", "deploy/local.yaml"]) == 1
+    assert f"cannot serve HTTP on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -41,11 +41,16 @@ class UpProcess:
     def __init__(self, manifest: str | Path, log_dir: Path, **env_overrides: str) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.http_port = free_port()  # NOTE: never the manifest's 8000, which may be taken
         self.temp_dir = short_temp_dir()
         self.stdout_path, self.stderr_path = log_dir / "up.out", log_dir / "up.err"
         # NOTE: `up` joins the cluster RAY_ADDRESS names; a test that wants that passes it.
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env |= {"INTENTSERVE_SPEC__CONTROLLER__PORT": str(self.port), **env_overrides}
+        env |= {
+            "INTENTSERVE_SPEC__CONTROLLER__PORT": str(self.port),
+            "INTENTSERVE_SPEC__CONTROLLER__HTTPPORT": str(self.http_port),
+            **env_overrides,
+        }
         self.started_s = time.monotonic()
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.proc = subprocess.Popen(

@@ -16,11 +16,13 @@ step itself (the model forward) raises, and that fails the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
 from intentserve.ids import new_request_id, request_id_problem
+from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import PreparedRequest, RequestOutput, RequestState
 from intentserve.worker.engine.runner import Runner
@@ -54,21 +56,24 @@ class Engine:
 
     def prepare(
         self,
-        prompt: str | Seq[int],
+        prompt: str | Seq[int] | Conversation,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
         chat: bool = False,
     ) -> PreparedRequest:
         """Check and tokenize a request: text (with `chat`, as the user's turn through the
-        model's chat template) or token ids. It reads no engine state, so any thread may call it
-        (the serving loop tokenizes off its own thread). Every check of a request's content
-        happens here, once, cheap limits before tokenizing; InvalidRequestError names the field.
-        """
+        model's chat template), a whole conversation (through the template) or token ids. It
+        reads no engine state, so any thread may call it (the serving loop tokenizes off its own
+        thread). Every check of a request's content happens here, once, cheap limits before
+        tokenizing; InvalidRequestError names the field. `max_tokens=None` becomes what the
+        model length leaves after the prompt."""
         params = params or SamplingParams()
         if request_id and (problem := request_id_problem(request_id)) is not None:
             raise InvalidRequestError("request_id", problem)
         prompt_ids = self._prompt_ids(prompt, chat)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         if params.max_tokens > self.max_model_len - len(prompt_ids):
             raise InvalidRequestError(
                 "max_tokens",
@@ -94,7 +99,7 @@ class Engine:
 
     def add_request(
         self,
-        prompt: str | Seq[int],
+        prompt: str | Seq[int] | Conversation,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
@@ -148,7 +153,9 @@ class Engine:
             yield from self.step()
 
     def generate(
-        self, prompts: Iterable[str | Seq[int]], params: SamplingParams | None = None
+        self,
+        prompts: Iterable[str | Seq[int] | Conversation],
+        params: SamplingParams | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion; one combined output per prompt, in order.
 
@@ -185,7 +192,9 @@ class Engine:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt: str | Seq[int], chat: bool) -> list[int]:
+    def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
+        if isinstance(prompt, Conversation):
+            return self.tokenizer.encode(prompt.render(self.tokenizer))
         if len(prompt) == 0:
             raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
         if not isinstance(prompt, str):
@@ -208,16 +217,16 @@ class Engine:
         # NOTE: cheap first: a prompt too long for max_model_len is refused before tokenizing.
         self._check_prompt_fits("prompt", self.tokenizer.min_num_tokens(utf8), at_least=True)
         if chat:
-            try:
-                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            except ValueError as error:
-                raise InvalidRequestError("chat", str(error)) from None
-        prompt_ids = self.tokenizer.encode(prompt)
+            prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
+        return self._encode(prompt, "prompt")
+
+    def _encode(self, text: str, field: str) -> list[int]:
+        prompt_ids = self.tokenizer.encode(text)
         if not prompt_ids:
             raise InvalidRequestError(
-                "prompt", "makes no tokens (this tokenizer drops every character in it)"
+                field, "makes no tokens (this tokenizer drops every character in it)"
             )
-        self._check_prompt_fits("prompt", len(prompt_ids))
+        self._check_prompt_fits(field, len(prompt_ids))
         return prompt_ids
 
     def _check_prompt_fits(self, field: str, num_tokens: int, at_least: bool = False) -> None:

@@ -32,7 +32,7 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 128
+    max_tokens: int | None = 128  # None: as many as the model length leaves after the prompt
     temperature: float = 0.0  # 0 is greedy
     top_k: int = 0  # 0 disables top-k
     top_p: float = 1.0
@@ -42,7 +42,7 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
             raise InvalidRequestError(
                 "max_tokens", f"must be a positive integer, got {self.max_tokens!r}"
             )

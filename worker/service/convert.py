@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
+from intentserve.worker.engine.chat import ChatMessage, Conversation
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
@@ -56,7 +57,7 @@ def proto_field_names() -> Iterator[None]:
 class GenerateCall:
     """A GenerateRequest as the engine takes it; the engine checks its content."""
 
-    prompt: str | tuple[int, ...]
+    prompt: str | tuple[int, ...] | Conversation
     params: SamplingParams
     request_id: str | None  # None: the engine names it
     chat: bool
@@ -65,7 +66,7 @@ class GenerateCall:
 def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall:
     with proto_field_names():
         params = SamplingParams(
-            max_tokens=msg.stop.max_tokens,
+            max_tokens=msg.stop.max_tokens if msg.stop.HasField("max_tokens") else None,
             temperature=msg.sampling.temperature,
             top_k=msg.sampling.top_k,
             top_p=msg.sampling.top_p or 1.0,  # 0 means "not set"
@@ -74,8 +75,17 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
             stop=tuple(msg.stop.stop),
             ignore_eos=msg.stop.ignore_eos,
         )
-    prompt = tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
-    return GenerateCall(prompt, params, msg.request_id or None, msg.chat)
+    return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
+
+
+def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...] | Conversation:
+    if msg.messages:
+        if msg.prompt or msg.prompt_token_ids:
+            raise InvalidRequestError(
+                "messages", "give a conversation or a prompt (prompt, prompt_token_ids), not both"
+            )
+        return Conversation(tuple(ChatMessage(m.role, m.content) for m in msg.messages))
+    return tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
 
 
 def generate_response_to_pb(
@@ -115,4 +125,7 @@ def heartbeat_request_to_pb(worker_id: str, load: EngineLoad) -> worker_pb2.Hear
         num_waiting=load.num_waiting,
         num_kv_used=load.num_kv_used,
         num_kv_total=load.num_kv_total,
+        num_preemptions=load.num_preemptions,
+        num_prefix_queried_tokens=load.num_prefix_queried_tokens,
+        num_prefix_hit_tokens=load.num_prefix_hit_tokens,
     )

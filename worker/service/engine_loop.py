@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import SamplingParams
@@ -47,6 +48,9 @@ class EngineLoad:
     num_waiting: int
     num_kv_used: int
     num_kv_total: int
+    num_preemptions: int = 0  # cumulative, like the two prefix-cache counts
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
 
 class EngineLoop:
@@ -74,7 +78,7 @@ class EngineLoop:
 
     def submit(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | Conversation,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
@@ -238,4 +242,7 @@ class EngineLoop:
             num_waiting=stats.num_waiting,
             num_kv_used=stats.kv.num_used_blocks,
             num_kv_total=stats.kv.num_blocks,
+            num_preemptions=stats.num_preemptions,
+            num_prefix_queried_tokens=stats.kv.num_prefix_queried_tokens,
+            num_prefix_hit_tokens=stats.kv.num_prefix_hit_tokens,
         )

@@ -57,18 +57,24 @@ class Verification(_message.Message):
     def __init__(self, verified: _Optional[bool] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total")
+    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total", "num_preemptions", "num_prefix_queried_tokens", "num_prefix_hit_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_USED_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIX_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_running: int
     num_waiting: int
     num_kv_used: int
     num_kv_total: int
-    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ...) -> None: ...
+    num_preemptions: int
+    num_prefix_queried_tokens: int
+    num_prefix_hit_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_prefix_queried_tokens: _Optional[int] = ..., num_prefix_hit_tokens: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("action",)

@@ -1,0 +1,194 @@
+"""The OpenAI-compatible HTTP API, `/health` and `/metrics`, served from the controller's own
+parts: the same readiness verdict as gRPC health, the same (metered) router and its admission,
+the same API keys.
+
+    GET  /v1/models             the deployment's model, named as the manifest names it
+    POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
+    POST /v1/chat/completions   OpenAI's chat completions; the worker templates every turn
+    GET  /health                200 when gRPC health says SERVING, else 503 with the reason
+    GET  /metrics               Prometheus text format
+
+`/v1/*` needs an API key (`Authorization: Bearer ...`) when keys are set; `/health` and
+`/metrics` are open, like gRPC health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from intentserve.controller.http import openai_convert
+from intentserve.controller.http.bridge import HttpCall, RoutedResponses
+from intentserve.controller.http.errors import (
+    OpenAIError,
+    from_routing,
+    from_unsupported,
+    from_validation,
+)
+from intentserve.controller.http.openai_convert import Reply
+from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
+from intentserve.controller.service.auth import Security
+from intentserve.controller.service.deployment import deployment_state
+from intentserve.controller.service.reconcile import Reconciler
+from intentserve.controller.service.request_metrics import MeteredRouter
+from intentserve.controller.service.state import DeploymentState
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import ValidationError
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What the HTTP API serves from: the controller's own parts."""
+
+    router: MeteredRouter
+    reconciler: Reconciler  # its published verdict is what gRPC health says
+    security: Security
+    model: str  # the deployment's model, as the manifest names it
+    metrics: CollectorRegistry
+    executor: Executor  # one thread per routed request, as the gRPC server has
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else _json(data)}\n\n"
+
+
+def build_app(frontend: Frontend) -> FastAPI:
+    app = FastAPI(title="intentserve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    def authorize(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+        if not frontend.security.admits_client(token):
+            raise OpenAIError(401, "a valid API key is required", code="invalid_api_key")
+
+    async def parse(request: Request, schema):
+        authorize(request)
+        try:
+            body = schema.model_validate_json(await request.body())
+        except ValidationError as error:
+            raise from_validation(error) from None
+        unsupported = body.unsupported()
+        if unsupported is not None:
+            raise from_unsupported(unsupported)
+        if body.model != frontend.model:
+            raise OpenAIError(
+                404,
+                f"model {body.model!r} is not served here; this deployment serves "
+                f"{frontend.model!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return body
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        authorize(request)
+        model = {"id": frontend.model, "object": "model", "created": 0, "owned_by": "intentserve"}
+        return {"object": "list", "data": [model]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await parse(request, CompletionRequest)
+        return await generate(request, body, openai_convert.completion_request_to_pb(body))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await parse(request, ChatCompletionRequest)
+        return await generate(request, body, openai_convert.chat_request_to_pb(body))
+
+    async def generate(request: Request, body, pb) -> Response:
+        call = HttpCall()
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
+        responses = RoutedResponses(frontend.router, pb, call, frontend.executor)
+        reply = Reply(isinstance(body, ChatCompletionRequest), body.model, pb.request_id)
+        try:
+            # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,
+            # so a stream is refused with its HTTP status too, not inside the stream.
+            first = await anext(responses)
+        except StopAsyncIteration:
+            first = None  # the client went away before anything came
+        except Exception as error:
+            _end(call, watcher)
+            raise from_routing(error, body) from None
+        if body.stream:
+            events = _events(reply, first, responses, body.include_usage, body, call, watcher)
+            return StreamingResponse(events, media_type="text/event-stream")
+        try:
+            if first is not None:
+                reply.add(first)
+            async for response in responses:
+                reply.add(response)
+        except Exception as error:
+            raise from_routing(error, body) from None
+        finally:
+            _end(call, watcher)
+        return JSONResponse(reply.response())
+
+    @app.get("/health")
+    async def health() -> Response:
+        verdict = frontend.reconciler.verdict
+        state = deployment_state(verdict)
+        data = {
+            "status": "serving" if state is DeploymentState.READY else "not_serving",
+            "state": state.value,
+            "reason": {"code": verdict.reason.code.value, "message": verdict.reason.message},
+        }
+        return JSONResponse(data, status_code=200 if state is DeploymentState.READY else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(frontend.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _events(
+    reply: Reply, first, responses: RoutedResponses, include_usage: bool, body, call, watcher
+) -> AsyncIterator[str]:
+    """OpenAI's chunks as server-sent events, then `data: [DONE]`. A failure after the first
+    chunk can only be told inside the stream: an `error` event, as vLLM sends."""
+    extra = {"usage": None} if include_usage else {}
+    try:
+        if reply.chat:
+            yield _sse(reply.chunk("", None, first=True, **extra))
+        pending = [first] if first is not None else []
+        while True:
+            for response in pending:
+                text, finish = reply.add(response)
+                if text or finish is not None:
+                    yield _sse(reply.chunk(text, finish, **extra))
+            try:
+                pending = [await anext(responses)]
+            except StopAsyncIteration:
+                break
+        if include_usage:
+            yield _sse(reply.usage_chunk())
+    except Exception as error:
+        yield _sse(from_routing(error, body).body())
+    finally:
+        _end(call, watcher)  # NOTE: also when the client went away mid-stream
+    yield _sse("[DONE]")
+
+
+async def _cancel_on_disconnect(request: Request, call: HttpCall) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    call.cancel()
+
+
+def _end(call: HttpCall, watcher: asyncio.Task) -> None:
+    watcher.cancel()
+    call.cancel()

@@ -1,0 +1,181 @@
+"""The deployment's state as Prometheus metrics, read from the registry's snapshot at scrape time
+(nothing is pushed): readiness, every worker's realized state as an info metric, its load from
+heartbeats, and the reconcile loop's timings. Request metrics (`RequestMetrics`) sit beside these
+in the same `CollectorRegistry`.
+
+The info metric carries the intent (`mode`, `required`) beside what was realized (`enabled`: a
+paged KV cache really built, `cache_kind`, `backend`, ...), so "realized != intent" is one line:
+
+    intentserve_worker_realized_info{mode="on",enabled="false"}
+      or intentserve_worker_realized_info{mode="off",enabled="true"}
+
+A label is empty where the worker has not realized anything yet (or was rejected before it could).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from intentserve.controller.service.deployment import Deployment
+from intentserve.controller.service.reconcile import Reconciler
+from intentserve.controller.service.registry import WorkerRecord
+from intentserve.policy import CacheKind, mode_of
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+WORKER = ("deployment", "worker_id")
+REALIZED = (
+    "state",
+    "device",
+    "mode",
+    "required",
+    "enabled",
+    "cache_kind",
+    "backend",
+    "block_size",
+    "kv_cache_dtype",
+    "scheduler",
+    "prefix_caching",
+    "reason_code",
+)
+DEPLOYMENT_GAUGES = {
+    "ready": "1 when the deployment is READY (gRPC health says SERVING), else 0",
+    "failed": "1 when a worker cannot honour a required (or off) policy, else 0",
+    "verified_replicas": "Replicas whose realized state is verified",
+    "min_ready_replicas": "Verified replicas needed for READY (spec.minReady)",
+    "replicas": "Worker replicas the manifest asks for",
+}
+WORKER_GAUGES = {
+    "worker_kv_blocks_used": "KV cache blocks (or slots) in use, from the last heartbeat",
+    "worker_kv_blocks_total": "KV cache blocks (or slots) in total, from the last heartbeat",
+    "num_requests_running": "Sequences the worker is generating",
+    "num_requests_waiting": "Sequences waiting for admission on the worker",
+    "worker_requests_outstanding": "Requests in flight to the worker through the router",
+    "worker_heartbeat_age_seconds": "Seconds since the worker was last heard from",
+}
+WORKER_COUNTERS = {
+    "num_preemptions": "Sequences preempted (to be recomputed) since the worker started",
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
+    "prefix_cache_hits": "Prompt tokens whose KV the prefix cache supplied",
+}
+
+
+def _word(value: bool) -> str:
+    return "true" if value else "false"
+
+
+class DeploymentCollector(Collector):
+    def __init__(self, deployment: Deployment, reconciler: Reconciler) -> None:
+        self._deployment = deployment
+        self._reconciler = reconciler
+
+    def collect(self) -> Iterator[Metric]:
+        name = self._deployment.desired.deployment
+        yield from self._readiness(name)
+        yield from self._workers(name, self._deployment.workers(), self._deployment.now_s())
+        yield from self._loop()
+
+    def _readiness(self, name: str) -> Iterator[Metric]:
+        desired, verdict = self._deployment.desired, self._reconciler.verdict
+        values = {
+            "ready": verdict.ready,
+            "failed": verdict.failed,
+            "verified_replicas": verdict.num_verified,
+            "min_ready_replicas": desired.min_ready,
+            "replicas": desired.replicas,
+        }
+        for metric, doc in DEPLOYMENT_GAUGES.items():
+            gauge = GaugeMetricFamily(
+                f"intentserve_deployment_{metric}", doc, labels=["deployment"]
+            )
+            gauge.add_metric([name], float(values[metric]))
+            yield gauge
+
+    def _workers(
+        self, name: str, workers: tuple[WorkerRecord, ...], now_s: float
+    ) -> Iterator[Metric]:
+        info = InfoMetricFamily(
+            "intentserve_worker_realized",
+            "What each worker realized, beside the intent (mode, required); one per worker",
+            labels=WORKER,
+        )
+        families: dict[str, Metric] = {
+            m: GaugeMetricFamily(f"intentserve_{m}", doc, labels=WORKER)
+            for m, doc in WORKER_GAUGES.items()
+        }
+        families.update(
+            (m, CounterMetricFamily(f"intentserve_{m}", doc, labels=WORKER))
+            for m, doc in WORKER_COUNTERS.items()
+        )
+        for w in workers:
+            labels = [name, w.worker_id]
+            info.add_metric(labels, self._realized_labels(w))
+            load = w.load
+            values = {
+                "worker_kv_blocks_used": load.num_kv_used,
+                "worker_kv_blocks_total": load.num_kv_total,
+                "num_requests_running": load.num_running,
+                "num_requests_waiting": load.num_waiting,
+                "worker_requests_outstanding": w.num_outstanding,
+                "worker_heartbeat_age_seconds": max(now_s - w.last_seen_s, 0.0),
+                "num_preemptions": load.num_preemptions,
+                "prefix_cache_queries": load.num_prefix_queried_tokens,
+                "prefix_cache_hits": load.num_prefix_hit_tokens,
+            }
+            for metric, family in families.items():
+                family.add_metric(labels, float(values[metric]))
+        yield info
+        yield from families.values()
+
+    def _realized_labels(self, w: WorkerRecord) -> dict[str, str]:
+        policy = self._deployment.desired.policy
+        r = w.realized
+        return dict(
+            zip(
+                REALIZED,
+                (
+                    w.state.value,
+                    w.capability.device_kind.value,
+                    mode_of(policy).value,
+                    _word(policy is not None and policy.required),
+                    _word(r is not None and r.kind is CacheKind.PAGED),
+                    r.kind.value if r else "",
+                    r.backend.value if r else "",
+                    str(r.block_size) if r else "",
+                    r.kv_cache_dtype if r else "",
+                    r.scheduler.value if r and r.scheduler else "",
+                    _word(r.prefix_caching) if r else "",
+                    w.reasons[0].code.value if w.reasons else "",
+                ),
+                strict=True,
+            )
+        )
+
+    def _loop(self) -> Iterator[Metric]:
+        m = self._reconciler.metrics
+        duration = SummaryMetricFamily(
+            "intentserve_reconcile_loop_duration_seconds",
+            "Time one reconcile pass takes",
+            count_value=m.num_ticks,
+            sum_value=m.total_tick_s,
+        )
+        last = GaugeMetricFamily(
+            "intentserve_reconcile_loop_last_duration_seconds", "The latest pass", m.last_tick_s
+        )
+        longest = GaugeMetricFamily(
+            "intentserve_reconcile_loop_max_duration_seconds", "The longest pass", m.max_tick_s
+        )
+        failures = CounterMetricFamily(
+            "intentserve_reconcile_phase_failures",
+            "Reconcile phases that raised (logged; the loop goes on)",
+            labels=["phase"],
+        )
+        for phase, count in sorted(m.num_failures.items()):
+            failures.add_metric([phase], float(count))
+        yield from (duration, last, longest, failures)

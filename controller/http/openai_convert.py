@@ -1,0 +1,163 @@
+"""OpenAI's request bodies -> `GenerateRequest`, the worker's field paths -> OpenAI's parameter
+names, and `GenerateResponse`s -> OpenAI's response and chunk objects. The HTTP side's one
+protobuf boundary: the request then goes through the same router (and the same worker checks) as
+a gRPC one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from intentserve.controller.http.openai_schema import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from intentserve.controller.service.request_metrics import FINISH_REASONS
+from intentserve.ids import new_request_id
+from intentserve.v1 import inference_pb2
+
+# The worker names a bad field by its GenerateRequest path; the client named it this way.
+PARAMS = {
+    "prompt": "prompt",
+    "prompt_token_ids": "prompt",
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.top_k": "top_k",
+    "sampling.seed": "seed",
+    "stop.max_tokens": "max_tokens",
+    "stop.stop": "stop",
+    "stop.ignore_eos": "ignore_eos",
+}
+# OpenAI's newer name for the system turn.
+ROLE_ALIASES = {"developer": "system"}
+
+
+def _generate_request(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None):
+    sampling = inference_pb2.SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+        top_k=max(body.top_k or 0, 0),  # -1 (vLLM's "off") is 0 here
+        top_p=body.top_p or 0.0,  # 0 on the wire means "not set"
+    )
+    if body.seed is not None:
+        sampling.seed = body.seed
+    stop = inference_pb2.StopConditions(stop=body.stop_strings, ignore_eos=body.ignore_eos)
+    if max_tokens is not None:
+        stop.max_tokens = max_tokens
+    return inference_pb2.GenerateRequest(request_id=new_request_id(), sampling=sampling, stop=stop)
+
+
+def completion_request_to_pb(body: CompletionRequest) -> inference_pb2.GenerateRequest:
+    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    request = _generate_request(body, max_tokens)
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.prompt_token_ids.extend(prompt)
+    return request
+
+
+def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
+    """Without a limit, the reply may fill what the model length leaves (as OpenAI's)."""
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else None
+    request = _generate_request(body, body.max_tokens if limit is None else limit)
+    request.messages.extend(
+        inference_pb2.ChatMessage(role=ROLE_ALIASES.get(m.role, m.role), content=m.text)
+        for m in body.messages
+    )
+    return request
+
+
+def param_of(field_path: str, body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The request parameter a worker's field path names; None when it names none."""
+    if isinstance(body, ChatCompletionRequest):
+        if field_path in ("prompt", "prompt_token_ids", "chat") or field_path.startswith(
+            "messages"
+        ):
+            return field_path if field_path.startswith("messages[") else "messages"
+        if field_path == "stop.max_tokens":
+            return body.max_tokens_param
+    return PARAMS.get(field_path)
+
+
+@dataclass
+class Reply:
+    """One choice's streamed responses, collected into OpenAI's objects."""
+
+    chat: bool
+    model: str
+    request_id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.request_id}"
+
+    def add(self, response: inference_pb2.GenerateResponse) -> tuple[str, str | None]:
+        """Take one response in; its text and (on the last) finish reason."""
+        self.text.append(response.text)
+        self.num_output_tokens = response.num_output_tokens
+        finish = FINISH_REASONS.get(response.finish_reason) or None
+        if finish is not None:
+            self.finish_reason, self.num_prompt_tokens = finish, response.num_prompt_tokens
+        return response.text, finish
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": self.num_output_tokens,
+            "total_tokens": self.num_prompt_tokens + self.num_output_tokens,
+        }
+
+    def _object(self, kind: str, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        choice = {"index": 0, **choice, "logprobs": None}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            **extra,
+        }
+
+    def response(self) -> dict[str, Any]:
+        """The whole reply (`stream: false`)."""
+        text = "".join(self.text)
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            choice = {"message": message, "finish_reason": self.finish_reason}
+            return self._object("chat.completion", choice, usage=self.usage())
+        choice = {"text": text, "finish_reason": self.finish_reason}
+        return self._object("text_completion", choice, usage=self.usage())
+
+    def chunk(self, text: str, finish: str | None, *, first: bool = False, **extra: Any):
+        """One `stream: true` chunk; the chat stream's first says who speaks."""
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            if finish is not None and not text:
+                delta = {}
+            choice = {"delta": delta, "finish_reason": finish}
+            return self._object("chat.completion.chunk", choice, **extra)
+        return self._object("text_completion", {"text": text, "finish_reason": finish}, **extra)
+
+    def usage_chunk(self) -> dict[str, Any]:
+        """`stream_options.include_usage`: the last chunk, with no choice and the usage."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage(),
+        }

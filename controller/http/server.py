@@ -1,0 +1,85 @@
+"""The HTTP API's server: uvicorn on a thread of the controller process, on a socket bound when
+it is made (a taken port fails at once, as gRPC's does), HTTPS with the controller's own
+certificate unless the deployment is insecure.
+
+uvicorn reads the certificate and key from files: they are written to a private temporary folder
+(owner-only), loaded once into the TLS context, and removed before the server starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from intentserve.tls import TlsIdentity
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 30.0
+
+
+class HttpServer:
+    def __init__(self, app: FastAPI, host: str, port: int, tls: TlsIdentity | None) -> None:
+        try:
+            self._socket = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+            )
+        except OSError as error:
+            raise RuntimeError(f"cannot serve HTTP on {host}:{port}: {error}") from None
+        self.port = self._socket.getsockname()[1]
+        self.scheme = "http" if tls is None else "https"
+        config = _load_config(app, tls)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="http", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline_s = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline_s:
+                raise RuntimeError("the HTTP server did not start (see the log)")
+            time.sleep(0.01)
+
+    def begin_stop(self, grace_s: float | None) -> None:
+        """Stop accepting; streams in flight get `grace_s` (at least 1 s) to finish."""
+        self._server.config.timeout_graceful_shutdown = max(int(grace_s or 0), 1)
+        self._server.should_exit = True
+
+    def join(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join()
+        self._socket.close()
+
+
+def _load_config(app: FastAPI, tls: TlsIdentity | None) -> uvicorn.Config:
+    settings = {
+        "lifespan": "off",
+        "log_config": None,  # NOTE: the process's logging stays as its owner set it up
+        "access_log": False,
+        "timeout_graceful_shutdown": 1,
+    }
+    if tls is None:
+        config = uvicorn.Config(app, **settings)
+        config.load()
+        return config
+    folder = Path(tempfile.mkdtemp(prefix="intentserve-https-"))  # NOTE: mode 0700
+    try:
+        cert_file, key_file = folder / "controller.crt", folder / "controller.key"
+        cert_file.write_bytes(tls.cert_pem)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(tls.key_pem)
+        config = uvicorn.Config(
+            app, ssl_certfile=str(cert_file), ssl_keyfile=str(key_file), **settings
+        )
+        config.load()  # reads both into the TLS context; the files are not needed after this
+        return config
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""What every routed request costs and how it ended, measured where the router hands its responses
+to a front end, so that gRPC and HTTP requests are measured by the same code.
+
+    metered = MeteredRouter(router, RequestMetrics(registry, deployment="local", model="smollm2"))
+    for response in metered.generate(request, context): ...   # as Router.generate
+
+Names and buckets follow vLLM's (`vllm:time_to_first_token_seconds` is
+`intentserve_time_to_first_token_seconds` here). A request's final status is the gRPC status code
+its client saw (the controller's one exception -> status table), in lower case: `ok`,
+`invalid_argument`, `unavailable`, `resource_exhausted`, `cancelled` (the client went away), ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator
+
+import grpc
+from intentserve.controller.service.interceptor import STATUS_CODES
+from intentserve.controller.service.router import Router
+from intentserve.status import lookup
+from intentserve.v1 import inference_pb2
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+LABELS = ("deployment", "model_name")
+# vLLM's buckets.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75)
+TTFT_BUCKETS_S += (1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+ITL_BUCKETS_S += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
+E2E_BUCKETS_S += (60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = {
+    inference_pb2.FINISH_REASON_UNSPECIFIED: "",
+    inference_pb2.FINISH_REASON_STOP: "stop",
+    inference_pb2.FINISH_REASON_LENGTH: "length",
+    inference_pb2.FINISH_REASON_ABORT: "abort",
+}
+
+
+class RequestMetrics:
+    def __init__(self, registry: CollectorRegistry, *, deployment: str, model: str) -> None:
+        self._labels = (deployment, model)
+        self.requests = Counter(
+            "intentserve_requests",
+            "Routed requests by final status (the gRPC code, lower case) and finish reason",
+            (*LABELS, "status", "finish_reason"),
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "intentserve_prompt_tokens",
+            "Prompt tokens of finished requests",
+            LABELS,
+            registry=registry,
+        )
+        self.generation_tokens = Counter(
+            "intentserve_generation_tokens",
+            "Tokens generated, however the request ended",
+            LABELS,
+            registry=registry,
+        )
+        self.ttft_s = Histogram(
+            "intentserve_time_to_first_token_seconds",
+            "From routing to the first token",
+            LABELS,
+            registry=registry,
+            buckets=TTFT_BUCKETS_S,
+        )
+        self.itl_s = Histogram(
+            "intentserve_inter_token_latency_seconds",
+            "Between consecutive tokens of a stream",
+            LABELS,
+            registry=registry,
+            buckets=ITL_BUCKETS_S,
+        )
+        self.e2e_s = Histogram(
+            "intentserve_e2e_request_latency_seconds",
+            "From routing to the last token (ok only)",
+            LABELS,
+            registry=registry,
+            buckets=E2E_BUCKETS_S,
+        )
+
+    def observe(
+        self, responses: Generator[inference_pb2.GenerateResponse, None, None]
+    ) -> Iterator[inference_pb2.GenerateResponse]:
+        """Pass `responses` through, timing each token and counting how the request ended."""
+        started_s = time.perf_counter()
+        last_token_s: float | None = None
+        finish = inference_pb2.FINISH_REASON_UNSPECIFIED
+        num_prompt_tokens = num_output_tokens = 0
+        status = "ok"
+        try:
+            for response in responses:
+                now_s = time.perf_counter()
+                num_tokens = len(response.token_ids)
+                if num_tokens and last_token_s is None:
+                    self.ttft_s.labels(*self._labels).observe(now_s - started_s)
+                elif num_tokens:
+                    gap_s = (now_s - last_token_s) / num_tokens
+                    for _ in range(num_tokens):
+                        self.itl_s.labels(*self._labels).observe(gap_s)
+                if num_tokens:
+                    last_token_s = now_s
+                num_output_tokens = max(num_output_tokens, response.num_output_tokens)
+                if response.finish_reason:
+                    finish, num_prompt_tokens = response.finish_reason, response.num_prompt_tokens
+                yield response
+            if not finish:
+                status = grpc.StatusCode.CANCELLED.name.lower()  # the client went away
+        except GeneratorExit:
+            status = grpc.StatusCode.CANCELLED.name.lower()
+            raise
+        except Exception as error:
+            status = lookup(STATUS_CODES, error)[0].name.lower()
+            raise
+        finally:
+            responses.close()  # NOTE: a consumer that stops early ends the routed call now
+            self._finished(status, finish, num_prompt_tokens, num_output_tokens, started_s)
+
+    def _finished(
+        self, status: str, finish: int, num_prompt: int, num_output: int, started_s: float
+    ) -> None:
+        self.requests.labels(*self._labels, status, FINISH_REASONS.get(finish, "")).inc()
+        self.prompt_tokens.labels(*self._labels).inc(num_prompt)
+        self.generation_tokens.labels(*self._labels).inc(num_output)
+        if status == "ok":
+            self.e2e_s.labels(*self._labels).observe(time.perf_counter() - started_s)
+
+
+class MeteredRouter:
+    """`Router.generate`, measured: what the front ends (gRPC Inference, HTTP) route through."""
+
+    def __init__(self, router: Router, metrics: RequestMetrics) -> None:
+        self._router = router
+        self._metrics = metrics
+
+    def generate(
+        self, request: inference_pb2.GenerateRequest, context
+    ) -> Iterator[inference_pb2.GenerateResponse]:
+        """`context`: what the router reads of a grpc.ServicerContext (`time_remaining`,
+        `add_callback`, `is_active`)."""
+        yield from self._metrics.observe(self._router.generate(request, context))

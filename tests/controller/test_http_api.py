@@ -1,0 +1,284 @@
+"""The HTTP API of a real controller with scripted workers, through the official `openai` client
+and plain HTTP: readiness, keys, models, admission, disconnects; `/metrics` parsed with
+prometheus_client's parser against `status --json`."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx2 as httpx
+import openai
+import pytest
+from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.credentials import Credentials
+from intentserve.policy import Reason, ReasonCode, examples
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.controller.conftest import DEPLOYMENT, eventually
+from tests.controller.scripted_worker import Behaviour
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+CPU = examples.cpu()
+BERT = examples.cpu(model=examples.BERT)
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def client_for(server, api_key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{server.http_url}/v1", api_key=api_key, max_retries=0, timeout=10
+    )
+
+
+def metrics(server) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of /metrics by its name: [(labels, value)]."""
+    text = httpx.get(f"{server.http_url}/metrics", timeout=5).text
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def sample(server, name: str, **labels) -> float:
+    found = [v for got, v in metrics(server).get(name, []) if labels.items() <= got.items()]
+    return sum(found)
+
+
+def ready_controller(start_controller, make_worker, **settings):
+    server, _ = start_controller(http_port=0, paged_attention="on", **settings)
+    worker = make_worker(server, "w0", CPU)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    return server, worker
+
+
+def test_not_ready_is_503_with_the_readiness_reason(start_controller):
+    server, _ = start_controller(http_port=0, paged_attention="on")
+    health = httpx.get(f"{server.http_url}/health", timeout=5)
+    assert health.status_code == 503
+    assert health.json()["reason"]["code"] == ReasonCode.NOT_ENOUGH_REPLICAS.value
+    with client_for(server) as client, pytest.raises(openai.InternalServerError) as error:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
+    assert error.value.status_code == 503
+    assert error.value.body["code"] == ReasonCode.NOT_ENOUGH_REPLICAS.value
+    assert "0 of 1 required replicas verified" in error.value.body["message"]
+
+
+def test_models_completions_and_chat_when_ready(start_controller, make_worker):
+    server, worker = ready_controller(start_controller, make_worker)
+    assert httpx.get(f"{server.http_url}/health", timeout=5).status_code == 200
+    with client_for(server) as client:
+        assert [m.id for m in client.models.list()] == [MODEL]
+        done = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)
+        assert done.choices[0].text == "t0 t1 t2 " and done.choices[0].finish_reason == "length"
+        assert done.usage.completion_tokens == 3
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Again"},
+        ]
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
+            )
+        )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "t0 t1 t2 "
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+    sent = worker.requests[-1]
+    assert [(m.role, m.content) for m in sent.messages] == [
+        (m["role"], m["content"]) for m in messages
+    ]
+
+
+def test_an_unknown_model_is_404_and_a_refused_field_400(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker)
+    with client_for(server) as client:
+        with pytest.raises(openai.NotFoundError) as error:
+            client.completions.create(model="gpt-4", prompt="Hi")
+        assert error.value.body["param"] == "model"
+        with pytest.raises(openai.BadRequestError) as error:
+            client.completions.create(model=MODEL, prompt="Hi", n=2)
+        assert error.value.body["param"] == "n"
+
+
+def test_with_api_keys_a_key_is_needed(start_controller, make_worker, tmp_path):
+    (tmp_path / "keys").write_text("the-key\n")
+    server, _ = ready_controller(
+        start_controller, make_worker, api_keys_file=str(tmp_path / "keys")
+    )
+    with client_for(server, "wrong") as client, pytest.raises(openai.AuthenticationError):
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    with client_for(server, "the-key") as client:
+        assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices
+    # Probes and scrapers need no key.
+    assert httpx.get(f"{server.http_url}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{server.http_url}/metrics", timeout=5).status_code == 200
+
+
+def test_a_full_queue_is_429(start_controller, make_worker):
+    server, _ = start_controller(http_port=0, paged_attention="on", max_outstanding_per_worker=1)
+    blocking = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
+    assert blocking.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    with client_for(server) as client:
+        # NOTE: a blocking worker sends one token without text: only chat's first chunk shows.
+        stream = client.chat.completions.create(model=MODEL, messages=HI, stream=True)
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError) as error:
+            client.completions.create(model=MODEL, prompt="Hi")
+        assert error.value.body["code"] == "resource_exhausted"
+        stream.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_cancels_its_request(start_controller, make_worker, stream):
+    server, _ = start_controller(http_port=0, paged_attention="on")
+    worker = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    body = {"model": MODEL, "messages": HI, "stream": stream}
+    url = f"{server.http_url}/v1/chat/completions"
+    if stream:
+        with httpx.stream("POST", url, json=body, timeout=10) as response:
+            assert next(response.iter_lines()).startswith("data: ")
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json=body, timeout=1.0)
+    assert worker.cancelled.wait(5), "the cancel never reached the worker"
+    eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 0, what="released")
+    eventually(
+        lambda: sample(server, "intentserve_requests_total", status="cancelled") == 1,
+        what="counted as cancelled",
+    )
+
+
+def test_counters_move_by_the_requests_and_tokens_served(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker)
+    ok = {"status": "ok", "finish_reason": "length"}
+    before = sample(server, "intentserve_requests_total", **ok)
+    tokens = sample(server, "intentserve_generation_tokens_total")
+    with client_for(server) as client:
+        for i in range(5):
+            if i % 2:
+                client.completions.create(model=MODEL, prompt="Hi", stream=bool(i % 3))
+            else:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "x"}]
+                )
+    with ControllerClient(server.address, credentials=Credentials()) as grpc_client:
+        list(grpc_client.generate("Hi", max_tokens=3))  # gRPC requests are counted alike
+    assert sample(server, "intentserve_requests_total", **ok) - before == 6
+    assert sample(server, "intentserve_generation_tokens_total") - tokens == 6 * 3
+    assert sample(server, "intentserve_time_to_first_token_seconds_count") == 6
+    assert sample(server, "intentserve_inter_token_latency_seconds_count") == 6 * 2
+    assert sample(server, "intentserve_e2e_request_latency_seconds_count") == 6
+
+
+def info_labels(server) -> dict[str, dict[str, str]]:
+    infos = metrics(server)["intentserve_worker_realized_info"]
+    return {labels["worker_id"]: labels for labels, value in infos if value == 1}
+
+
+def expected_labels(worker: dict) -> dict[str, str]:
+    """The info metric's labels, as `intentserve status --json` says them."""
+    realized = worker["realized"]
+    decision = next(d for d in worker["decisions"] if d["feature"] == "paged_attention")
+
+    def field(name: str) -> str:
+        if realized is None:
+            return ""
+        value = realized[name]
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return {
+        "deployment": DEPLOYMENT,
+        "worker_id": worker["worker_id"],
+        "state": worker["state"],
+        "device": worker["device_kind"],
+        "mode": decision["mode"],
+        "required": str(decision["required"]).lower(),
+        "enabled": str(field("cache_kind") == "paged").lower(),
+        "cache_kind": field("cache_kind"),
+        "backend": field("backend"),
+        "block_size": field("block_size"),
+        "kv_cache_dtype": field("kv_cache_dtype"),
+        "scheduler": field("scheduler"),
+        "prefix_caching": field("prefix_caching"),
+        "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
+    }
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_the_realized_info_metric_matches_status_for_every_worker(
+    start_controller, make_worker, mode
+):
+    server, _ = start_controller(http_port=0, paged_attention=mode, replicas=4, min_ready=1)
+    fallback = make_worker(server, "w0", CPU)  # auto: the default scheduler, and why
+    paged = make_worker(server, "w1", examples.cuda(flash=False))  # torch paged, and why
+    no_kv = make_worker(server, "w2", BERT)  # on: rejected at registration
+    failed = make_worker(server, "w3", CPU)  # rejected: its KV cache did not fit
+    for worker in (fallback, paged, no_kv, failed):
+        worker.register()
+        worker.start_heartbeats()
+    for worker in (fallback, paged, no_kv):
+        if worker.rejection is None:
+            worker.report()
+    failed.report(load_error=Reason(ReasonCode.KV_BUDGET_TOO_SMALL, "no room for one block"))
+    eventually(lambda: len(server.deployment.workers()) == 4, what="4 workers")
+    with ControllerClient(server.address, credentials=Credentials()) as admin:
+        status = admin.status()
+    labels = info_labels(server)
+    assert set(labels) == {w["worker_id"] for w in status["workers"]} == {"w0", "w1", "w2", "w3"}
+    for worker in status["workers"]:
+        assert labels[worker["worker_id"]] == expected_labels(worker), worker["worker_id"]
+        assert labels[worker["worker_id"]]["mode"] == mode
+    states = {w: labels[w]["state"] for w in labels}
+    assert states["w3"] == "rejected" and labels["w3"]["reason_code"] == "kv_budget_too_small"
+    if mode == "auto":
+        assert labels["w0"]["reason_code"] == "auto_not_enabled_on_device"
+        assert labels["w0"]["enabled"] == "false" and states["w0"] == "ready"
+    else:
+        assert states["w2"] == "rejected" and labels["w2"]["cache_kind"] == ""
+    assert labels["w1"]["enabled"] == "true" and labels["w1"]["backend"] == "torch_paged"
+    ready = metrics(server)["intentserve_deployment_ready"][0][1]
+    assert ready == (1.0 if server.verdict().ready else 0.0)
+
+
+def test_worker_load_comes_from_heartbeats(start_controller, make_worker):
+    server, worker = ready_controller(start_controller, make_worker)
+    eventually(lambda: sample(server, "intentserve_worker_kv_blocks_total", worker_id="w0") == 64)
+    assert sample(server, "intentserve_worker_kv_blocks_used", worker_id="w0") == 3
+    assert sample(server, "intentserve_deployment_verified_replicas") == 1
+    assert sample(server, "intentserve_deployment_min_ready_replicas") == 1
+    assert sample(server, "intentserve_reconcile_loop_duration_seconds_count") >= 1
+
+
+def test_streams_in_flight_end_when_the_controller_stops(start_controller, make_worker):
+    server, _ = start_controller(http_port=0, paged_attention="on")
+    assert make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK).up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    ended = threading.Event()
+
+    def read() -> None:
+        try:
+            with httpx.stream(
+                "POST",
+                f"{server.http_url}/v1/completions",
+                json={"model": MODEL, "prompt": "Hi", "stream": True},
+                timeout=30,
+            ) as response:
+                for _ in response.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass
+        ended.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 1, what="stream")
+    server.stop(grace_s=0)
+    assert ended.wait(10)

@@ -1,0 +1,247 @@
+"""OpenAI request bodies -> GenerateRequest, errors -> OpenAI's shape and HTTP status, responses
+-> OpenAI's objects; no server."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from intentserve.controller.http.errors import (
+    from_routing,
+    from_unsupported,
+    from_validation,
+)
+from intentserve.controller.http.openai_convert import (
+    Reply,
+    chat_request_to_pb,
+    completion_request_to_pb,
+)
+from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
+from intentserve.controller.service.errors import (
+    NotReady,
+    Overloaded,
+    UpstreamError,
+    WorkerUnavailable,
+)
+from intentserve.policy import Reason, ReasonCode
+from intentserve.v1 import inference_pb2
+from pydantic import ValidationError
+
+MODEL = "smollm2-135m"
+
+
+def completion(**fields) -> CompletionRequest:
+    return CompletionRequest.model_validate({"model": MODEL, "prompt": "Hi", **fields})
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    messages = [{"role": "user", "content": "Hi"}]
+    return ChatCompletionRequest.model_validate({"model": MODEL, "messages": messages, **fields})
+
+
+def test_a_completion_carries_every_field_to_the_generate_request():
+    pb = completion_request_to_pb(
+        completion(
+            max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="\n", top_k=5, ignore_eos=True
+        )
+    )
+    assert pb.prompt == "Hi" and not pb.messages and not pb.chat
+    assert pb.request_id.startswith("req-")
+    assert pb.stop.max_tokens == 7 and list(pb.stop.stop) == ["\n"] and pb.stop.ignore_eos
+    assert pb.sampling.temperature == pytest.approx(0.5) and pb.sampling.top_p == pytest.approx(0.9)
+    assert pb.sampling.seed == 3 and pb.sampling.top_k == 5
+
+
+def test_completion_defaults_are_openais():
+    pb = completion_request_to_pb(completion())
+    assert pb.stop.max_tokens == 16  # OpenAI's default for completions
+    assert pb.sampling.temperature == 1.0  # OpenAI's default; 0 is greedy
+    assert pb.sampling.top_p == 0.0 and not pb.sampling.HasField("seed")  # "not set"
+    assert pb.sampling.top_k == 0 and list(pb.stop.stop) == []
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "ids"),
+    [
+        ("Hi", "Hi", []),
+        (["Hi"], "Hi", []),
+        ([1, 2, 3], "", [1, 2, 3]),
+        ([[4, 5]], "", [4, 5]),
+    ],
+)
+def test_prompts_are_text_or_token_ids_or_a_batch_of_one(prompt, text, ids):
+    pb = completion_request_to_pb(completion(prompt=prompt))
+    assert (pb.prompt, list(pb.prompt_token_ids)) == (text, ids)
+
+
+def test_a_chat_sends_every_turn_for_the_worker_to_template():
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}],
+        },
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?"},
+    ]
+    pb = chat_request_to_pb(chat(messages=messages, stop=["a", "b"], top_k=-1))
+    assert [(m.role, m.content) for m in pb.messages] == [
+        ("system", "Be brief."),
+        ("user", "2+2?"),
+        ("assistant", "4"),
+        ("user", "And 3+3?"),
+    ]
+    assert not pb.prompt and list(pb.stop.stop) == ["a", "b"] and pb.sampling.top_k == 0
+
+
+def test_a_chat_without_a_limit_may_fill_the_model_length():
+    assert not chat_request_to_pb(chat()).stop.HasField("max_tokens")
+    assert chat_request_to_pb(chat(max_tokens=5)).stop.max_tokens == 5
+    assert chat_request_to_pb(chat(max_tokens=5, max_completion_tokens=9)).stop.max_tokens == 9
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (lambda: completion(n=2), "n"),
+        (lambda: completion(best_of=3), "best_of"),
+        (lambda: completion(logprobs=2), "logprobs"),
+        (lambda: completion(echo=True), "echo"),
+        (lambda: completion(prompt=["a", "b"]), "prompt"),
+        (lambda: completion(stream_options={"include_usage": True}), "stream_options"),
+        (lambda: completion(presence_penalty=0.5), "presence_penalty"),
+        (lambda: chat(logprobs=True), "logprobs"),
+        (lambda: chat(tools=[{"type": "function"}]), "tools"),
+        (lambda: chat(response_format={"type": "json_object"}), "response_format"),
+    ],
+)
+def test_what_is_not_honoured_is_refused_naming_it(body, param):
+    error = from_unsupported(body().unsupported())
+    assert (error.status, error.param) == (400, param)
+    assert error.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_what_is_honoured_or_changes_nothing_passes():
+    assert completion(n=1, best_of=1, logprobs=None, user="me").unsupported() is None
+    assert (
+        chat(response_format={"type": "text"}, stream=True, stream_options={}).unsupported() is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("schema", "fields", "param"),
+    [
+        (CompletionRequest, {"prompt": "Hi", "temperature": "hot"}, "temperature"),
+        (CompletionRequest, {"prompt": "Hi", "max_tokens": -1}, "max_tokens"),
+        (CompletionRequest, {"prompt": "Hi", "seed": -5}, "seed"),
+        (CompletionRequest, {"prompt": 5}, "prompt"),
+        (CompletionRequest, {}, "prompt"),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": 3}]},
+            "messages[0].content",
+        ),
+        (ChatCompletionRequest, {"messages": [{"content": "x"}]}, "messages[0].role"),
+        (ChatCompletionRequest, {"messages": [], "stream_options": 1}, "stream_options"),
+    ],
+)
+def test_a_body_of_the_wrong_shape_names_the_parameter(schema, fields, param):
+    with pytest.raises(ValidationError) as info:
+        schema.model_validate({"model": MODEL, **fields})
+    error = from_validation(info.value)
+    assert (error.status, error.param) == (400, param)
+    assert error.message.startswith(f"{param}: ")
+
+
+@pytest.mark.parametrize(
+    ("details", "body", "param"),
+    [
+        ("sampling.temperature: must be >= 0, got -1.0", completion(), "temperature"),
+        ("sampling.top_p: must be in (0, 1], got 1.5", chat(), "top_p"),
+        ("stop.max_tokens: 900 does not fit", completion(), "max_tokens"),
+        (
+            "stop.max_tokens: 900 does not fit",
+            chat(max_completion_tokens=900),
+            "max_completion_tokens",
+        ),
+        ("stop.stop: stop strings must not be empty", chat(), "stop"),
+        ("prompt: has 3000 tokens", completion(), "prompt"),
+        ("prompt: has 3000 tokens", chat(), "messages"),
+        (
+            "messages[1].role: 'tool' is not one of system, user, assistant",
+            chat(),
+            "messages[1].role",
+        ),
+        ("prompt_token_ids: ids [99999] are outside the vocabulary", completion(), "prompt"),
+    ],
+)
+def test_the_workers_invalid_argument_names_the_openai_parameter(details, body, param):
+    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details), body)
+    assert (error.status, error.param, error.code) == (400, param, "invalid_argument")
+    assert error.message == f"{param}: {details.partition(': ')[2]}"
+
+
+def test_an_unknown_field_path_is_relayed_without_a_param():
+    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, "whatever"), chat())
+    assert (error.status, error.param, error.message) == (400, None, "whatever")
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (NotReady(Reason(ReasonCode.WORKER_PENDING, "loading")), 503, "worker_pending"),
+        (Overloaded("every queue is full"), 429, "resource_exhausted"),
+        (WorkerUnavailable("worker w0 was lost"), 503, "unavailable"),
+        (UpstreamError(grpc.StatusCode.INTERNAL, "boom"), 500, "internal"),
+        (RuntimeError("bug"), 500, "internal"),
+    ],
+)
+def test_routing_failures_get_the_status_grpc_clients_get_too(error, status, code):
+    mapped = from_routing(error, completion())
+    assert (mapped.status, mapped.code, mapped.param) == (status, code, None)
+    assert set(mapped.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_not_ready_carries_the_readiness_reason():
+    error = from_routing(NotReady(Reason(ReasonCode.NOT_ENOUGH_REPLICAS, "0 of 1")), chat())
+    assert error.message == "deployment is not ready: not_enough_replicas: 0 of 1"
+    assert error.body()["error"]["type"] == "service_unavailable_error"
+
+
+def response(text: str, num_output: int, finish: int = 0, num_prompt: int = 0):
+    return inference_pb2.GenerateResponse(
+        text=text,
+        token_ids=[1],
+        num_output_tokens=num_output,
+        finish_reason=finish,
+        num_prompt_tokens=num_prompt,
+    )
+
+
+@pytest.mark.parametrize("is_chat", [False, True])
+def test_a_reply_collects_its_responses_with_the_usage(is_chat):
+    reply = Reply(is_chat, MODEL, "req-1")
+    assert reply.add(response("Par", 1)) == ("Par", None)
+    assert reply.add(response("is", 2, inference_pb2.FINISH_REASON_STOP, 5)) == ("is", "stop")
+    whole = reply.response()
+    assert whole["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["index"] == 0
+    if is_chat:
+        assert whole["object"] == "chat.completion" and whole["id"] == "chatcmpl-req-1"
+        assert choice["message"] == {"role": "assistant", "content": "Paris"}
+    else:
+        assert whole["object"] == "text_completion" and whole["id"] == "cmpl-req-1"
+        assert choice["text"] == "Paris"
+
+
+def test_chat_chunks_say_who_speaks_first_and_end_with_an_empty_delta():
+    reply = Reply(True, MODEL, "req-1")
+    assert reply.chunk("", None, first=True)["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "",
+    }
+    assert reply.chunk("Hi", None)["choices"][0]["delta"] == {"content": "Hi"}
+    last = reply.chunk("", "length")["choices"][0]
+    assert (last["delta"], last["finish_reason"]) == ({}, "length")
+    usage = reply.usage_chunk()
+    assert usage["choices"] == [] and usage["object"] == "chat.completion.chunk"

@@ -1,0 +1,92 @@
+"""Request metrics as the router's responses pass through, and the HTTP call the router sees;
+no server."""
+
+from __future__ import annotations
+
+import pytest
+from intentserve.controller.http.bridge import HttpCall
+from intentserve.controller.service.errors import NotReady, Overloaded
+from intentserve.controller.service.request_metrics import RequestMetrics
+from intentserve.policy import Reason, ReasonCode
+from intentserve.v1 import inference_pb2
+from prometheus_client import CollectorRegistry
+
+LABELS = {"deployment": "d", "model_name": "m"}
+
+
+@pytest.fixture
+def metered():
+    registry = CollectorRegistry()
+    return registry, RequestMetrics(registry, deployment="d", model="m")
+
+
+def value(registry: CollectorRegistry, name: str, **labels) -> float:
+    return registry.get_sample_value(name, {**LABELS, **labels}) or 0.0
+
+
+def stream(num_tokens: int, finish: int | None, fail: Exception | None = None):
+    for i in range(num_tokens):
+        last = i == num_tokens - 1
+        yield inference_pb2.GenerateResponse(
+            token_ids=[i],
+            num_output_tokens=i + 1,
+            finish_reason=finish if last and finish else 0,
+            num_prompt_tokens=7 if last and finish else 0,
+        )
+    if fail is not None:
+        raise fail
+
+
+def test_a_finished_request_counts_its_tokens_and_latencies(metered):
+    registry, metrics = metered
+    assert len(list(metrics.observe(stream(4, inference_pb2.FINISH_REASON_LENGTH)))) == 4
+    assert value(registry, "intentserve_requests_total", status="ok", finish_reason="length") == 1
+    assert value(registry, "intentserve_prompt_tokens_total") == 7
+    assert value(registry, "intentserve_generation_tokens_total") == 4
+    assert value(registry, "intentserve_time_to_first_token_seconds_count") == 1
+    assert value(registry, "intentserve_inter_token_latency_seconds_count") == 3
+    assert value(registry, "intentserve_e2e_request_latency_seconds_count") == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (NotReady(Reason(ReasonCode.WORKER_PENDING, "loading")), "unavailable"),
+        (Overloaded("full"), "resource_exhausted"),
+    ],
+)
+def test_a_refused_request_counts_with_the_status_its_client_got(metered, error, status):
+    registry, metrics = metered
+    with pytest.raises(type(error)):
+        list(metrics.observe(stream(0, None, fail=error)))
+    assert value(registry, "intentserve_requests_total", status=status, finish_reason="") == 1
+    assert value(registry, "intentserve_e2e_request_latency_seconds_count") == 0
+
+
+def test_a_client_that_goes_away_is_cancelled_and_its_routed_call_closed(metered):
+    registry, metrics = metered
+    upstream = stream(10, inference_pb2.FINISH_REASON_LENGTH)
+    observed = metrics.observe(upstream)
+    next(observed), next(observed)
+    observed.close()
+    assert upstream.gi_frame is None  # the router's generator ran its cleanup
+    assert value(registry, "intentserve_requests_total", status="cancelled", finish_reason="") == 1
+    assert value(registry, "intentserve_generation_tokens_total") == 2
+
+
+def test_a_stream_that_ends_without_a_finish_reason_was_cancelled(metered):
+    registry, metrics = metered
+    list(metrics.observe(stream(2, None)))
+    assert value(registry, "intentserve_requests_total", status="cancelled", finish_reason="") == 1
+
+
+def test_an_http_call_runs_the_routers_callbacks_once_when_cancelled():
+    call = HttpCall()
+    ran: list[str] = []
+    assert call.time_remaining() is None and call.is_active()
+    assert call.add_callback(lambda: ran.append("upstream"))
+    call.cancel()
+    call.cancel()
+    assert ran == ["upstream"] and not call.is_active()
+    assert not call.add_callback(lambda: ran.append("late"))  # the router then cancels itself
+    assert ran == ["upstream"]
