@@ -2,8 +2,8 @@
 OpenAI-compatible API (HTTPS, SSE) against the same streams through gRPC (TLS), on one deployment,
 measured alternately in one run on this machine.
 
-    python bench/http.py                     # writes bench/results/http.json
-    python bench/http.py --rounds 1 --repeats 1 --max-tokens 32   # a quick check
+    python bench/http_api.py                     # writes bench/results/http_api.json
+    python bench/http_api.py --rounds 1 --repeats 1 --max-tokens 32   # a quick check
 
 One `intentserve up` (security on, an API key) serves both. Each round times `--streams`
 concurrent greedy streams of `--max-tokens` tokens (EOS ignored) through gRPC and through HTTP,
@@ -17,10 +17,7 @@ import sys
 from pathlib import Path
 
 # ruff: noqa: E402
-# NOTE: run as a script, this file's folder comes first on sys.path, where this module would
-# hide the standard library's `http` package from everything imported after it: the imports wait.
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 import argparse
@@ -118,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http_api.json")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="intentserve-bench-"))
     os.environ["INTENTSERVE_HOME"] = str(work / "home")
