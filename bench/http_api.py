@@ -81,20 +81,14 @@ def http_streams(deployment: Deployment, streams: int, max_tokens: int) -> float
     return sum(counts) / elapsed
 
 
-def controller_cpu_s(deployment: Deployment) -> float:
-    """CPU seconds the `up` process (the controller, both front ends) has used so far."""
-    fields = Path(f"/proc/{deployment.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measured(run: Callable[[], float], deployment: Deployment, max_tokens: int, streams: int):
     """Tokens/s, and the controller's and this client's CPU milliseconds per 1000 tokens."""
-    controller, client = controller_cpu_s(deployment), time.process_time()
+    controller, client = deployment.controller_cpu_s(), time.process_time()
     tok_s = run()
     per_1k = 1000 * 1000 / (streams * max_tokens)
     return (
         tok_s,
-        (controller_cpu_s(deployment) - controller) * per_1k,
+        (deployment.controller_cpu_s() - controller) * per_1k,
         (time.process_time() - client) * per_1k,
     )
 

@@ -75,8 +75,17 @@ def measure(mode: str, args: argparse.Namespace, work: Path) -> dict:
     manifest.write_text(MANIFEST.format(streams=args.streams, security=security))
     with Deployment(manifest, work, api_key="bench-key" if mode == "secure" else None) as d:
         timed_streams(d, args.streams, 8)  # warm-up: kernels, caches, connections
+        controller_s, client_s = d.controller_cpu_s(), time.process_time()
         rates = [timed_streams(d, args.streams, args.max_tokens) for _ in range(args.repeats)]
-    return {"tok_s": statistics.median(rates), "runs_tok_s": rates}
+        per_1k = 1000 * 1000 / (args.streams * args.max_tokens * args.repeats)
+        controller_ms = (d.controller_cpu_s() - controller_s) * per_1k
+        client_ms = (time.process_time() - client_s) * per_1k
+    return {
+        "tok_s": statistics.median(rates),
+        "runs_tok_s": rates,
+        "controller_cpu_ms_per_1k_tokens": controller_ms,
+        "client_cpu_ms_per_1k_tokens": client_ms,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"round {r + 1} ({' then '.join(order)}): secure {result['secure']['tok_s']:.0f} "
             f"tok/s, insecure {result['insecure']['tok_s']:.0f} tok/s, secure / insecure "
-            f"{result['secure_over_insecure']:.3f}",
+            f"{result['secure_over_insecure']:.3f}; controller CPU ms / 1k tokens: secure "
+            f"{result['secure']['controller_cpu_ms_per_1k_tokens']:.0f}, insecure "
+            f"{result['insecure']['controller_cpu_ms_per_1k_tokens']:.0f}",
             flush=True,
         )
     ratios = [r["secure_over_insecure"] for r in rounds]

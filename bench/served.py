@@ -69,6 +69,11 @@ class Deployment:
         """The `up` process: the controller with its front ends (workers are Ray's processes)."""
         return self._proc.pid
 
+    def controller_cpu_s(self) -> float:
+        """CPU seconds the `up` process (the controller and its front ends) has used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def __exit__(self, *exc_info) -> None:
         if self.client is not None:
             self.client.close()
