@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import yaml
 from intentserve.controller.launch.validation import describe_validation_error
 from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
-from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
+from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState, replica_ids
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
@@ -312,7 +312,7 @@ class Manifest(BaseSettings):
         return self.metadata.name
 
     def worker_ids(self) -> list[str]:
-        return [f"{self.name}-{i}" for i in range(self.spec.replicas)]
+        return list(replica_ids(self.name, self.spec.replicas))
 
     def controller_config(self) -> ControllerConfig:
         """What the controller runs with, from the validated (typed) fields: nothing is parsed

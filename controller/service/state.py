@@ -14,6 +14,11 @@ from intentserve.policy import DeviceKind, KvBudget, PagedAttentionConfig
 DEFAULT_MODEL = "smollm2-135m"
 
 
+def replica_ids(deployment: str, replicas: int) -> tuple[str, ...]:
+    """`<deployment>-<i>` for i < replicas: the one rule that names a deployment's workers."""
+    return tuple(f"{deployment}-{i}" for i in range(replicas))
+
+
 @dataclass(frozen=True)
 class DesiredState:
     """What the operator asked for; fixed for the life of the controller."""
@@ -30,7 +35,7 @@ class DesiredState:
     def worker_ids(self) -> tuple[str, ...]:
         """The ids of the deployment's replicas, `<deployment>-<i>`: the only ones that may
         register (with TLS, each must hold the certificate of its id)."""
-        return tuple(f"{self.deployment}-{i}" for i in range(self.replicas))
+        return replica_ids(self.deployment, self.replicas)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
