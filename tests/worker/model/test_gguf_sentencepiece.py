@@ -1,0 +1,159 @@
+"""SentencePiece GGUF tokenizers (`tokenizer.ggml.model = "llama"`) on tiny vocabularies written
+here: merges chosen by score, byte fallback, the `▁` space marker, special tokens, and the
+metadata flags llama.cpp reads (add_space_prefix, add_bos_token)."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import re
+
+import pytest
+from gguf import TokenType
+from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
+from intentserve.worker.model.tokenizer import Tokenizer
+
+SPECIALS = {"<unk>": TokenType.UNKNOWN, "<s>": TokenType.CONTROL, "</s>": TokenType.CONTROL}
+BYTES = [f"<0x{b:02X}>" for b in range(256)]
+USER_DEFINED = ["<eot>", "  "]  # llama.cpp matches these whole in the raw text
+# Normal pieces and scores, as a SentencePiece BPE vocabulary has them: -(merge rank).
+PIECES = {
+    **{char: -100.0 for char in "▁abchix"},
+    "▁h": -1.0,
+    "hi": -2.0,
+    "▁hi": -3.0,
+    "ab": -4.0,
+    "bc": -5.0,
+    "aa": -6.0,
+    "aaa": -7.0,
+    "▁a": -8.0,
+    "ix": -9.0,
+}
+
+
+def spm_metadata(pieces: dict[str, float] = PIECES, **flags) -> dict:
+    tokens = [*SPECIALS, *BYTES, *USER_DEFINED, *pieces]
+    types = [
+        *SPECIALS.values(),
+        *[TokenType.BYTE] * len(BYTES),
+        *[TokenType.USER_DEFINED] * len(USER_DEFINED),
+        *[TokenType.NORMAL] * len(pieces),
+    ]
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [pieces.get(t, 0.0) for t in tokens],
+        "tokenizer.ggml.token_type": [int(t) for t in types],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": False,
+    } | {f"tokenizer.ggml.{key}": value for key, value in flags.items()}
+
+
+def pieces_of(tokenizer: Tokenizer, text: str) -> list[str]:
+    return [tokenizer.token_text(i) for i in tokenizer.encode(text, add_bos=False)]
+
+
+def spm_reference(pieces: dict[str, float], text: str) -> list[str]:
+    """What a SentencePiece BPE encoder does with `text` (no special tokens in it): start from
+    characters, repeatedly join the adjacent pair whose join is the best-scored piece (leftmost
+    on ties), then spell what is not a piece as its UTF-8 byte tokens."""
+    symbols = list(text.replace(" ", "▁"))
+    while True:
+        candidates = [
+            (-pieces[symbols[i] + symbols[i + 1]], i)
+            for i in range(len(symbols) - 1)
+            if symbols[i] + symbols[i + 1] in pieces
+        ]
+        if not candidates:
+            break
+        _, i = heapq.nsmallest(1, candidates)[0]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    return [
+        piece
+        for symbol in symbols
+        for piece in ([symbol] if symbol in pieces else [f"<0x{b:02X}>" for b in symbol.encode()])
+    ]
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [({"ab": -4.0, "bc": -5.0}, ["ab", "c"]), ({"ab": -5.0, "bc": -4.0}, ["a", "bc"])],
+    ids=["ab-first", "bc-first"],
+)
+def test_the_best_scored_join_is_made_first(scores, expected):
+    tokenizer = build_gguf_tokenizer(spm_metadata(PIECES | scores))
+    assert pieces_of(tokenizer, "abc") == expected
+
+
+def test_a_piece_forms_from_any_of_its_splits():
+    # "abc" (scored worse than both halves) forms from ab + c as well as from a + bc.
+    for scores in ({"ab": -4.0, "bc": -5.0}, {"ab": -5.0, "bc": -4.0}):
+        tokenizer = build_gguf_tokenizer(spm_metadata(PIECES | scores | {"abc": -50.0}))
+        assert pieces_of(tokenizer, "abc") == ["abc"]
+
+
+def test_random_texts_match_the_sentencepiece_algorithm():
+    tokenizer = build_gguf_tokenizer(spm_metadata())
+    rng = random.Random(0)
+    alphabet = ["a", "b", "c", "h", "i", "x", " ", "é", "z"]
+    for _ in range(500):
+        # No two spaces in a row: "  " is a user-defined token, outside the reference's scope.
+        text = re.sub(" +", " ", "".join(rng.choices(alphabet, k=rng.randint(1, 12))))
+        assert pieces_of(tokenizer, text) == spm_reference(PIECES, text), text
+
+
+def test_spaces_become_the_space_marker():
+    tokenizer = build_gguf_tokenizer(spm_metadata())
+    assert pieces_of(tokenizer, "hi hi") == ["hi", "▁hi"]
+    assert tokenizer.decode(tokenizer.encode("hi hi")) == "hi hi"
+
+
+def test_add_space_prefix_marks_the_start_of_every_text_run():
+    # As llama.cpp does: a space goes before the text at the start and after each special token.
+    tokenizer = build_gguf_tokenizer(spm_metadata(add_space_prefix=True))
+    assert pieces_of(tokenizer, "hi hi") == ["▁hi", "▁hi"]
+    assert pieces_of(tokenizer, " hi") == ["▁", "▁hi"]
+    assert pieces_of(tokenizer, "<s>hi<eot>hi") == ["<s>", "▁hi", "<eot>", "▁hi"]
+    assert tokenizer.decode(tokenizer.encode("hi hi")) == "hi hi"
+
+
+def test_add_space_prefix_defaults_to_llama_cpp_default():
+    metadata = spm_metadata()
+    del metadata["tokenizer.ggml.add_space_prefix"]
+    assert pieces_of(build_gguf_tokenizer(metadata), "hi") == ["▁hi"]
+
+
+def test_characters_outside_the_vocabulary_fall_back_to_bytes():
+    tokenizer = build_gguf_tokenizer(spm_metadata())
+    assert pieces_of(tokenizer, "aé") == ["a", "<0xC3>", "<0xA9>"]
+    assert pieces_of(tokenizer, "🤖") == ["<0xF0>", "<0x9F>", "<0xA4>", "<0x96>"]
+    for text in ["aé", "hi 🤖 東京", "z\tz\n"]:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_special_and_user_defined_tokens_are_matched_whole():
+    tokenizer = build_gguf_tokenizer(spm_metadata())
+    ids = tokenizer.encode("<s>hi<eot>a  b</s>", add_bos=False)
+    assert [tokenizer.token_text(i) for i in ids] == ["<s>", "hi", "<eot>", "a", "  ", "b", "</s>"]
+    # Control tokens are dropped on decode; user-defined ones are text.
+    assert tokenizer.decode(ids) == "hi<eot>a  b"
+    assert tokenizer.decode(ids, skip_special_tokens=False) == "<s>hi<eot>a  b</s>"
+
+
+def test_bos_eos_and_their_defaults():
+    tokenizer = build_gguf_tokenizer(spm_metadata())
+    assert tokenizer.bos_token_id == 1 and tokenizer.eos_token_ids == (2,)
+    # llama.cpp adds BOS to a SentencePiece vocabulary whose metadata does not say otherwise.
+    assert tokenizer.encode("hi")[0] == 1
+    assert build_gguf_tokenizer(spm_metadata(add_bos_token=False)).encode("hi")[0] != 1
+    with_eot = build_gguf_tokenizer(spm_metadata(eot_token_id=len(SPECIALS) + len(BYTES)))
+    assert with_eot.eos_token_ids == (2, len(SPECIALS) + len(BYTES))
+
+
+def test_unsupported_metadata_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.model 'mystery'.*'gpt2'.*'llama'"):
+        build_gguf_tokenizer(spm_metadata(model="mystery"))
+    with pytest.raises(ValueError, match="tokenizer.ggml.add_eos_token"):
+        build_gguf_tokenizer(spm_metadata(add_eos_token=True))

@@ -1,0 +1,76 @@
+"""A SentencePiece vocabulary from GGUF metadata (`tokenizer.ggml.model = "llama"`) as a
+`tokenizers` BPE model.
+
+SentencePiece (and llama.cpp's SPM tokenizer) encodes a run of text by starting from its
+characters and repeatedly joining the adjacent pair whose joined string is the best-scored piece
+of the vocabulary, the leftmost pair on ties; a character that is no piece becomes its UTF-8
+bytes, spelled `<0xNN>`. Spaces are written `▁` first.
+
+A BPE model does the same when it is given, for every normal piece and every split of it into
+two pieces, a merge ranked by the piece's score: its ranks then order joins exactly as the scores
+do. NOTE: a join whose halves are not both pieces cannot be a merge; this only matters for a
+vocabulary with a piece that contains a character which is not itself a piece.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import tokenizers
+from gguf import TokenType
+from tokenizers import decoders, normalizers
+
+SPACE_MARKER = "\u2581"  # ▁
+
+
+def sentencepiece_backend(metadata: Mapping[str, Any]) -> tokenizers.Tokenizer:
+    """The model, normalizer and decoder; special tokens are added by the caller."""
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    unknown_id = metadata.get("tokenizer.ggml.unknown_token_id")
+    model = tokenizers.models.BPE(
+        vocab={token: token_id for token_id, token in enumerate(tokens)},
+        merges=_merges_by_score(
+            tokens, metadata["tokenizer.ggml.scores"], metadata["tokenizer.ggml.token_type"]
+        ),
+        unk_token=None if unknown_id is None else tokens[unknown_id],
+        byte_fallback=True,
+    )
+    backend = tokenizers.Tokenizer(model)
+    # llama.cpp's default for this vocabulary type is to add the prefix.
+    add_space_prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
+    backend.normalizer = _normalizer(add_space_prefix)
+    steps = [decoders.Replace(SPACE_MARKER, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+def _normalizer(add_space_prefix: bool) -> normalizers.Normalizer:
+    # NOTE: normalizers run on each stretch of text between special tokens, so the prefix goes
+    # at the start and after every special token, as llama.cpp puts it; a Metaspace pre-tokenizer
+    # would skip it where the text already starts with a space.
+    replace = normalizers.Replace(" ", SPACE_MARKER)
+    if not add_space_prefix:
+        return replace
+    return normalizers.Sequence([normalizers.Prepend(SPACE_MARKER), replace])
+
+
+def _merges_by_score(
+    tokens: list[str], scores: list[float], token_types: list[int]
+) -> list[tuple[str, str]]:
+    """Every split of every normal piece into two pieces, best score first (then lower id, then
+    longer left half)."""
+    known = set(tokens)
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for token_id, token in enumerate(tokens):
+        if token_types[token_id] != TokenType.NORMAL:
+            continue
+        score = -scores[token_id]
+        for cut in range(len(token) - 1, 0, -1):
+            left, right = token[:cut], token[cut:]
+            if left in known and right in known:
+                ranked.append((score, token_id, -cut, left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
