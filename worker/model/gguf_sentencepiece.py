@@ -63,14 +63,17 @@ def _merges_by_score(
     """Every split of every normal piece into two pieces, best score first (then lower id, then
     longer left half)."""
     known = set(tokens)
-    ranked: list[tuple[float, int, int, str, str]] = []
-    for token_id, token in enumerate(tokens):
-        if token_types[token_id] != TokenType.NORMAL:
-            continue
-        score = -scores[token_id]
+    # NOTE: sorting the ~255k pieces, not the ~500k merges, and the plain loop below keep this
+    # to about a second for Gemma's 262k-piece vocabulary.
+    normal_ids = [i for i, token_type in enumerate(token_types) if token_type == TokenType.NORMAL]
+    normal_ids.sort(key=lambda i: -scores[i])  # stable: lower id first among equal scores
+    merges: list[tuple[str, str]] = []
+    for token_id in normal_ids:
+        token = tokens[token_id]
         for cut in range(len(token) - 1, 0, -1):
-            left, right = token[:cut], token[cut:]
-            if left in known and right in known:
-                ranked.append((score, token_id, -cut, left, right))
-    ranked.sort()
-    return [(left, right) for *_, left, right in ranked]
+            left = token[:cut]
+            if left in known:
+                right = token[cut:]
+                if right in known:
+                    merges.append((left, right))
+    return merges
