@@ -47,6 +47,12 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizerSpec] = {
 
 _SPECIAL_TYPES = {TokenType.CONTROL, TokenType.UNKNOWN}
 
+_END_TOKEN_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
+# Control tokens that end a chat turn, as llama.cpp also recognizes them by their text: a file
+# that names no `eot_token_id` still stops there (Gemma's GGUF names only <eos>, yet its turns
+# end with <end_of_turn>).
+_END_OF_TURN_TEXTS = frozenset({"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>"})
+
 
 @dataclass(frozen=True)
 class _VocabularyKind:
@@ -73,21 +79,36 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
             "is continued by the model, never closed with EOS)"
         )
     tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    for key in ("scores", "token_type"):
+        values = metadata.get(f"tokenizer.ggml.{key}")
+        if values is not None and len(values) != len(tokens):
+            raise ValueError(
+                f"tokenizer.ggml.{key} has {len(values)} entries for {len(tokens)} tokens "
+                "(it must have one per token)"
+            )
+    token_types = metadata.get("tokenizer.ggml.token_type")
     backend = kind.build_backend(metadata)
-    _add_special_tokens(backend, tokens, metadata.get("tokenizer.ggml.token_type"))
-
-    eos_token_ids = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        token_id = metadata.get(f"tokenizer.ggml.{key}")
-        if token_id is not None and token_id not in eos_token_ids:
-            eos_token_ids.append(token_id)
+    _add_special_tokens(backend, tokens, token_types)
     return Tokenizer(
         backend,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=eos_token_ids,
+        eos_token_ids=_end_token_ids(metadata, tokens, token_types),
         add_bos_token=metadata.get("tokenizer.ggml.add_bos_token", kind.adds_bos_by_default),
         chat_template=metadata.get("tokenizer.chat_template"),
     )
+
+
+def _end_token_ids(
+    metadata: Mapping[str, Any], tokens: list[str], token_types: list[int] | None
+) -> list[int]:
+    ids = [metadata.get(f"tokenizer.ggml.{key}") for key in _END_TOKEN_KEYS]
+    if metadata.get("tokenizer.ggml.eot_token_id") is None and token_types is not None:
+        ids += [
+            token_id
+            for token_id, token in enumerate(tokens)
+            if token in _END_OF_TURN_TEXTS and token_types[token_id] == TokenType.CONTROL
+        ]
+    return list(dict.fromkeys(token_id for token_id in ids if token_id is not None))
 
 
 def _byte_level_backend(metadata: Mapping[str, Any]) -> tokenizers.Tokenizer:

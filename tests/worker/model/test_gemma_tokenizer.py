@@ -86,7 +86,7 @@ def test_vocabulary_and_special_ids(tokenizer, oracle, metadata):
     assert tokenizer.encode("hi") == oracle.encode("hi")  # the file says add_bos_token = true
     # Unlike the oracle, a text that starts with BOS (a rendered chat prompt) gets no second one.
     assert tokenizer.encode("<bos>hi") == tokenizer.encode("<bos>hi", add_bos=False)
-    assert tokenizer.eos_token_ids[0] == tokens.index("<eos>")
+    assert tokenizer.eos_token_ids == (tokens.index("<eos>"), tokens.index("<end_of_turn>"))
     ids = tokenizer.encode("<start_of_turn>user\nhi<end_of_turn>", add_bos=False)
     assert ids[0] == tokens.index("<start_of_turn>") and ids[-1] == tokens.index("<end_of_turn>")
     assert tokenizer.decode(ids) == "user\nhi"

@@ -157,3 +157,26 @@ def test_unsupported_metadata_is_refused_by_name():
         build_gguf_tokenizer(spm_metadata(model="mystery"))
     with pytest.raises(ValueError, match="tokenizer.ggml.add_eos_token"):
         build_gguf_tokenizer(spm_metadata(add_eos_token=True))
+
+
+def test_an_end_of_turn_control_token_ends_generation_when_no_eot_id_is_named():
+    # Gemma's GGUF names only <eos> as an end token, yet its chat turns end with <end_of_turn>.
+    metadata = spm_metadata()
+    metadata["tokenizer.ggml.tokens"] = [*metadata["tokenizer.ggml.tokens"], "<end_of_turn>"]
+    metadata["tokenizer.ggml.scores"] = [*metadata["tokenizer.ggml.scores"], 0.0]
+    metadata["tokenizer.ggml.token_type"] = [
+        *metadata["tokenizer.ggml.token_type"],
+        int(TokenType.CONTROL),
+    ]
+    end_of_turn = len(metadata["tokenizer.ggml.tokens"]) - 1
+    assert build_gguf_tokenizer(metadata).eos_token_ids == (2, end_of_turn)
+    named = build_gguf_tokenizer(metadata | {"tokenizer.ggml.eot_token_id": 1})
+    assert named.eos_token_ids == (2, 1)  # the file's own choice stands
+
+
+def test_per_token_arrays_must_match_the_vocabulary():
+    for key in ("scores", "token_type"):
+        metadata = spm_metadata()
+        metadata[f"tokenizer.ggml.{key}"] = metadata[f"tokenizer.ggml.{key}"][:-1]
+        with pytest.raises(ValueError, match=f"tokenizer.ggml.{key} has"):
+            build_gguf_tokenizer(metadata)
