@@ -9,7 +9,8 @@ import pytest
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.model.gguf_loader import GGUFFile
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
-from intentserve.worker.model.tokenizer import Tokenizer
+from intentserve.worker.model.token_bound import token_bound
+from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 
 pytestmark = pytest.mark.model
 
@@ -113,3 +114,21 @@ def test_chat_prompt_ids_match_transformers(tokenizer, oracle):
     )
     assert ids == expected
     assert ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_the_token_bound_is_gemmas_longest_token_and_holds(tokenizer, metadata):
+    bound = token_bound(tokenizer.backend)
+    longest = max(len(token.encode()) for token in metadata["tokenizer.ggml.tokens"])
+    assert bound is not None and bound.max_bytes_per_token == longest == 48
+    for text in [*TEXTS, " " * 1000, "▁" * 100, "\t" * 100 + "\n" * 100, "東京" * 50]:
+        assert tokenizer.min_num_tokens(text.encode()) <= len(tokenizer.encode(text)), text
+
+
+def test_incremental_decoding_never_splits_characters(tokenizer):
+    text = "naïve café — 東京 🤖🎉 𝔘𝔫𝔦 done"
+    ids = tokenizer.encode(text, add_bos=False)
+    decoder = IncrementalDecoder(tokenizer, tokenizer.encode("Say:"))
+    deltas = [decoder.append([token_id]) for token_id in ids]
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in delta for delta in deltas)
+    assert "" in deltas  # byte tokens of 𝔘 complete no character on their own

@@ -10,7 +10,10 @@ import re
 
 import pytest
 from gguf import TokenType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
+from intentserve.worker.model.token_bound import token_bound
 from intentserve.worker.model.tokenizer import Tokenizer
 
 SPECIALS = {"<unk>": TokenType.UNKNOWN, "<s>": TokenType.CONTROL, "</s>": TokenType.CONTROL}
@@ -180,3 +183,35 @@ def test_per_token_arrays_must_match_the_vocabulary():
         metadata[f"tokenizer.ggml.{key}"] = metadata[f"tokenizer.ggml.{key}"][:-1]
         with pytest.raises(ValueError, match=f"tokenizer.ggml.{key} has"):
             build_gguf_tokenizer(metadata)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.lists(
+        st.one_of(st.text(max_size=8), st.sampled_from([" ", "  ", "▁", "hi", "<s>", "<eot>"])),
+        max_size=12,
+    ).map("".join),
+    add_space_prefix=st.booleans(),
+)
+def test_no_text_makes_fewer_tokens_than_the_bound(text, add_space_prefix):
+    # Spaces grow into 3-byte `▁`s and unknown characters into byte tokens: nothing is dropped,
+    # so a cheap bound on the number of tokens exists, as for byte-level BPE.
+    tokenizer = build_gguf_tokenizer(spm_metadata(add_space_prefix=add_space_prefix))
+    assert tokenizer.min_num_tokens(text.encode()) <= len(tokenizer.encode(text, add_bos=False))
+
+
+def test_the_bound_is_the_longest_token_in_utf8():
+    bound = token_bound(build_gguf_tokenizer(spm_metadata()).backend)
+    assert bound is not None and bound.dropped_bytes == b""
+    assert bound.max_bytes_per_token == len("<0x00>")  # longer than any piece here
+
+
+def test_a_vocabulary_that_can_drop_characters_has_no_bound():
+    metadata = spm_metadata()
+    del metadata["tokenizer.ggml.unknown_token_id"]
+    metadata["tokenizer.ggml.tokens"] = [
+        "<0xC3>-missing" if t == "<0xC3>" else t for t in metadata["tokenizer.ggml.tokens"]
+    ]
+    tokenizer = build_gguf_tokenizer(metadata)
+    assert tokenizer.encode("é", add_bos=False) == []  # no <0xC3> and no unknown token
+    assert token_bound(tokenizer.backend) is None
