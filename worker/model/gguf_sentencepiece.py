@@ -7,9 +7,11 @@ of the vocabulary, the leftmost pair on ties; a character that is no piece becom
 bytes, spelled `<0xNN>`. Spaces are written `▁` first.
 
 A BPE model does the same when it is given, for every normal piece and every split of it into
-two pieces, a merge ranked by the piece's score: its ranks then order joins exactly as the scores
-do. NOTE: a join whose halves are not both pieces cannot be a merge; this only matters for a
-vocabulary with a piece that contains a character which is not itself a piece.
+two pieces, a merge ranked by the piece's score: its ranks then order joins as the scores do.
+NOTE: two limits, neither met by Gemma 3's vocabulary nor by random texts in the tests: a join
+whose halves are not both pieces cannot be a merge (it matters only for a piece containing a
+character that is no piece), and two splits of one piece rank apart where SentencePiece would
+take the leftmost.
 """
 
 from __future__ import annotations

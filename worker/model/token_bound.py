@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import tokenizers
+from intentserve.worker.model.gguf_sentencepiece import SPACE_MARKER
 
 # Pre-tokenizers that split byte-level text without dropping any of it ("Split" unless it
 # removes what it matches).
 _KEEPING_PRE_TOKENIZERS = frozenset({"ByteLevel", "Digits", "Split"})
 
-_SPACE_MARKER = "\u2581"  # ▁
-_SPACE_TO_MARKER = {"type": "Replace", "pattern": {"String": " "}, "content": _SPACE_MARKER}
+_SPACE_TO_MARKER = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARKER}
 _MAX_UTF8_BYTES_PER_CHAR = 4  # what the unknown token may stand for
 
 
@@ -76,7 +76,7 @@ def _is_sentencepiece(backend: tokenizers.Tokenizer) -> bool:
     steps = normalizer.get("normalizers", [normalizer])
     if steps not in (
         [_SPACE_TO_MARKER],
-        [{"type": "Prepend", "prepend": _SPACE_MARKER}, _SPACE_TO_MARKER],
+        [{"type": "Prepend", "prepend": SPACE_MARKER}, _SPACE_TO_MARKER],
     ):
         return False
     model = backend.model
