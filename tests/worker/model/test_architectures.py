@@ -13,6 +13,7 @@ from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model import ModelLoadError, load_model
 from intentserve.worker.model.hf_reference import hf_logits
 from intentserve.worker.model.reference_attention import reference_logits
+from tiny_checkpoints import write_gguf
 from transformers_checkpoints import FAMILIES, save_checkpoint, tiny_transformers_model
 
 # ~100 tokens: longer than the sliding windows (16) and enough positions for RoPE to matter.
@@ -107,3 +108,21 @@ def test_qwen3_per_layer_sliding_window_is_refused(tmp_path):
     folder = save_checkpoint(model, tmp_path / "m")
     with pytest.raises(ModelLoadError, match="use_sliding_window"):
         load_model(str(folder))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "phi3-sliding-window"])
+def test_gguf_of_the_same_weights_matches_transformers(tmp_path, family):
+    # The GGUF is laid out as llama.cpp's converter writes these families: Qwen3's q/k norms as
+    # attn_q_norm/attn_k_norm, Phi-3's fused attn_qkv and its gate|up as ffn_up, no Q/K permute.
+    theirs = tiny_transformers_model(family)
+    folder = save_checkpoint(theirs, tmp_path / "hf")
+    config = load_model(str(folder), dtype="float32").config
+    path = write_gguf(tmp_path / "m.gguf", config, theirs.state_dict())
+    loaded = load_model(str(path), dtype="float32")
+
+    assert loaded.config.architecture == config.architecture
+    for field in ("head_dim", "qk_norm", "qkv_bias", "sliding_window", "intermediate_size"):
+        assert getattr(loaded.config, field) == getattr(config, field), field
+    ids = loaded.tokenizer.encode(TEXT, add_bos=False)
+    ours = reference_logits(loaded.model, ids)
+    assert (ours - hf_logits(theirs, ids)).abs().max().item() < LOGITS_MAX_ABS_DIFF
