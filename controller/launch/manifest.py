@@ -86,7 +86,11 @@ class _Section(BaseModel):
 
 
 class ModelSpec(_Section):
-    name: str = Field(DEFAULT_MODEL, min_length=1, description="short name, .gguf file or folder")
+    name: str = Field(
+        DEFAULT_MODEL,
+        min_length=1,
+        description="short name, .gguf file, folder or cached Hugging Face id",
+    )
     dtype: str = "auto"
 
     @field_validator("dtype")
