@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import shutil
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from intentserve.worker.model import ModelLoadError, load_model, resolve_model_path
+from intentserve.worker.model.facts import read_model_config
 from intentserve.worker.model.hub_cache import hub_cache_dir, looks_like_hub_id
 from tiny_checkpoints import random_hf_weights, tiny_config, write_gguf, write_hf_folder
 
@@ -65,6 +67,10 @@ def test_hub_id_loads_from_the_cache_without_network(tmp_path, monkeypatch, no_n
     assert resolve_model_path("SomeOrg/Tiny-Llama_v1.0") == snapshot
     loaded = load_model("SomeOrg/Tiny-Llama_v1.0", dtype="float32")
     assert loaded.config == config and loaded.source_path == snapshot
+    # The worker's capability probe reads the same facts before loading.
+    assert read_model_config("SomeOrg/Tiny-Llama_v1.0") == replace(
+        config, bos_token_id=None, eos_token_ids=()
+    )
 
 
 def test_hub_id_of_a_gguf_repository_loads_its_gguf(tmp_path, monkeypatch, no_network):
