@@ -11,7 +11,9 @@ scheduler limits) under the same thread budget (`--num-cpus` torch threads in th
 concurrency, interleaved (the machine's speed drifts); the figure is the median of `--repeats`.
 The workload: distinct chat prompts (the user's turn through the chat template), greedy, EOS
 ignored, `--max-tokens` new tokens each. The target: served >= 95% of the engine everywhere.
-The guard: in fp32 the served greedy text of every prompt equals the engine's.
+The guard: in fp32 the served greedy text of every prompt equals the engine's. Each row also
+records CPU ms per 1000 tokens: of the bench process (the engine in-process; or the client) and
+of the controller and the worker (spin-waiting torch threads count as busy).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 from intentserve.worker.engine.builder import EngineBuilder
@@ -104,6 +107,32 @@ def served_run(
     return sum(counts) / elapsed, ["".join(p) for p in pieces]
 
 
+def cpu_meter(deployment: Deployment | None) -> Callable[[int], dict[str, float]]:
+    """Start counting CPU; the returned function gives CPU ms per 1000 tokens since then, of
+    this process ("bench": the engine in-process, or the client) and, with a deployment, of its
+    controller and its worker. Spin-waiting torch threads count too."""
+
+    def now() -> dict[str, float]:
+        times = {"bench": time.process_time()}
+        if deployment is not None:
+            times |= {
+                "controller": deployment.controller_cpu_s(),
+                "worker": deployment.worker_cpu_s(),
+            }
+        return times
+
+    start = now()
+
+    def per_1k_tokens(num_tokens: int) -> dict[str, float]:
+        return {k: (v - start[k]) * 1e6 / num_tokens for k, v in now().items()}
+
+    return per_1k_tokens
+
+
+def _median_each(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
 def check_same_texts(served: list[str], engine: list[str]) -> None:
     """The guard: greedy fp32 text through the served path is the engine's, prompt by prompt."""
     for i, (a, b) in enumerate(zip(served, engine, strict=True)):
@@ -145,13 +174,18 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
     engine = build_engine(dtype, streams)
     texts = prompts(streams)
     rates: dict[tuple[str, int], list[float]] = {}
+    cpu_ms: dict[tuple[str, int], list[dict[str, float]]] = {}
     with Deployment(manifest, work) as d:
         engine_run(engine, texts[:2], 8)  # warm-up: kernels, caches, connections
         served_run(d, texts[:2], 8)
         for r in range(args.repeats):
             for n in args.concurrency:
+                engine_cpu = cpu_meter(None)
                 engine_rate, engine_texts = engine_run(engine, texts[:n], args.max_tokens)
+                cpu_ms.setdefault(("engine", n), []).append(engine_cpu(n * args.max_tokens))
+                served_cpu = cpu_meter(d)
                 served_rate, served_texts = served_run(d, texts[:n], args.max_tokens)
+                cpu_ms.setdefault(("served", n), []).append(served_cpu(n * args.max_tokens))
                 if dtype == "float32":
                     check_same_texts(served_texts, engine_texts)
                 rates.setdefault(("engine", n), []).append(engine_rate)
@@ -174,6 +208,8 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                 "engine_runs_tok_s": rates[("engine", n)],
                 "served_runs_tok_s": rates[("served", n)],
                 "served_over_engine": served_tok_s / engine_tok_s,
+                "engine_cpu_ms_per_1k_tokens": _median_each(cpu_ms[("engine", n)]),
+                "served_cpu_ms_per_1k_tokens": _median_each(cpu_ms[("served", n)]),
             }
         )
     return rows
@@ -195,10 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for dtype in args.dtypes.split(",") for row in measure_dtype(dtype, args, work)]
     for row in rows:
         ok = "met" if row["served_over_engine"] >= TARGET else "not met"
+        cpu = row["served_cpu_ms_per_1k_tokens"]
         print(
             f"{row['dtype']:>8} n={row['concurrency']:<3} engine {row['engine_tok_s']:6.1f} "
             f"served {row['served_tok_s']:6.1f} tok/s  served / engine "
-            f"{row['served_over_engine']:.3f}  ({ok}, target {TARGET:.2f})"
+            f"{row['served_over_engine']:.3f}  ({ok}, target {TARGET:.2f}); CPU ms per 1k "
+            f"tokens: engine {row['engine_cpu_ms_per_1k_tokens']['bench']:.0f}, served: worker "
+            f"{cpu['worker']:.0f} controller {cpu['controller']:.0f} client {cpu['bench']:.0f}"
         )
     summary = {
         "workload": {"max_tokens": args.max_tokens, "greedy": True, "ignore_eos": True},
