@@ -12,19 +12,17 @@ from tests.worker.model.one_sequence_cache import OneSequenceKVCache
 
 pytestmark = pytest.mark.model
 
-PROMPT = (
-    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
-)
+PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 NUM_PREFILL = 18  # more rows than KERNEL_MAX_ROWS: the dequantize path; then one row per step
 
 # (max, mean) absolute logit difference allowed, measured on this prompt (logits' std ~5.9):
 # float32 int8 1.37 / 0.21, int4 0.59 / 0.05 (its Q4_1 projections exact, its int8 head not);
-# bfloat16 adds the rounding of scales (and of Q4_1's d and m) to bfloat16.
+# bfloat16 int8 2.15 / 0.30, int4 1.25 / 0.18 (scales, and Q4_1's d and m, rounded to bfloat16).
 TOLERANCE = {
     ("float32", WeightFormat.INT8): (2.0, 0.3),
     ("float32", WeightFormat.INT4): (1.0, 0.1),
     ("bfloat16", WeightFormat.INT8): (3.0, 0.4),
-    ("bfloat16", WeightFormat.INT4): (3.0, 0.4),
+    ("bfloat16", WeightFormat.INT4): (2.0, 0.3),
 }
 
 
@@ -64,7 +62,6 @@ def test_logits_stay_within_the_measured_tolerance(smollm2, dtype_name, fmt):
     got = logits(held(smollm2, fmt, dtype), ids)
     difference = (got - reference).abs()
     max_allowed, mean_allowed = TOLERANCE[(dtype_name, fmt)]
-    print(dtype_name, fmt.value, difference.max().item(), difference.mean().item())
     assert difference.max().item() <= max_allowed
     assert difference.mean().item() <= mean_allowed
     # The next token after the prompt is the same.
