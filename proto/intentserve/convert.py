@@ -305,12 +305,15 @@ def _weight_choice_from_pb(msg: pb.ResolvedConfig) -> WeightChoice:
             WeightFormat.DEQUANTIZED,
             Reason(ReasonCode.WEIGHT_FORMAT_AUTO, "the controller resolved no weight format"),
         )
+    chosen = _enum_from_pb(
+        msg.weight_format, pb.WeightFormat, WeightFormat, "resolved_config.weight_format"
+    )
+    if chosen is WeightFormat.AUTO:
+        raise ValueError("resolved_config.weight_format: auto is an intent, not a resolved format")
     return WeightChoice(
         weight_format_from_pb(
             msg.weight_intent, "resolved_config.weight_intent", unspecified=WeightFormat.AUTO
         ),
-        _enum_from_pb(
-            msg.weight_format, pb.WeightFormat, WeightFormat, "resolved_config.weight_format"
-        ),
+        chosen,
         reason_from_pb(msg.weight_reason),
     )

@@ -87,6 +87,13 @@ def test_resolution_round_trip(config, cap, budget, weights):
         assert got.weights == resolution.weights
 
 
+def test_a_resolved_config_must_name_a_resolved_weight_format():
+    message = convert.resolution_to_pb(None, resolve(None, examples.cpu()), KvBudget())
+    message.weight_format = pb.WEIGHT_FORMAT_AUTO
+    with pytest.raises(ValueError, match="resolved_config.weight_format: auto is an intent"):
+        convert.resolution_from_pb(message)
+
+
 def test_a_peer_that_predates_the_weight_format_dequantizes():
     old = pb.RealizedState(cache_kind=pb.CACHE_KIND_NONE, backend=pb.BACKEND_KIND_CONTIGUOUS)
     assert convert.realized_from_pb(old).weight_format is WeightFormat.DEQUANTIZED
