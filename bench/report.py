@@ -82,22 +82,22 @@ def targets_table(runs: list[dict]) -> str:
 def weights_table(run: dict) -> str:
     """One row per weight format: resident weights, quality against dequantized, speed."""
     concurrency = run["workload"]["concurrency"]
-    streams = " | ".join(f"tok/s x{n}" for n in concurrency)
-    projections = " | ".join(f"proj. ms x{n}" for n in concurrency)
+    streams = "".join(f" | tok/s x{n}" for n in concurrency)
+    projections = "".join(f" | proj. ms x{n}" for n in concurrency)
     lines = [
         f"| format | weights MiB | identical until divergence | identical overall "
-        f"| perplexity | {streams} | {projections} |",
+        f"| perplexity{streams}{projections} |",
         "| --- " * (5 + 2 * len(concurrency)) + "|",
     ]
     for row in run["weight_formats"]:
         agreement = row.get("agreement")
         until = f"{agreement['until_first_divergence']:.1%}" if agreement else "reference"
         overall = f"{agreement['identical_overall']:.1%}" if agreement else "reference"
-        speed = " | ".join(f"{row['tokens_per_s'][str(n)]:.0f}" for n in concurrency)
-        proj = " | ".join(f"{row['projections_ms'][str(n)]:.1f}" for n in concurrency)
+        speed = "".join(f" | {row['tokens_per_s'][str(n)]:.0f}" for n in concurrency)
+        proj = "".join(f" | {row['projections_ms'][str(n)]:.1f}" for n in concurrency)
         lines.append(
             f"| {row['format']} ({row['dtype']}) | {row['weight_bytes'] / 2**20:.0f} | {until} "
-            f"| {overall} | {row['perplexity']:.3f} | {speed} | {proj} |"
+            f"| {overall} | {row['perplexity']:.3f}{speed}{proj} |"
         )
     w = run["workload"]
     lines.append(

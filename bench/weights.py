@@ -117,6 +117,8 @@ def measure_format(fmt: str, dtype: str, args, reference: list[list[int]] | None
     row["perplexity"], row["passage_tokens"] = perplexity(models)
     if reference is not None:
         row["agreement"] = agreement(reference, tokens)
+    if args.no_speed:
+        return row
     row["projections_ms"] = {n: projection_floor(models, n) * 1e3 for n in args.concurrency}
     row["tokens_per_s"] = {n: throughput(models, fmt, n, args.max_tokens) for n in args.concurrency}
     return row
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--max-tokens", type=int, default=64, help="per stream, for tok/s")
     parser.add_argument("--quick", action="store_true", help="8 prompts x 16 tokens, 1 and 8")
+    parser.add_argument("--no-speed", action="store_true", help="quality and memory only")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "weights.json")
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "num_prompts": args.num_prompts,
             "quality_tokens": args.quality_tokens,
             "max_tokens": args.max_tokens,
-            "concurrency": args.concurrency,
+            "concurrency": [] if args.no_speed else args.concurrency,
         },
         "weight_formats": [],
     }
