@@ -1,8 +1,10 @@
 """Markdown tables from bench/engine.py results: the throughput table of one run, and the
 issue's targets judged on every run given (the VM's speed drifts, so one run is not enough).
 Given bench/served_path.py results, the served path's targets instead.
+A bench/weights.py result given among them gets its own table (weight formats).
 
     python bench/report.py bench/results/2026-11-30-cpu-kernel/run*.json
+    python bench/report.py bench/results/weights.json
 """
 
 from __future__ import annotations
@@ -102,11 +104,44 @@ def served_path_targets_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def weights_table(run: dict) -> str:
+    """One row per weight format: resident weights, quality against dequantized, speed."""
+    concurrency = run["workload"]["concurrency"]
+    streams = "".join(f" | tok/s x{n}" for n in concurrency)
+    projections = "".join(f" | proj. ms x{n}" for n in concurrency)
+    lines = [
+        f"| format | weights MiB | identical until divergence | identical overall "
+        f"| perplexity{streams}{projections} |",
+        "| --- " * (5 + 2 * len(concurrency)) + "|",
+    ]
+    for row in run["weight_formats"]:
+        agreement = row.get("agreement")
+        until = f"{agreement['until_first_divergence']:.1%}" if agreement else "reference"
+        overall = f"{agreement['identical_overall']:.1%}" if agreement else "reference"
+        speed = "".join(f" | {row['tokens_per_s'][str(n)]:.0f}" for n in concurrency)
+        proj = "".join(f" | {row['projections_ms'][str(n)]:.1f}" for n in concurrency)
+        lines.append(
+            f"| {row['format']} ({row['dtype']}) | {row['weight_bytes'] / 2**20:.0f} | {until} "
+            f"| {overall} | {row['perplexity']:.3f}{speed}{proj} |"
+        )
+    w = run["workload"]
+    lines.append(
+        f"\n{w['num_prompts']} prompts x {w['quality_tokens']} greedy tokens against dequantized; "
+        f"perplexity over {run['weight_formats'][0]['passage_tokens']} tokens of a fixed passage."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="results JSON files, run 1 first")
     args = parser.parse_args(argv)
-    runs = [json.loads(path.read_text()) for path in args.runs]
+    loaded = [json.loads(path.read_text()) for path in args.runs]
+    for run in (r for r in loaded if "weight_formats" in r):
+        print(weights_table(run) + "\n")
+    runs = [r for r in loaded if "weight_formats" not in r]
+    if not runs:
+        return 0
     first = runs[0]
     if "served_over_engine" in first.get("rows", [{}])[0]:  # bench/served_path.py
         print(served_path_targets_table(runs))

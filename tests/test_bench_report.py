@@ -83,3 +83,34 @@ def test_the_served_path_is_judged_per_dtype_and_concurrency_on_every_run():
         "| 0.960 / 0.940 | in 1 of 2 runs |"
     )
     assert len(lines) == 2 + 3  # header, rule, one row per measured dtype and concurrency
+
+
+def test_the_weights_table_has_a_row_per_format_with_quality_and_speed():
+    from bench.report import weights_table
+
+    def row(fmt, mib, agreement=None):
+        return {
+            "format": fmt,
+            "dtype": "bfloat16",
+            "weight_bytes": mib << 20,
+            "perplexity": 17.3,
+            "passage_tokens": 1213,
+            "projections_ms": {"1": 5.0, "32": 20.0},
+            "tokens_per_s": {"1": 40.0, "32": 300.0},
+            **({"agreement": agreement} if agreement else {}),
+        }
+
+    run = {
+        "workload": {"num_prompts": 32, "quality_tokens": 64, "concurrency": [1, 32]},
+        "weight_formats": [
+            row("dequantized", 313),
+            row("int4", 146, {"until_first_divergence": 0.8, "identical_overall": 0.85}),
+        ],
+    }
+    lines = weights_table(run).splitlines()
+    assert lines[0].startswith("| format | weights MiB |") and "tok/s x32" in lines[0]
+    assert lines[2] == (
+        "| dequantized (bfloat16) | 313 | reference | reference | 17.300 | 40 | 300 | 5.0 | 20.0 |"
+    )
+    assert lines[3].startswith("| int4 (bfloat16) | 146 | 80.0% | 85.0% |")
+    assert "32 prompts x 64 greedy tokens" in lines[-1] and "1213 tokens" in lines[-1]

@@ -37,6 +37,7 @@ from intentserve.policy import (
     KvCacheDtype,
     Mode,
     PagedAttentionConfig,
+    WeightFormat,
     paged_attention_intent,
 )
 from intentserve.policy.budget import KV_MEMORY_FORMS, overcommitted, parse_kv_memory
@@ -92,6 +93,12 @@ class ModelSpec(_Section):
         description="short name, .gguf file, folder or cached Hugging Face id",
     )
     dtype: str = "auto"
+    weights: WeightFormat = WeightFormat.AUTO
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights(cls, value: object) -> WeightFormat:
+        return _choice(WeightFormat, value)
 
     @field_validator("dtype")
     @classmethod
@@ -333,6 +340,7 @@ class Manifest(BaseSettings):
             replicas=s.replicas,
             min_ready=s.min_ready or s.replicas,
             model=s.model.name,
+            weights=s.model.weights,
         )
         return ControllerConfig(
             desired=desired,

@@ -222,7 +222,11 @@ class WorkerRuntime:
         or None after reporting why it cannot be built (REJECTED)."""
         try:
             loaded = load_model(self.spec.model, self.spec.dtype, self.spec.device)
-            config = self.spec.engine_config(registration.config, registration.kv_budget)
+            config = self.spec.engine_config(
+                registration.config,
+                registration.kv_budget,
+                registration.resolution.weights.intent,
+            )
             return build_engine(config, loaded, capability, registration.resolution)
         except Exception as error:
             reason = load_error_reason(error)
