@@ -83,11 +83,11 @@ def realize_kv(
     choice = select_scheduler(request.requested, planned)  # checkpoint 3: the guard decides
     pool = KvPool(planned.kind, geometry, planned.num_blocks, planned.block_size, device)
     scheduler = _scheduler(choice, planned, request.limits)
-    window = loaded.config.sliding_window
+    windows = loaded.config.layer_windows
     attention = (
-        FlashPagedAttention(pool, sliding_window=window)
+        FlashPagedAttention(pool, layer_windows=windows)
         if planned.backend is BackendKind.FLASH_PAGED
-        else TorchPagedAttention(pool, sliding_window=window)
+        else TorchPagedAttention(pool, layer_windows=windows)
     )
     built = replace(planned, kv_cache_bytes=pool.num_bytes)
     return RealizedKv(pool, attention, scheduler, _finish(built, choice, loaded, request.limits))

@@ -11,6 +11,8 @@ import torch
 from intentserve.worker.model.config import ModelConfig, RopeScalingType
 from torch import Tensor
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -56,7 +58,9 @@ def hf_model(config: ModelConfig, weights: Mapping[str, Tensor]) -> torch.nn.Mod
         eos_token_id=list(config.eos_token_ids) or None,
         pad_token_id=None,
     )
-    if config.architecture == "qwen2":
+    if config.architecture == "gemma3":
+        model = Gemma3ForCausalLM(_gemma3_config(config, common))
+    elif config.architecture == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
     elif config.architecture == "mistral":
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=config.sliding_window))
@@ -64,6 +68,21 @@ def hf_model(config: ModelConfig, weights: Mapping[str, Tensor]) -> torch.nn.Mod
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=config.qkv_bias))
     model.load_state_dict(dict(weights), strict=not config.tie_word_embeddings)
     return model.float().eval()
+
+
+def _gemma3_config(config: ModelConfig, common: dict) -> Gemma3TextConfig:
+    rope = hf_rope_parameters(config)
+    local_rope = {"rope_type": "default", "rope_theta": config.rope_local_theta}
+    layer_types = [
+        "full_attention" if w is None else "sliding_attention" for w in config.layer_windows
+    ]
+    return Gemma3TextConfig(
+        **(common | {"rope_parameters": {"full_attention": rope, "sliding_attention": local_rope}}),
+        sliding_window=config.sliding_window,
+        layer_types=layer_types,
+        query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+    )
 
 
 @torch.inference_mode()

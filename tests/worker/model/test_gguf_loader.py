@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
-from intentserve.worker.model.gguf_loader import GGUFFile
+from intentserve.worker.model.gguf_loader import SUPPORTED_TENSOR_TYPES, GGUFFile
 from intentserve.worker.model.hf_reference import hf_logits, hf_model
 from intentserve.worker.model.reference_attention import reference_logits
 from tiny_checkpoints import random_hf_weights, tiny_config, tiny_tokenizer, write_gguf
@@ -50,10 +50,51 @@ def test_dequantize_each_supported_type(tmp_path, qtype):
     assert np.abs(ours.numpy() - values).max() <= ROUNDTRIP_TOLERANCE[qtype] * np.abs(values).max()
 
 
-def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
+def _write_raw_blocks(path, name: str, qtype: QType, num_rows: int, num_blocks: int) -> np.ndarray:
+    """A tensor of random bytes in `qtype`'s block layout (any type, even those gguf cannot
+    quantize); returns the bytes, [num_rows, num_blocks * type_size] uint8."""
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(1).integers(0, 256, (num_rows, num_blocks * type_size), np.uint8)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tensor(name, raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return raw
+
+
+def test_supported_types_are_what_gguf_can_dequantize():
+    # K-quants, IQ, TQ and MXFP4 are in; the types gguf has no dequantizer for are not.
+    for qtype in (QType.Q2_K, QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.IQ4_XS, QType.TQ2_0):
+        assert qtype in SUPPORTED_TENSOR_TYPES
+    for qtype in (QType.Q8_1, QType.Q8_K, QType.I32, QType.F64):
+        assert qtype not in SUPPORTED_TENSOR_TYPES
+
+
+@pytest.mark.parametrize(
+    "qtype",
+    [q for q in SUPPORTED_TENSOR_TYPES if q not in (QType.F32, QType.F16)],
+    ids=lambda q: q.name,
+)
+# Random bytes make some block scales inf or NaN; gguf warns, and both sides agree on them.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_every_supported_type_dequantizes_as_gguf_does(tmp_path, qtype):
+    path = tmp_path / "one.gguf"
+    block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
+    raw = _write_raw_blocks(path, "blk.0.ffn_up.weight", qtype, num_rows=3, num_blocks=2)
+
+    ours = GGUFFile(path).tensor("blk.0.ffn_up.weight")
+
+    assert ours.dtype == torch.float32 and tuple(ours.shape) == (3, 2 * block_size)
+    np.testing.assert_array_equal(ours.numpy(), gguf.quants.dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("qtype", [QType.Q8_1, QType.Q8_K], ids=lambda q: q.name)
+def test_unsupported_tensor_type_names_tensor_and_type(tmp_path, qtype):
     path = tmp_path / "x.gguf"
-    _write_one_tensor(path, "blk.3.attn_q.weight", np.ones((2, 32), np.float32), QType.Q5_0)
-    with pytest.raises(ModelLoadError, match=r"blk\.3\.attn_q\.weight.*Q5_0") as err:
+    _write_raw_blocks(path, "blk.3.attn_q.weight", qtype, num_rows=2, num_blocks=1)
+    with pytest.raises(ModelLoadError, match=rf"blk\.3\.attn_q\.weight.*{qtype.name}") as err:
         GGUFFile(path).tensor("blk.3.attn_q.weight")
     assert str(path) in str(err.value)
 
@@ -62,6 +103,9 @@ TINY_CONFIGS = {
     "llama": tiny_config("llama"),
     "qwen2": tiny_config("qwen2", tie_word_embeddings=True),
     "llama-rope-linear": tiny_config(rope_scaling=RopeScaling(RopeScalingType.LINEAR, 4.0)),
+    # Banded layers (5 tokens) around one global layer, prompts longer than the band; the file
+    # stores norms as 1 + w, as llama.cpp's converter writes them.
+    "gemma3": tiny_config("gemma3"),
 }
 
 
@@ -73,7 +117,14 @@ def test_tiny_gguf_matches_transformers(tmp_path, case):
     weights = random_hf_weights(config)
     loaded = load_model(str(write_gguf(tmp_path / "tiny.gguf", config, weights)), dtype="float32")
 
-    for field in ("num_kv_heads", "qkv_bias", "tie_word_embeddings", "rope_scaling"):
+    for field in (
+        "num_kv_heads",
+        "qkv_bias",
+        "tie_word_embeddings",
+        "rope_scaling",
+        "layer_windows",
+        "rope_local_theta",
+    ):
         assert getattr(loaded.config, field) == getattr(config, field)
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
     diff = (
