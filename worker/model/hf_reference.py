@@ -6,6 +6,7 @@ For tests and benchmarks only: it needs `transformers` (the `test` extra), which
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from intentserve.worker.model.config import ModelConfig, RopeScalingType
@@ -83,6 +84,28 @@ def _gemma3_config(config: ModelConfig, common: dict) -> Gemma3TextConfig:
         query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
         hidden_activation="gelu_pytorch_tanh",
     )
+
+
+def hf_model_from_gguf(path: Path) -> torch.nn.Module:
+    """A float32 transformers CausalLM as transformers itself reads a GGUF file: its own config
+    mapping, dequantization and tensor renaming (an oracle independent of our loader).
+
+    NOTE: built without accelerate (which `from_pretrained(gguf_file=...)` insists on) and
+    without random initialisation, since every weight is then replaced.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(f"transformers' GGUF reading left {missing} missing, {unexpected} extra")
+    model.tie_weights()
+    return model.float().eval()
 
 
 @torch.inference_mode()
