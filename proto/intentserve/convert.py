@@ -203,6 +203,8 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         fallback_reasons=[reason_to_pb(r) for r in realized.fallback_reasons],
         dtype=realized.dtype,
         max_model_len=realized.max_model_len,
+        sliding_window=realized.sliding_window,
+        num_windowed_layers=realized.num_windowed_layers,
     )
 
 
@@ -224,6 +226,8 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         fallback_reasons=tuple(reason_from_pb(r) for r in msg.fallback_reasons),
         dtype=msg.dtype,
         max_model_len=msg.max_model_len,
+        sliding_window=msg.sliding_window,
+        num_windowed_layers=msg.num_windowed_layers,
     )
 
 

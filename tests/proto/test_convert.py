@@ -35,6 +35,8 @@ realized = st.builds(
     fallback_reasons=st.lists(reasons, max_size=3).map(tuple),
     dtype=st.sampled_from(["", "float32", "bfloat16"]),
     max_model_len=st.integers(0, 1 << 20),
+    sliding_window=st.integers(0, 1 << 20),
+    num_windowed_layers=st.integers(0, 256),
 )
 
 

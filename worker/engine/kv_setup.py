@@ -192,9 +192,12 @@ def _scheduler(choice: SchedulerChoice, cache: RealizedCache, limits: SchedulerL
 def _finish(
     cache: RealizedCache, choice: SchedulerChoice, loaded: LoadedModel, limits: SchedulerLimits
 ) -> RealizedCache:
+    windows = [w for w in loaded.config.layer_windows if w is not None]
     return replace(
         cache,
         scheduler=choice.kind,
         dtype=str(loaded.dtype).removeprefix("torch."),
         max_model_len=limits.max_model_len,
+        sliding_window=max(windows, default=0),
+        num_windowed_layers=len(windows),
     )

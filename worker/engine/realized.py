@@ -34,6 +34,8 @@ class RealizedReport:
             f"{c.kv_cache_dtype}, {c.max_num_seqs} sequences at max length, "
             f"prefix caching {'on' if c.prefix_caching else 'off'}",
         ]
+        if c.sliding_window:
+            lines.append(c.describe_window())
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")
         if self.norms_and_activations:
