@@ -1,5 +1,6 @@
 """Gemma 3 270M (Q4_K_M GGUF: Q4_K, Q5_0, Q6_K, Q8_0 tensors) against transformers' own reading
-of the same file: logits, greedy tokens, and a prompt longer than the 512-token window."""
+of the same file: config, logits, greedy tokens through the paged engine, and a prompt longer
+than the 512-token window, prefilled in chunks. Loaded once per module (float32)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from intentserve.worker.model.gguf_loader import (
-    build_gguf_decoder,
-    gguf_model_config,
-    open_gguf,
-)
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.hf_reference import hf_model_from_gguf
 from intentserve.worker.model.reference_attention import reference_logits
+from intentserve.worker.model.registry import load_model
 
 pytestmark = pytest.mark.model
 
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+]
+NUM_TOKENS = 12
+# About 730 tokens: the band of the local layers (512) is crossed well before the end.
+LONG_PROMPT = (
+    " ".join(
+        f"Item {i}: the {word} costs {i * 7 % 100} coins and weighs {i % 13} kilograms."
+        for i, word in enumerate(["apple", "lamp", "chair", "book", "kettle"] * 8)
+    )
+    + " The item that costs the most is"
+)
+
 
 @pytest.fixture(scope="module")
-def gemma(gemma3_path: Path):
-    f = open_gguf(gemma3_path)
-    config = gguf_model_config(f)
-    return f, config, build_gguf_decoder(f, config, torch.float32, "cpu")
+def gemma():
+    return load_model("gemma3-270m", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -30,23 +42,32 @@ def gemma_hf(gemma3_path: Path) -> torch.nn.Module:
     return hf_model_from_gguf(gemma3_path)
 
 
-def _ids(f, pieces: list[str]) -> list[int]:
-    """BOS and the ids of these vocabulary pieces ('▁' marks a leading space)."""
-    tokens = f.metadata["tokenizer.ggml.tokens"]
-    index = {piece: i for i, piece in enumerate(tokens) if piece in set(pieces)}
-    return [f.metadata["tokenizer.ggml.bos_token_id"]] + [index[p] for p in pieces]
+def _engine(loaded, *, max_num_batched_tokens: int = 2048):
+    return (
+        EngineBuilder()
+        .model("gemma3-270m")
+        .paged_attention("on")
+        .kv_cache_memory(bytes=128 << 20)
+        .scheduler(
+            max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens
+        )
+        .build(loaded=loaded)
+    )
 
 
-PROMPTS = [
-    ["The", "▁capital", "▁of", "▁France", "▁is"],
-    ["The", "▁quick", "▁brown", "▁fox"],
-    ["Once", "▁upon", "▁a", "▁time", ","],
-]
+def _hf_greedy(model: torch.nn.Module, ids: list[int], num_tokens: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_config_is_what_transformers_reads(gemma, gemma_hf):
-    _, config, _ = gemma
-    hf = gemma_hf.config
+    config, hf = gemma.config, gemma_hf.config
     assert config.sliding_window == hf.sliding_window == 512
     assert [w is None for w in config.layer_windows] == [
         t == "full_attention" for t in hf.layer_types
@@ -56,31 +77,36 @@ def test_config_is_what_transformers_reads(gemma, gemma_hf):
     assert config.rope_theta == hf.rope_parameters["full_attention"]["rope_theta"] == 1e6
     assert config.query_pre_attn_scalar == hf.query_pre_attn_scalar
     assert hf.final_logit_softcapping is None and hf.attn_logit_softcapping is None
+    # The file carries no chat template: prompts are plain text after BOS.
+    assert gemma.chat_template is None
 
 
 def test_logits_match_transformers(gemma, gemma_hf):
-    f, _, model = gemma
-    ids = _ids(f, PROMPTS[0])
+    ids = gemma.tokenizer.encode(PROMPTS[0])
     with torch.inference_mode():
         theirs = gemma_hf(torch.tensor([ids])).logits[0].float()
-    ours = reference_logits(model, ids)
+    ours = reference_logits(gemma.model, ids)
     assert (ours - theirs).abs().max() < 1e-3
     assert ours[-1].argmax() == theirs[-1].argmax()
 
 
-def _greedy(model, ids: list[int], num_tokens: int) -> list[int]:
-    out = []
-    for _ in range(num_tokens):
-        out.append(int(reference_logits(model, ids + out)[-1].argmax()))
-    return out
+def test_greedy_text_on_the_paged_engine_matches_transformers(gemma, gemma_hf):
+    outputs = _engine(gemma).generate(
+        PROMPTS, SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
+    )
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        expected = _hf_greedy(gemma_hf, gemma.tokenizer.encode(prompt), NUM_TOKENS)
+        assert list(out.new_token_ids) == expected, prompt
+        assert out.new_text == gemma.tokenizer.decode(expected), prompt
 
 
-def test_greedy_tokens_match_transformers(gemma, gemma_hf):
-    f, _, model = gemma
-    for pieces in PROMPTS:
-        ids = _ids(f, pieces)
-        with torch.inference_mode():
-            theirs = gemma_hf.generate(
-                torch.tensor([ids]), max_new_tokens=12, do_sample=False, min_new_tokens=12
-            )[0, len(ids) :].tolist()
-        assert _greedy(model, ids, 12) == theirs, pieces
+def test_a_prompt_longer_than_the_window_matches_transformers(gemma, gemma_hf):
+    ids = gemma.tokenizer.encode(LONG_PROMPT)
+    assert len(ids) > 512 + 128  # the last queries' band starts far past position 0
+    with torch.inference_mode():
+        theirs = gemma_hf(torch.tensor([ids])).logits[0, -1].float()
+    assert (reference_logits(gemma.model, ids)[-1] - theirs).abs().max() < 1e-3
+    engine = _engine(gemma, max_num_batched_tokens=256)  # prefilled in four chunks
+    out = engine.generate([LONG_PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    assert list(out.new_token_ids) == _hf_greedy(gemma_hf, ids, 8)
+    assert engine.realized.cache.sliding_window == 512
