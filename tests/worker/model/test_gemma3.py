@@ -55,15 +55,20 @@ def _engine(loaded, *, max_num_batched_tokens: int = 2048):
     )
 
 
-def _hf_greedy(model: torch.nn.Module, ids: list[int], num_tokens: int) -> list[int]:
+def _hf_generate(
+    model: torch.nn.Module, ids: list[int], num_tokens: int
+) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy tokens, and its logits after the prompt ([vocab] float32)."""
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([ids]),
             max_new_tokens=num_tokens,
             min_new_tokens=num_tokens,
             do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-    return out[0, len(ids) :].tolist()
+    return out.sequences[0, len(ids) :].tolist(), out.logits[0][0].float()
 
 
 def test_config_is_what_transformers_reads(gemma, gemma_hf):
@@ -95,7 +100,7 @@ def test_greedy_text_on_the_paged_engine_matches_transformers(gemma, gemma_hf):
         PROMPTS, SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
     )
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        expected = _hf_greedy(gemma_hf, gemma.tokenizer.encode(prompt), NUM_TOKENS)
+        expected, _ = _hf_generate(gemma_hf, gemma.tokenizer.encode(prompt), NUM_TOKENS)
         assert list(out.new_token_ids) == expected, prompt
         assert out.new_text == gemma.tokenizer.decode(expected), prompt
 
@@ -103,10 +108,9 @@ def test_greedy_text_on_the_paged_engine_matches_transformers(gemma, gemma_hf):
 def test_a_prompt_longer_than_the_window_matches_transformers(gemma, gemma_hf):
     ids = gemma.tokenizer.encode(LONG_PROMPT)
     assert len(ids) > 512 + 128  # the last queries' band starts far past position 0
-    with torch.inference_mode():
-        theirs = gemma_hf(torch.tensor([ids])).logits[0, -1].float()
-    assert (reference_logits(gemma.model, ids)[-1] - theirs).abs().max() < 1e-3
-    engine = _engine(gemma, max_num_batched_tokens=256)  # prefilled in four chunks
+    expected, last_logits = _hf_generate(gemma_hf, ids, 8)
+    assert (reference_logits(gemma.model, ids)[-1] - last_logits).abs().max() < 1e-3
+    engine = _engine(gemma, max_num_batched_tokens=256)  # prefilled in three chunks
     out = engine.generate([LONG_PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0]
-    assert list(out.new_token_ids) == _hf_greedy(gemma_hf, ids, 8)
+    assert list(out.new_token_ids) == expected
     assert engine.realized.cache.sliding_window == 512
