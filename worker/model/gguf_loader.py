@@ -181,7 +181,7 @@ def gguf_model_config(f: GGUFFile) -> ModelConfig:
         rope_scaling=_rope_scaling(meta, arch),
         tie_word_embeddings="output.weight" not in f.tensor_names,
         qkv_bias="blk.0.attn_q.bias" in f.tensor_names,
-        sliding_window=meta.get(f"{arch}.attention.sliding_window"),
+        sliding_window=_optional_int(meta.get(f"{arch}.attention.sliding_window")),
     )
     if arch != "gemma3":
         return config
@@ -195,6 +195,10 @@ def gguf_model_config(f: GGUFFile) -> ModelConfig:
             hidden_size // num_heads if config.num_layers == _GEMMA3_27B_NUM_LAYERS else head_dim
         ),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _rope_scaling(meta: dict[str, Any], arch: str) -> RopeScaling | None:

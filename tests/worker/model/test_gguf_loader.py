@@ -8,7 +8,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
-from intentserve.worker.model.gguf_loader import SUPPORTED_TENSOR_TYPES, GGUFFile
+from intentserve.worker.model.gguf_loader import (
+    SUPPORTED_TENSOR_TYPES,
+    GGUFFile,
+    gguf_model_config,
+)
 from intentserve.worker.model.hf_reference import hf_logits, hf_model
 from intentserve.worker.model.reference_attention import reference_logits
 from tiny_checkpoints import random_hf_weights, tiny_config, tiny_tokenizer, write_gguf
@@ -191,3 +195,57 @@ def test_one_parse_serves_the_facts_read_and_the_load(smollm2_path):
 
     first = open_gguf(smollm2_path)
     assert open_gguf(str(smollm2_path)) is first  # same file, unchanged: parsed once
+
+
+def _gemma3_header(path, num_layers: int = 6, **extra) -> GGUFFile:
+    """A gemma3 file with metadata only (the config needs no tensors)."""
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_block_count(num_layers)
+    writer.add_feed_forward_length(96)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(32)
+    writer.add_value_length(32)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(300)
+    for key, value in extra.items():  # ints as llama.cpp writes them (uint32), floats float32
+        add = writer.add_uint32 if isinstance(value, int) else writer.add_float32
+        add(f"gemma3.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return GGUFFile(path)
+
+
+def test_gemma3_layout_comes_from_the_window_and_llama_cpps_fixed_pattern(tmp_path):
+    f = _gemma3_header(tmp_path / "g.gguf", num_layers=12, **{"attention.sliding_window": 8})
+    config = gguf_model_config(f)
+    # Every 6th layer global; local layers on RoPE base 10000, global on the file's (default).
+    assert config.layer_windows == (8, 8, 8, 8, 8, None) * 2
+    assert (config.rope_local_theta, config.rope_theta) == (10000.0, 10000.0)
+    assert config.query_pre_attn_scalar == 32  # head_dim
+
+
+def test_gemma3_27b_scales_queries_by_hidden_over_heads(tmp_path):
+    f = _gemma3_header(tmp_path / "g.gguf", num_layers=62, **{"attention.sliding_window": 8})
+    assert gguf_model_config(f).query_pre_attn_scalar == 64 // 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({}, "gemma3.attention.sliding_window is missing"),
+        (
+            {"attention.sliding_window": 8, "final_logit_softcapping": 30.0},
+            "gemma3.final_logit_softcapping: logit soft-capping is not supported",
+        ),
+    ],
+    ids=["no-window", "softcap"],
+)
+def test_gemma3_metadata_it_cannot_honour_is_refused_naming_the_key(tmp_path, extra, says):
+    f = _gemma3_header(tmp_path / "g.gguf", **extra)
+    with pytest.raises(ValueError, match=says):
+        gguf_model_config(f)
