@@ -1,5 +1,6 @@
 """Markdown tables from bench/engine.py results: the throughput table of one run, and the
 issue's targets judged on every run given (the VM's speed drifts, so one run is not enough).
+Given bench/served_path.py results, the served path's targets instead.
 
     python bench/report.py bench/results/2026-11-30-cpu-kernel/run*.json
 """
@@ -32,12 +33,13 @@ def _row(run: dict, dtype: str, n: int) -> dict:
     return next(r for r in run["throughput"] if r["dtype"] == dtype and r["concurrency"] == n)
 
 
+def met(ok: list[bool]) -> str:
+    return "yes" if all(ok) else ("no" if not any(ok) else f"in {sum(ok)} of {len(ok)} runs")
+
+
 def targets_table(runs: list[dict]) -> str:
     def each(fmt, fn) -> str:
         return " / ".join(fmt.format(fn(run)) for run in runs)
-
-    def met(ok: list[bool]) -> str:
-        return "yes" if all(ok) else ("no" if not any(ok) else f"in {sum(ok)} of {len(ok)} runs")
 
     rows = []
     for dtype in ("float32", "bfloat16"):
@@ -77,12 +79,38 @@ def targets_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def served_path_targets_table(runs: list[dict]) -> str:
+    """bench/served_path.py results: served / in-process engine per dtype and concurrency."""
+    target = runs[0]["target"]
+    rows = []
+    for first in runs[0]["rows"]:
+        key = (first["dtype"], first["concurrency"])
+        ratios = [
+            next(r for r in run["rows"] if (r["dtype"], r["concurrency"]) == key)[
+                "served_over_engine"
+            ]
+            for run in runs
+        ]
+        streams = f"{key[1]} stream{'s' * (key[1] != 1)}"
+        rows.append(
+            (f"served >= {target:.0%} of the in-process engine, {key[0]}, {streams}",
+             " / ".join(f"{x:.3f}" for x in ratios), met([x >= target for x in ratios]))
+        )  # fmt: skip
+    runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
+    lines = [f"| target (issue 13) | runs {runs_label} | met |", "| --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="results JSON files, run 1 first")
     args = parser.parse_args(argv)
     runs = [json.loads(path.read_text()) for path in args.runs]
     first = runs[0]
+    if "served_over_engine" in first.get("rows", [{}])[0]:  # bench/served_path.py
+        print(served_path_targets_table(runs))
+        return 0
     roof = first["roofline"]
     print(
         f"roofline (run 1): {roof['float32']['matmul_flops'] / 1e9:.0f} GFLOP/s fp32, "

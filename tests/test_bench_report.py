@@ -1,6 +1,6 @@
 """bench/report.py judges the issue's targets on every run given, from the results JSON."""
 
-from bench.report import targets_table, throughput_table
+from bench.report import served_path_targets_table, targets_table, throughput_table
 
 
 def _run(ratio32: float, fraction64: float, single: float = 1.2) -> dict:
@@ -52,3 +52,34 @@ def test_throughput_table_has_a_row_per_dtype_and_concurrency():
     table = throughput_table(_run(1.5, 0.43))
     assert len(table.splitlines()) == 2 + 8
     assert "| bfloat16 | 64 | 150 | 100 | 100 | 1.50x | 43% | 30.0 | 2.50x |" in table
+
+
+def _served_run(ratios: dict[tuple[str, int], float]) -> dict:
+    rows = [
+        {
+            "dtype": dtype,
+            "concurrency": n,
+            "engine_tok_s": 100.0,
+            "served_tok_s": 100.0 * ratio,
+            "served_over_engine": ratio,
+        }
+        for (dtype, n), ratio in ratios.items()
+    ]
+    return {"rows": rows, "target": 0.95}
+
+
+def test_the_served_path_is_judged_per_dtype_and_concurrency_on_every_run():
+    first = {("float32", 1): 0.97, ("float32", 32): 0.90, ("bfloat16", 64): 0.96}
+    second = {("float32", 1): 0.96, ("float32", 32): 0.96, ("bfloat16", 64): 0.94}
+    table = served_path_targets_table([_served_run(first), _served_run(second)])
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+    assert lines["served >= 95% of the in-process engine, float32, 1 stream"].endswith(
+        "| 0.970 / 0.960 | yes |"
+    )
+    assert lines["served >= 95% of the in-process engine, float32, 32 streams"].endswith(
+        "| 0.900 / 0.960 | in 1 of 2 runs |"
+    )
+    assert lines["served >= 95% of the in-process engine, bfloat16, 64 streams"].endswith(
+        "| 0.960 / 0.940 | in 1 of 2 runs |"
+    )
+    assert len(lines) == 2 + 3  # header, rule, one row per measured dtype and concurrency

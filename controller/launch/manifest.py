@@ -58,7 +58,7 @@ API_VERSION = "intentserve/v1"
 KIND = "Deployment"
 # NOTE: mirrors worker.model.dtype.ALLOWED_DTYPES (controller/ never imports worker/); a test
 # keeps the two equal.
-MODEL_DTYPES = ("auto", "float32", "bfloat16")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_HTTP_PORT = 8000  # vLLM's and most OpenAI-compatible servers'
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -86,7 +86,11 @@ class _Section(BaseModel):
 
 
 class ModelSpec(_Section):
-    name: str = Field(DEFAULT_MODEL, min_length=1, description="short name, .gguf file or folder")
+    name: str = Field(
+        DEFAULT_MODEL,
+        min_length=1,
+        description="short name, .gguf file, folder or cached Hugging Face id",
+    )
     dtype: str = "auto"
 
     @field_validator("dtype")

@@ -91,7 +91,8 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
         ),
         (
             "spec: {model: {dtype: fp16}}",
-            "spec.model.dtype: invalid value 'fp16'; allowed values are auto, float32, bfloat16",
+            "spec.model.dtype: invalid value 'fp16'; "
+            "allowed values are auto, float32, bfloat16, float16",
         ),
         ("spec: {replicas: 0}", "spec.replicas: invalid value 0; input should be greater"),
         ("spec: {replicas: 2, minReady: 3}", "spec.minReady: invalid value 3; must be at most"),
@@ -300,3 +301,16 @@ def test_up_refuses_an_overcommitted_percent_budget_before_starting_anything(
     assert "spec.pagedAttention.kvCacheMemory: 2 replicas share one node's free memory" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_float16_passes_the_manifest_and_reaches_the_worker(tmp_path, device):
+    # Whether the worker's device computes fp16 is the worker's to say (CPU flags); a CPU
+    # without native fp16 refuses it at load, naming dtype and why (test_model_registry.py).
+    extra = ", numGpus: 1" if device == "cuda" else ""
+    path = manifest_file(
+        tmp_path,
+        MINIMAL + f"spec: {{model: {{dtype: float16}}, resources: {{device: {device}{extra}}}}}",
+    )
+    manifest = load_manifest(path)
+    assert manifest.worker_config("t-0", "127.0.0.1:1", "127.0.0.1")["dtype"] == "float16"
