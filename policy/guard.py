@@ -52,6 +52,19 @@ class RealizedCache:
     # How the projection weights are held, and their resident bytes (embedding table included).
     weight_format: WeightFormat = WeightFormat.DEQUANTIZED
     weight_bytes: int = 0
+    # Banded attention: tokens in the band and how many layers use it (0, 0: none). NOTE: it is
+    # realized as a mask; every layer still keeps K/V blocks for the whole sequence.
+    sliding_window: int = 0
+    num_windowed_layers: int = 0
+
+    def describe_window(self) -> str:
+        """How the model's sliding window is realized, in words ("" when it has none)."""
+        if not self.sliding_window:
+            return ""
+        return (
+            f"sliding window {self.sliding_window} tokens on {self.num_windowed_layers} layers, "
+            "masked in attention (every layer keeps its blocks for the whole sequence)"
+        )
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,11 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
     )
     if realized["prefix_caching"]:
         text += ", prefix caching"
+    if realized["sliding_window"]:
+        text += (
+            f", sliding window {realized['sliding_window']} tokens on "
+            f"{realized['num_windowed_layers']} layers (masked)"
+        )
     return text
 
 

@@ -90,6 +90,8 @@ def describe_realized(realized: RealizedCache | None) -> str:
     )
     scheduler = realized.scheduler.value if realized.scheduler is not None else "no"
     parts.append(f"{scheduler} scheduler")
+    if realized.sliding_window:
+        parts.append(realized.describe_window())
     text = ", ".join(parts)
     if realized.fallback_reasons:
         text += "; fallbacks: " + "; ".join(str(r) for r in realized.fallback_reasons)

@@ -233,6 +233,8 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         max_model_len=realized.max_model_len,
         weight_format=weight_format_to_pb(realized.weight_format),
         weight_bytes=realized.weight_bytes,
+        sliding_window=realized.sliding_window,
+        num_windowed_layers=realized.num_windowed_layers,
     )
 
 
@@ -258,6 +260,8 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
             msg.weight_format, "realized.weight_format", unspecified=WeightFormat.DEQUANTIZED
         ),
         weight_bytes=msg.weight_bytes,
+        sliding_window=msg.sliding_window,
+        num_windowed_layers=msg.num_windowed_layers,
     )
 
 

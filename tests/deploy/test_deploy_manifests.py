@@ -36,6 +36,7 @@ def test_the_expected_files_exist():
     assert {
         "local.yaml",
         "local-auto.yaml",
+        "gemma.yaml",
         "cuda.yaml",
         "ray/cluster.yaml",
         "ray/deployment.yaml",
@@ -52,6 +53,13 @@ def test_every_yaml_file_parses_and_every_intentserve_manifest_validates(path):
         assert isinstance(doc, dict)
         if doc.get("apiVersion") == API_VERSION:
             parse_manifest(doc, str(path))
+
+
+def test_gemma_requires_paged_attention_on_a_cpu_worker_past_its_window():
+    m = load_manifest(DEPLOY / "gemma.yaml")
+    assert (m.spec.model.name, m.spec.resources.device) == ("gemma3-270m", DeviceKind.CPU)
+    assert m.spec.paged_attention.mode is Mode.ON
+    assert m.spec.scheduler.max_model_len > 512  # Gemma 3 270M's sliding window
 
 
 def test_local_requires_paged_attention_on_two_cpu_workers():

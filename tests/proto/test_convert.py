@@ -39,6 +39,8 @@ realized = st.builds(
     max_model_len=st.integers(0, 1 << 20),
     weight_format=st.sampled_from([f for f in WeightFormat if f is not WeightFormat.AUTO]),
     weight_bytes=st.integers(0, 1 << 40),
+    sliding_window=st.integers(0, 1 << 20),
+    num_windowed_layers=st.integers(0, 256),
 )
 
 

@@ -7,7 +7,7 @@ decodes (causal masking is aligned to the end of each sequence's context).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,15 +62,26 @@ class FlashPagedAttention:
     decode_impl = "vllm-flash-attn flash_attn_varlen_func"  # what runs decodes (start-up log)
 
     def __init__(
-        self, pool: KvPool, kernel: Callable | None = None, sliding_window: int | None = None
+        self,
+        pool: KvPool,
+        kernel: Callable | None = None,
+        layer_windows: Sequence[int | None] = (),
     ) -> None:
+        """`layer_windows`: each layer's band (None: the whole context); empty: none anywhere."""
         if kernel is None:
             kernel, why = import_flash_kernel()
             if kernel is None:
                 raise RuntimeError(why)
+        if layer_windows and len(layer_windows) != len(pool.k):
+            raise ValueError(
+                f"layer_windows has {len(layer_windows)} entries for {len(pool.k)} layers"
+            )
         self.pool = pool
         self.kernel = kernel  # injectable, so the plumbing is testable on a CPU
-        self.window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        # flash's (left, right) reach: a band of w tokens is w - 1 to the left, none to the right.
+        self.window_sizes = tuple(
+            (-1, -1) if w is None else (w - 1, 0) for w in (layer_windows or (None,) * len(pool.k))
+        )
 
     def prepare(self, batch: StepBatch) -> FlashMetadata:
         device = batch.tables.device
@@ -101,6 +112,6 @@ class FlashPagedAttention:
             max_seqlen_q=meta.max_seqlen_q,
             max_seqlen_k=meta.max_seqlen_k,
             causal=True,
-            window_size=self.window,
+            window_size=self.window_sizes[layer_idx],
             block_table=meta.block_table,
         )

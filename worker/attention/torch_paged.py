@@ -10,6 +10,7 @@ devices, they gather K/V with `index_select` and run two matmuls. Prefill chunks
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,10 +55,17 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
-class TorchPagedMetadata:
-    slot_mapping: Tensor  # [T]
+class WindowPlan:
+    """What one window's layers attend to this step (every layer with that window shares it)."""
+
     decode: DecodeGroup | None
     prefills: tuple[PrefillChunk, ...]
+
+
+@dataclass(frozen=True)
+class TorchPagedMetadata:
+    slot_mapping: Tensor  # [T]
+    plans: dict[int | None, WindowPlan]  # by window (None: the whole context)
 
 
 def _key_rows(tables: Tensor, block_size: int, num_positions: int) -> Tensor:
@@ -94,10 +102,19 @@ def _decode_kernel_for(pool: KvPool, use_kernel: bool) -> tuple[PagedDecodeKerne
 
 class TorchPagedAttention:
     def __init__(
-        self, pool: KvPool, sliding_window: int | None = None, use_kernel: bool = True
+        self, pool: KvPool, layer_windows: Sequence[int | None] = (), use_kernel: bool = True
     ) -> None:
+        """`layer_windows`: each layer's band (None: the whole context); empty: none anywhere.
+
+        NOTE: a banded layer still keeps K/V for the whole context: every layer shares one
+        block table, so blocks behind the window are not freed; the band is only a mask.
+        """
+        if layer_windows and len(layer_windows) != len(pool.k):
+            raise ValueError(
+                f"layer_windows has {len(layer_windows)} entries for {len(pool.k)} layers"
+            )
         self.pool = pool
-        self.window = sliding_window
+        self.layer_windows = tuple(layer_windows) or (None,) * len(pool.k)
         self.kernel, why_not = _decode_kernel_for(pool, use_kernel)
         if self.kernel is None and use_kernel:
             # On the CPU the kernel was expected, so its absence is worth a warning.
@@ -110,6 +127,10 @@ class TorchPagedAttention:
         self.decode_impl = "compiled CPU kernel" if self.kernel else f"torch gather ({why_not})"
 
     def prepare(self, batch: StepBatch) -> TorchPagedMetadata:
+        plans = {w: self._plan(batch, w) for w in dict.fromkeys(self.layer_windows)}
+        return TorchPagedMetadata(batch.slot_mapping, plans)
+
+    def _plan(self, batch: StepBatch, window: int | None) -> WindowPlan:
         device = batch.tables.device
         decode_idx = [i for i, n in enumerate(batch.query_lens) if n == 1]
         prefill_idx = [i for i, n in enumerate(batch.query_lens) if n > 1]
@@ -138,7 +159,7 @@ class TorchPagedAttention:
             # NOTE: the pool is torch.empty; a padded position must still read a written row,
             # because softmax weight 0 times a garbage NaN is NaN. Position 0 always is one.
             key_rows = torch.where(mask, key_rows, key_rows[:, :1])
-            floor = _window_floor(ctx - 1, self.window)
+            floor = _window_floor(ctx - 1, window)
             if floor is not None:
                 mask &= pos >= floor[:, None]
             bias = torch.zeros(mask.shape, dtype=torch.float32, device=device)
@@ -148,7 +169,7 @@ class TorchPagedAttention:
         for i in prefill_idx:
             n, ctx = batch.query_lens[i], batch.context_lens[i]
             start = ctx - n
-            windowed = self.window is not None and ctx > self.window
+            windowed = window is not None and ctx > window
             if start == 0 and not windowed:
                 prefills.append(
                     PrefillChunk(batch.query_start[i], batch.query_start[i + 1], None, None)
@@ -158,16 +179,22 @@ class TorchPagedAttention:
             query_pos = torch.arange(start, ctx, device=device)[:, None]
             key_pos = torch.arange(ctx, device=device)[None, :]
             mask = key_pos <= query_pos
-            floor = _window_floor(query_pos, self.window)
+            floor = _window_floor(query_pos, window)
             if floor is not None:
                 mask &= key_pos >= floor
             prefills.append(
                 PrefillChunk(batch.query_start[i], batch.query_start[i + 1], key_rows, mask)
             )
-        return TorchPagedMetadata(batch.slot_mapping, decode, tuple(prefills))
+        return WindowPlan(decode, tuple(prefills))
 
     def _decode_kernel(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, d: DecodeGroup, out: Tensor
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        d: DecodeGroup,
+        window: int | None,
+        out: Tensor,
     ) -> None:
         """The compiled kernel: K/V read in place, float32 softmax, one (sequence, kv head) per
         task. NOTE: q may be a strided view of the fused projection; rows must be dense."""
@@ -192,7 +219,7 @@ class TorchPagedAttention:
             k_cache.shape[1],
             head_dim,
             self.pool.block_size,
-            self.window or 0,
+            window or 0,
             head_dim**-0.5,
             result.data_ptr(),
         )
@@ -236,11 +263,13 @@ class TorchPagedAttention:
         k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D], dense
-        if meta.decode is not None and meta.decode.tables is not None:
-            self._decode_kernel(q, k_cache, v_cache, meta.decode, out)
-        elif meta.decode is not None:
-            self._decode(q, k_cache, v_cache, meta.decode, out)
-        for chunk in meta.prefills:
+        window = self.layer_windows[layer_idx]
+        plan = meta.plans[window]
+        if plan.decode is not None and plan.decode.tables is not None:
+            self._decode_kernel(q, k_cache, v_cache, plan.decode, window, out)
+        elif plan.decode is not None:
+            self._decode(q, k_cache, v_cache, plan.decode, out)
+        for chunk in plan.prefills:
             qp = q[chunk.row_start : chunk.row_end].transpose(0, 1)[None]  # [1, H, n, D]
             if chunk.key_rows is None:
                 keys = k[chunk.row_start : chunk.row_end]

@@ -83,11 +83,11 @@ def realize_kv(
     choice = select_scheduler(request.requested, planned)  # checkpoint 3: the guard decides
     pool = KvPool(planned.kind, geometry, planned.num_blocks, planned.block_size, device)
     scheduler = _scheduler(choice, planned, request.limits)
-    window = loaded.config.sliding_window
+    windows = loaded.config.layer_windows
     attention = (
-        FlashPagedAttention(pool, sliding_window=window)
+        FlashPagedAttention(pool, layer_windows=windows)
         if planned.backend is BackendKind.FLASH_PAGED
-        else TorchPagedAttention(pool, sliding_window=window)
+        else TorchPagedAttention(pool, layer_windows=windows)
     )
     built = replace(planned, kv_cache_bytes=pool.num_bytes)
     return RealizedKv(pool, attention, scheduler, _finish(built, choice, loaded, request.limits))
@@ -192,9 +192,12 @@ def _scheduler(choice: SchedulerChoice, cache: RealizedCache, limits: SchedulerL
 def _finish(
     cache: RealizedCache, choice: SchedulerChoice, loaded: LoadedModel, limits: SchedulerLimits
 ) -> RealizedCache:
+    windows = [w for w in loaded.config.layer_windows if w is not None]
     return replace(
         cache,
         scheduler=choice.kind,
         dtype=str(loaded.dtype).removeprefix("torch."),
         max_model_len=limits.max_model_len,
+        sliding_window=max(windows, default=0),
+        num_windowed_layers=len(windows),
     )

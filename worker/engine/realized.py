@@ -35,6 +35,8 @@ class RealizedReport:
             f"prefix caching {'on' if c.prefix_caching else 'off'}",
             f"weights {c.weight_format.value}, {c.weight_bytes / 2**20:.1f} MiB resident",
         ]
+        if c.sliding_window:
+            lines.append(c.describe_window())
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")
         if self.norms_and_activations:

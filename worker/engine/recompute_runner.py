@@ -21,7 +21,7 @@ class RecomputeRunner:
         self.model = model
         self.device = device
         self.sampler = Sampler()
-        self.attention = CausalAttention(model.config.sliding_window)
+        self.attention = CausalAttention(model.config.layer_windows)
         # Token ids each sequence has been fed so far: the only per-sequence state kept.
         self._history: dict[str, list[int]] = {}
 

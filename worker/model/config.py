@@ -83,8 +83,14 @@ class ModelConfig:
     qkv_bias: bool = False
     # Qwen3 RMS-normalizes each head of q and k (over head_dim) before RoPE.
     qk_norm: bool = False
-    # Mistral-style banded attention: each token sees at most this many previous tokens.
+    # Banded attention: each token sees at most this many tokens, itself included. Mistral bands
+    # every layer; Gemma 3 bands all but every `global_layer_interval`-th layer (0: no exception).
     sliding_window: int | None = None
+    global_layer_interval: int = 0
+    # RoPE base of the banded (local) layers when it differs from rope_theta (Gemma 3: 10000).
+    rope_local_theta: float | None = None
+    # Gemma: attention scores are scaled by query_pre_attn_scalar ** -0.5 (None: head_dim).
+    query_pre_attn_scalar: int | None = None
     has_kv_cache: bool = True
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -95,6 +101,17 @@ class ModelConfig:
                 f"num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The window of one layer: None where it attends to the whole context."""
+        interval = self.global_layer_interval
+        if self.sliding_window is None or (interval and (layer_idx + 1) % interval == 0):
+            return None
+        return self.sliding_window
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        return tuple(self.layer_window(i) for i in range(self.num_layers))
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V one token occupies across all layers (0 for encoder-only models)."""

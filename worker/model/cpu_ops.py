@@ -75,10 +75,11 @@ def enable_fused_ops(model) -> str:
     except KernelUnavailable as exc:
         log.warning("norms and activations stay in torch ops: %s", exc.reason)
         return f"torch ops ({exc.reason})"
-    for module in model.modules():
-        if hasattr(module, "fused"):
-            module.fused = ops
-    return "fused CPU kernels"
+    takers = [module for module in model.modules() if hasattr(module, "fused")]
+    for module in takers:
+        module.fused = ops
+    # Gemma's norms (1 + w, scaled in float32) and GELU have no fused kernel.
+    return "fused CPU kernels" if takers else "torch ops (none fused for this model)"
 
 
 def disable_fused_ops(model) -> None:

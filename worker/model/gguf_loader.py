@@ -1,4 +1,4 @@
-"""Load a llama.cpp GGUF checkpoint: metadata -> ModelConfig, dequantized tensors -> LlamaModel."""
+"""Load a llama.cpp GGUF checkpoint: metadata -> ModelConfig, dequantized tensors -> a decoder."""
 
 from __future__ import annotations
 
@@ -9,18 +9,36 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
+from intentserve.worker.model.gemma import GemmaModel
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
 from intentserve.worker.model.llama import LlamaModel
-from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
+from intentserve.worker.model.loaded import DecoderModel, LoadedModel, ModelLoadError
 from torch import Tensor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
-SUPPORTED_TENSOR_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 
-# GGUF tensor names -> transformers LlamaForCausalLM names.
+
+def _dequantizable_types() -> tuple[QType, ...]:
+    """Every tensor type the installed gguf package can dequantize, asked of gguf itself: it
+    raises NotImplementedError for a type it has no dequantizer for (one zero block is cheap)."""
+    supported = []
+    for qtype in QType:
+        _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        try:
+            gguf.quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
+        except NotImplementedError:
+            continue
+        supported.append(qtype)
+    return tuple(supported)
+
+
+SUPPORTED_TENSOR_TYPES = _dequantizable_types()
+
+# GGUF tensor names -> transformers names (LlamaForCausalLM, Gemma3ForCausalLM).
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -40,6 +58,18 @@ _LAYER_NAMES = {
     "attn_k_norm": "self_attn.k_norm",
     "attn_qkv": "self_attn.qkv_proj",  # Phi-3 keeps q|k|v in one tensor
 }
+# Gemma norms the attention and MLP outputs too; its `ffn_norm` is the pre-MLP norm.
+_GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Gemma 3 specifics llama.cpp does not store in the file (it hard-codes them the same way):
+# every 6th layer attends globally, the others locally with RoPE base 10000.
+_GEMMA3_GLOBAL_LAYER_INTERVAL = 6
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+# The one Gemma 3 size whose query_pre_attn_scalar is hidden_size / num_heads, not head_dim.
+_GEMMA3_27B_NUM_LAYERS = 62
 # Phi-3's `ffn_up` is its fused gate|up projection (2 * feed_forward_length rows, no ffn_gate).
 _FUSED_GATE_UP_ARCHITECTURES = frozenset({"phi3"})
 # Not weights: RoPE frequency divisors, read into the config instead.
@@ -141,7 +171,10 @@ def gguf_model_config(f: GGUFFile) -> ModelConfig:
     vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
     if not vocab_size:
         raise ValueError(f"metadata {arch}.vocab_size and tokenizer.ggml.tokens are both missing")
-    return ModelConfig(
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if meta.get(f"{arch}.{name}") is not None:
+            raise ValueError(f"metadata {arch}.{name}: logit soft-capping is not supported")
+    config = ModelConfig(
         architecture=arch,
         vocab_size=int(vocab_size),
         hidden_size=hidden_size,
@@ -157,8 +190,24 @@ def gguf_model_config(f: GGUFFile) -> ModelConfig:
         tie_word_embeddings="output.weight" not in f.tensor_names,
         qkv_bias="blk.0.attn_q.bias" in f.tensor_names or "blk.0.attn_qkv.bias" in f.tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in f.tensor_names,
-        sliding_window=meta.get(f"{arch}.attention.sliding_window"),
+        sliding_window=_optional_int(meta.get(f"{arch}.attention.sliding_window")),
     )
+    if arch != "gemma3":
+        return config
+    if config.sliding_window is None:
+        raise ValueError("metadata gemma3.attention.sliding_window is missing")
+    return replace(
+        config,
+        global_layer_interval=_GEMMA3_GLOBAL_LAYER_INTERVAL,
+        rope_local_theta=_GEMMA3_LOCAL_ROPE_THETA,
+        query_pre_attn_scalar=(
+            hidden_size // num_heads if config.num_layers == _GEMMA3_27B_NUM_LAYERS else head_dim
+        ),
+    )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _rope_scaling(f: GGUFFile, arch: str, head_dim: int) -> RopeScaling | None:
@@ -205,9 +254,7 @@ def gguf_hf_weights(
     at a time.
     """
     return {
-        _hf_name(name, config.architecture): _undo_rope_permutation(
-            f.tensor(name), name, config
-        ).to(dtype)
+        _hf_name(name, config.architecture): _to_hf_layout(f.tensor(name), name, config).to(dtype)
         for name in f.tensor_names
         if name != ROPE_FREQS_TENSOR
     }
@@ -216,13 +263,22 @@ def gguf_hf_weights(
 def _hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         raise ValueError(f"unexpected tensor {gguf_name!r}")
     layer, part, kind = match.groups()
     if part == "ffn_up" and arch in _FUSED_GATE_UP_ARCHITECTURES:
         return f"model.layers.{layer}.mlp.gate_up_proj.{kind}"
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
+
+
+def _to_hf_layout(w: Tensor, gguf_name: str, config: ModelConfig) -> Tensor:
+    if config.architecture == "gemma3" and gguf_name.endswith("norm.weight"):
+        # llama.cpp's converter stores Gemma's norm weights as 1 + w (its RMSNorm multiplies by
+        # the weight); transformers keeps w and adds the 1 when it applies the norm.
+        return w - 1.0
+    return _undo_rope_permutation(w, gguf_name, config)
 
 
 def _undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Tensor:
@@ -245,6 +301,14 @@ def _undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Te
     return w.reshape(num_heads, config.head_dim // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
+def build_gguf_decoder(
+    f: GGUFFile, config: ModelConfig, dtype: torch.dtype, device: torch.device | str
+) -> DecoderModel:
+    """The decoder of `config.architecture` with the file's weights (no tokenizer needed)."""
+    decoder = GemmaModel if config.architecture == "gemma3" else LlamaModel
+    return decoder.from_hf_weights(config, gguf_hf_weights(f, config, dtype), dtype, device)
+
+
 def load_gguf(path: Path | str, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
     f = open_gguf(path)
     try:
@@ -254,8 +318,7 @@ def load_gguf(path: Path | str, dtype: torch.dtype, device: torch.device | str) 
             bos_token_id=tokenizer.bos_token_id,
             eos_token_ids=tokenizer.eos_token_ids,
         )
-        weights = gguf_hf_weights(f, config, dtype)
-        model = LlamaModel.from_hf_weights(config, weights, dtype, device)
+        model = build_gguf_decoder(f, config, dtype, device)
     except KeyError as exc:
         raise ModelLoadError(f.path, f"metadata {exc} is missing") from exc
     except ValueError as exc:

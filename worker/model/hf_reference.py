@@ -6,11 +6,14 @@ For tests and benchmarks only: it needs `transformers` (the `test` extra), which
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from intentserve.worker.model.config import ModelConfig, RopeScalingType
 from torch import Tensor
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -56,13 +59,52 @@ def hf_model(config: ModelConfig, weights: Mapping[str, Tensor]) -> torch.nn.Mod
         eos_token_id=list(config.eos_token_ids) or None,
         pad_token_id=None,
     )
-    if config.architecture == "qwen2":
+    if config.architecture == "gemma3":
+        model = Gemma3ForCausalLM(_gemma3_config(config, common))
+    elif config.architecture == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
     elif config.architecture == "mistral":
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=config.sliding_window))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=config.qkv_bias))
     model.load_state_dict(dict(weights), strict=not config.tie_word_embeddings)
+    return model.float().eval()
+
+
+def _gemma3_config(config: ModelConfig, common: dict) -> Gemma3TextConfig:
+    rope = hf_rope_parameters(config)
+    local_rope = {"rope_type": "default", "rope_theta": config.rope_local_theta}
+    layer_types = [
+        "full_attention" if w is None else "sliding_attention" for w in config.layer_windows
+    ]
+    return Gemma3TextConfig(
+        **(common | {"rope_parameters": {"full_attention": rope, "sliding_attention": local_rope}}),
+        sliding_window=config.sliding_window,
+        layer_types=layer_types,
+        query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+    )
+
+
+def hf_model_from_gguf(path: Path) -> torch.nn.Module:
+    """A float32 transformers CausalLM as transformers itself reads a GGUF file: its own config
+    mapping, dequantization and tensor renaming (an oracle independent of our loader).
+
+    NOTE: built without accelerate (which `from_pretrained(gguf_file=...)` insists on) and
+    without random initialisation, since every weight is then replaced.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(f"transformers' GGUF reading left {missing} missing, {unexpected} extra")
+    model.tie_weights()
     return model.float().eval()
 
 

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import torch
 from intentserve.worker.model.config import ModelConfig
+from intentserve.worker.model.gemma import GemmaModel
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.tokenizer import Tokenizer
+
+# The decoders: one interface (forward over a varlen batch, compute_logits, from_hf_weights).
+DecoderModel = LlamaModel | GemmaModel
 
 
 class ModelLoadError(Exception):
@@ -29,7 +33,7 @@ class LoadedModel:
     """
 
     config: ModelConfig
-    model: LlamaModel | None
+    model: DecoderModel | None
     tokenizer: Tokenizer | None
     chat_template: str | None
     source_path: Path

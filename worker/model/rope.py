@@ -46,13 +46,21 @@ class RotaryEmbedding(nn.Module):
     angle for element i and i + head_dim/2, so the second half would be a copy.
     """
 
-    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, config: ModelConfig, device: torch.device | str = "cpu", local: bool = False
+    ) -> None:
+        """`local`: the table of banded layers (base rope_local_theta, never scaled, as Gemma 3)."""
         super().__init__()
         # NOTE: every tensor gets an explicit device, so that building the model under
         # torch.device("meta") still computes real tables.
-        inv_freq = inverse_frequencies(
-            config.head_dim, config.rope_theta, config.rope_scaling, device
-        )
+        if local:
+            if config.rope_local_theta is None:
+                raise ValueError(f"{config.architecture} has no local RoPE base")
+            inv_freq = inverse_frequencies(config.head_dim, config.rope_local_theta, None, device)
+        else:
+            inv_freq = inverse_frequencies(
+                config.head_dim, config.rope_theta, config.rope_scaling, device
+            )
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # [max_pos, head_dim // 2]
         self.register_buffer("cos", angles.cos(), persistent=False)

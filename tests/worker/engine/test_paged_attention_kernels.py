@@ -42,8 +42,13 @@ def dense(q, k, v, window=None):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def run_step(backend, pool, scheduled, history):
+def run_step(backend, pool, scheduled, history, layer_idx=0):
     """Feed one step's new k/v (from `history`) through the backend; return outputs per seq."""
+    return run_layers(backend, pool, scheduled, history, [layer_idx])[layer_idx]
+
+
+def run_layers(backend, pool, scheduled, history, layers):
+    """One step through several layers (the same q/k/v in each); {layer: {seq: output}}."""
     batch = build_step_batch(scheduled, pool.block_size, torch.device("cpu"))
     meta = backend.prepare(batch)
     qs, ks, vs = [], [], []
@@ -51,8 +56,14 @@ def run_step(backend, pool, scheduled, history):
         q_all, k_all, v_all = history[item.seq_id]
         sl = slice(item.start_pos, item.num_context_tokens)
         qs.append(q_all[sl]), ks.append(k_all[sl]), vs.append(v_all[sl])
-    out = backend.forward(0, torch.cat(qs), torch.cat(ks), torch.cat(vs), meta)
-    return dict(zip([s.seq_id for s in scheduled], out.split(batch.query_lens), strict=True))
+    q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+    seq_ids = [s.seq_id for s in scheduled]
+    return {
+        layer: dict(
+            zip(seq_ids, backend.forward(layer, q, k, v, meta).split(batch.query_lens), strict=True)
+        )
+        for layer in layers
+    }
 
 
 def make_history(length):
@@ -65,7 +76,7 @@ def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window, use_kern
     pool = KvPool(
         CacheKind.PAGED, KvGeometry(1, HKV, D, torch.float32), 32, BS, torch.device("cpu")
     )
-    backend = TorchPagedAttention(pool, sliding_window=window, use_kernel=use_kernel)
+    backend = TorchPagedAttention(pool, layer_windows=[window] * len(pool.k), use_kernel=use_kernel)
     assert (backend.kernel is not None) == use_kernel, backend.decode_impl
     history = {"a": make_history(12), "b": make_history(9), "c": make_history(7)}
     tables = {"a": (5, 1, 7), "b": (0, 2, 9), "c": (3, 4)}  # deliberately scattered blocks
@@ -91,6 +102,73 @@ def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window, use_kern
                 window,
             )
             torch.testing.assert_close(outs[s.seq_id], expected, atol=1e-5, rtol=1e-5)
+
+
+# Gemma 3 style: banded (local) layers interleaved with global ones, bands shorter than prompts.
+LAYER_WINDOWS = (5, None, 3)
+
+
+def _windowed_steps(tables):
+    def item(seq_id, start, end):
+        return ScheduledSeq(
+            seq_id, start, tuple(range(end - start)), True, block_table=tables[seq_id]
+        )
+
+    return [
+        [item("a", 0, 10), item("b", 0, 3)],  # a prompt longer than both bands; a first chunk
+        [item("a", 10, 11), item("b", 3, 8), item("c", 0, 6)],  # decode, later chunk, prefill
+        [item("a", 11, 12), item("b", 8, 9), item("c", 6, 7)],  # all decodes
+    ]
+
+
+@KERNEL_OR_GATHER
+def test_each_layer_attends_within_its_own_window(use_kernel):
+    pool = KvPool(
+        CacheKind.PAGED,
+        KvGeometry(len(LAYER_WINDOWS), HKV, D, torch.float32),
+        32,
+        BS,
+        torch.device("cpu"),
+    )
+    backend = TorchPagedAttention(pool, layer_windows=LAYER_WINDOWS, use_kernel=use_kernel)
+    assert (backend.kernel is not None) == use_kernel, backend.decode_impl
+    history = {"a": make_history(12), "b": make_history(9), "c": make_history(7)}
+    tables = {"a": (5, 1, 7), "b": (0, 2, 9), "c": (3, 4)}
+    layers = range(len(LAYER_WINDOWS))
+    for step in _windowed_steps(tables):
+        outs = run_layers(backend, pool, step, history, layers)
+        for layer, window in enumerate(LAYER_WINDOWS):
+            for s in step:
+                q, k, v = history[s.seq_id]
+                n = s.num_context_tokens
+                expected = dense(q[s.start_pos : n], k[:n], v[:n], window)
+                torch.testing.assert_close(outs[layer][s.seq_id], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_backend_passes_each_layer_its_window():
+    geometry = KvGeometry(len(LAYER_WINDOWS), HKV, D, torch.float32)
+    pools = [KvPool(CacheKind.PAGED, geometry, 32, BS, torch.device("cpu")) for _ in range(2)]
+    torch_backend = TorchPagedAttention(pools[0], layer_windows=LAYER_WINDOWS)
+    flash_backend = FlashPagedAttention(
+        pools[1], kernel=reference_flash_kernel, layer_windows=LAYER_WINDOWS
+    )
+    history = {"a": make_history(12), "b": make_history(9), "c": make_history(7)}
+    tables = {"a": (5, 1, 7), "b": (0, 2, 9), "c": (3, 4)}
+    layers = range(len(LAYER_WINDOWS))
+    for step in _windowed_steps(tables):
+        a = run_layers(torch_backend, pools[0], step, history, layers)
+        b = run_layers(flash_backend, pools[1], step, history, layers)
+        for layer in layers:
+            for seq_id in a[layer]:
+                torch.testing.assert_close(a[layer][seq_id], b[layer][seq_id], atol=1e-5, rtol=1e-5)
+
+
+def test_layer_windows_must_name_every_layer():
+    pool = KvPool(CacheKind.PAGED, KvGeometry(2, HKV, D, torch.float32), 4, BS, torch.device("cpu"))
+    with pytest.raises(ValueError, match="layer_windows has 3 entries for 2 layers"):
+        TorchPagedAttention(pool, layer_windows=(4, None, 4))
+    with pytest.raises(ValueError, match="layer_windows has 1 entries for 2 layers"):
+        FlashPagedAttention(pool, kernel=reference_flash_kernel, layer_windows=(4,))
 
 
 @KERNEL_OR_GATHER
@@ -223,7 +301,7 @@ def _decode_batch(num_seqs, dtype, use_kernel, window=None, head_dim=D):
     pool = KvPool(
         CacheKind.PAGED, KvGeometry(1, HKV, head_dim, dtype), num_blocks, BS, torch.device("cpu")
     )
-    backend = TorchPagedAttention(pool, sliding_window=window, use_kernel=use_kernel)
+    backend = TorchPagedAttention(pool, layer_windows=[window] * len(pool.k), use_kernel=use_kernel)
     order = torch.randperm(num_blocks, generator=gen).tolist()
     scheduled, history = [], {}
     for i in range(num_seqs):

@@ -30,6 +30,11 @@ def minilm_path() -> Path:
     return _packaged("minilm-l6")
 
 
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return _packaged("gemma3-270m")
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     metadata: dict

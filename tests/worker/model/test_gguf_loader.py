@@ -8,7 +8,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.model import ModelLoadError, RopeScaling, RopeScalingType, load_model
-from intentserve.worker.model.gguf_loader import GGUFFile
+from intentserve.worker.model.gguf_loader import (
+    SUPPORTED_TENSOR_TYPES,
+    GGUFFile,
+    gguf_model_config,
+)
 from intentserve.worker.model.hf_reference import hf_logits, hf_model
 from intentserve.worker.model.reference_attention import reference_logits
 from tiny_checkpoints import random_hf_weights, tiny_config, tiny_tokenizer, write_gguf
@@ -50,10 +54,51 @@ def test_dequantize_each_supported_type(tmp_path, qtype):
     assert np.abs(ours.numpy() - values).max() <= ROUNDTRIP_TOLERANCE[qtype] * np.abs(values).max()
 
 
-def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
+def _write_raw_blocks(path, name: str, qtype: QType, num_rows: int, num_blocks: int) -> np.ndarray:
+    """A tensor of random bytes in `qtype`'s block layout (any type, even those gguf cannot
+    quantize); returns the bytes, [num_rows, num_blocks * type_size] uint8."""
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(1).integers(0, 256, (num_rows, num_blocks * type_size), np.uint8)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tensor(name, raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return raw
+
+
+def test_supported_types_are_what_gguf_can_dequantize():
+    # K-quants, IQ, TQ and MXFP4 are in; the types gguf has no dequantizer for are not.
+    for qtype in (QType.Q2_K, QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.IQ4_XS, QType.TQ2_0):
+        assert qtype in SUPPORTED_TENSOR_TYPES
+    for qtype in (QType.Q8_1, QType.Q8_K, QType.I32, QType.F64):
+        assert qtype not in SUPPORTED_TENSOR_TYPES
+
+
+@pytest.mark.parametrize(
+    "qtype",
+    [q for q in SUPPORTED_TENSOR_TYPES if q not in (QType.F32, QType.F16)],
+    ids=lambda q: q.name,
+)
+# Random bytes make some block scales inf or NaN; gguf warns, and both sides agree on them.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_every_supported_type_dequantizes_as_gguf_does(tmp_path, qtype):
+    path = tmp_path / "one.gguf"
+    block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
+    raw = _write_raw_blocks(path, "blk.0.ffn_up.weight", qtype, num_rows=3, num_blocks=2)
+
+    ours = GGUFFile(path).tensor("blk.0.ffn_up.weight")
+
+    assert ours.dtype == torch.float32 and tuple(ours.shape) == (3, 2 * block_size)
+    np.testing.assert_array_equal(ours.numpy(), gguf.quants.dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("qtype", [QType.Q8_1, QType.Q8_K], ids=lambda q: q.name)
+def test_unsupported_tensor_type_names_tensor_and_type(tmp_path, qtype):
     path = tmp_path / "x.gguf"
-    _write_one_tensor(path, "blk.3.attn_q.weight", np.ones((2, 32), np.float32), QType.Q5_0)
-    with pytest.raises(ModelLoadError, match=r"blk\.3\.attn_q\.weight.*Q5_0") as err:
+    _write_raw_blocks(path, "blk.3.attn_q.weight", qtype, num_rows=2, num_blocks=1)
+    with pytest.raises(ModelLoadError, match=rf"blk\.3\.attn_q\.weight.*{qtype.name}") as err:
         GGUFFile(path).tensor("blk.3.attn_q.weight")
     assert str(path) in str(err.value)
 
@@ -72,6 +117,9 @@ TINY_CONFIGS = {
             original_max_position_embeddings=32,
         )
     ),
+    # Banded layers (5 tokens) around one global layer, prompts longer than the band; the file
+    # stores norms as 1 + w, as llama.cpp's converter writes them.
+    "gemma3": tiny_config("gemma3"),
 }
 
 
@@ -83,7 +131,13 @@ def test_tiny_gguf_matches_transformers(tmp_path, case):
     weights = random_hf_weights(config)
     loaded = load_model(str(write_gguf(tmp_path / "tiny.gguf", config, weights)), dtype="float32")
 
-    for field in ("num_kv_heads", "qkv_bias", "tie_word_embeddings"):
+    for field in (
+        "num_kv_heads",
+        "qkv_bias",
+        "tie_word_embeddings",
+        "layer_windows",
+        "rope_local_theta",
+    ):
         assert getattr(loaded.config, field) == getattr(config, field)
     if case == "llama-rope-freqs":
         assert loaded.config.rope_scaling.type is RopeScalingType.FREQ_FACTORS
@@ -154,6 +208,60 @@ def test_one_parse_serves_the_facts_read_and_the_load(smollm2_path):
 
     first = open_gguf(smollm2_path)
     assert open_gguf(str(smollm2_path)) is first  # same file, unchanged: parsed once
+
+
+def _gemma3_header(path, num_layers: int = 6, **extra) -> GGUFFile:
+    """A gemma3 file with metadata only (the config needs no tensors)."""
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_block_count(num_layers)
+    writer.add_feed_forward_length(96)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(32)
+    writer.add_value_length(32)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(300)
+    for key, value in extra.items():  # ints as llama.cpp writes them (uint32), floats float32
+        add = writer.add_uint32 if isinstance(value, int) else writer.add_float32
+        add(f"gemma3.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return GGUFFile(path)
+
+
+def test_gemma3_layout_comes_from_the_window_and_llama_cpps_fixed_pattern(tmp_path):
+    f = _gemma3_header(tmp_path / "g.gguf", num_layers=12, **{"attention.sliding_window": 8})
+    config = gguf_model_config(f)
+    # Every 6th layer global; local layers on RoPE base 10000, global on the file's (default).
+    assert config.layer_windows == (8, 8, 8, 8, 8, None) * 2
+    assert (config.rope_local_theta, config.rope_theta) == (10000.0, 10000.0)
+    assert config.query_pre_attn_scalar == 32  # head_dim
+
+
+def test_gemma3_27b_scales_queries_by_hidden_over_heads(tmp_path):
+    f = _gemma3_header(tmp_path / "g.gguf", num_layers=62, **{"attention.sliding_window": 8})
+    assert gguf_model_config(f).query_pre_attn_scalar == 64 // 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({}, "gemma3.attention.sliding_window is missing"),
+        (
+            {"attention.sliding_window": 8, "final_logit_softcapping": 30.0},
+            "gemma3.final_logit_softcapping: logit soft-capping is not supported",
+        ),
+    ],
+    ids=["no-window", "softcap"],
+)
+def test_gemma3_metadata_it_cannot_honour_is_refused_naming_the_key(tmp_path, extra, says):
+    f = _gemma3_header(tmp_path / "g.gguf", **extra)
+    with pytest.raises(ValueError, match=says):
+        gguf_model_config(f)
 
 
 def test_unknown_architecture_is_named_with_the_supported_ones(tmp_path):

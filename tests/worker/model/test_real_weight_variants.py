@@ -15,7 +15,6 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
-from intentserve.worker.model.gguf_loader import SUPPORTED_TENSOR_TYPES
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.reference_attention import reference_logits
 from intentserve.worker.model.registry import load_model
@@ -91,8 +90,6 @@ def _same_rounding_logits(smollm2, name: str, ids: list[list[int]]) -> list[torc
 
 @pytest.mark.parametrize("name", list(TOLERANCES))
 def test_variant_loads_exactly_and_near_the_original(smollm2_variants, smollm2, original, name):
-    if name == "Q6_K" and QType.Q6_K not in SUPPORTED_TENSOR_TYPES:
-        pytest.skip("the loader does not read Q6_K yet (SUPPORTED_TENSOR_TYPES, branch wt-gemma)")
     ids, expected, expected_tokens = original
     loaded = load_model(str(smollm2_variants[name]), dtype="float32")
     assert [loaded.tokenizer.encode(p) for p in PROMPTS] == ids

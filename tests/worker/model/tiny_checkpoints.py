@@ -60,11 +60,25 @@ def tiny_config(architecture: str = "llama", **overrides) -> ModelConfig:
         bos_token_id=1,
         eos_token_ids=(2,),
     )
+    if architecture == "gemma3":
+        # Six layers, so the file's fixed pattern (every 6th layer global) has one global layer;
+        # a band of 5 tokens, shorter than the test prompts.
+        config = replace(
+            config,
+            num_layers=6,
+            rope_theta=1_000_000.0,
+            tie_word_embeddings=True,
+            sliding_window=5,
+            global_layer_interval=6,
+            rope_local_theta=10000.0,
+            query_pre_attn_scalar=config.head_dim,
+        )
     return replace(config, **overrides)
 
 
 def random_hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, Tensor]:
-    """transformers LlamaForCausalLM / Qwen2ForCausalLM state dict with random float32 values."""
+    """transformers LlamaForCausalLM / Qwen2ForCausalLM / Gemma3ForCausalLM state dict with
+    random float32 values."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> Tensor:
@@ -89,6 +103,13 @@ def random_hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, Tensor]:
             p + "mlp.up_proj.weight": rand(config.intermediate_size, h),
             p + "mlp.down_proj.weight": rand(h, config.intermediate_size),
         }
+        if config.architecture == "gemma3":  # norms weigh 1 + w there: w near 0
+            w |= {
+                p + "pre_feedforward_layernorm.weight": rand(h),
+                p + "post_feedforward_layernorm.weight": rand(h),
+                p + "self_attn.q_norm.weight": rand(config.head_dim),
+                p + "self_attn.k_norm.weight": rand(config.head_dim),
+            }
         if config.qkv_bias:
             w |= {
                 p + f"self_attn.{n}_proj.bias": rand(s) for n, s in (("q", q), ("k", kv), ("v", kv))
@@ -184,11 +205,19 @@ _GGUF_GLOBAL = {
 }
 
 
-def _gguf_name(hf_name: str) -> str:
+_GGUF_GEMMA3_LAYER = _GGUF_LAYER | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def _gguf_name(hf_name: str, arch: str) -> str:
     if hf_name in _GGUF_GLOBAL:
         return _GGUF_GLOBAL[hf_name]
     _, _, layer, *part, kind = hf_name.split(".")
-    return f"blk.{layer}.{_GGUF_LAYER['.'.join(part)]}.{kind}"
+    names = _GGUF_GEMMA3_LAYER if arch == "gemma3" else _GGUF_LAYER
+    return f"blk.{layer}.{names['.'.join(part)]}.{kind}"
 
 
 def llama_cpp_rope_freqs(head_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray:
@@ -243,6 +272,10 @@ def write_gguf(
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling.factor)
     writer.add_vocab_size(config.vocab_size)
+    if arch == "gemma3":
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+        writer.add_sliding_window(config.sliding_window)
     tok = json.loads(tiny_tokenizer().to_str())
     vocab = tok["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get)
@@ -264,7 +297,9 @@ def write_gguf(
             array = llama_cpp_permute(array, config.num_heads)
         elif arch == "llama" and ".k_proj." in name:
             array = llama_cpp_permute(array, config.num_kv_heads)
-        writer.add_tensor(_gguf_name(name), array)
+        elif arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w
+        writer.add_tensor(_gguf_name(name, arch), array)
     for name, array in (extra_tensors or {}).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()
