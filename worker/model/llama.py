@@ -68,6 +68,7 @@ class LlamaAttention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
 
     def forward(
         self,
@@ -78,10 +79,13 @@ class LlamaAttention(nn.Module):
     ) -> Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
-        qk = qkv[:, : self.q_size + self.kv_size].view(
-            num_tokens, self.num_heads + self.num_kv_heads, self.head_dim
-        )
-        qk = apply_rotary(qk, *cos_sin)  # q and k rotated together: same angles, fewer kernels
+        num_rotated = self.num_heads + self.num_kv_heads  # q and k: same angles, one pass
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_rotated, self.head_dim)
+        # The compiled op rotates qk in place (it is a view of qkv); else torch's ops, a copy.
+        if self.fused is None or not cpu_ops.rotary_(
+            self.fused, qkv, *cos_sin, num_rotated, self.head_dim
+        ):
+            qk = apply_rotary(qk, *cos_sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attn.forward(self.layer_idx, q, k, v, meta)  # [T, num_heads, head_dim]
