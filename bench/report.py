@@ -1,7 +1,10 @@
 """Markdown tables from bench/engine.py results: the throughput table of one run, and the
 issue's targets judged on every run given (the VM's speed drifts, so one run is not enough).
+Given bench/served_path.py results, the served path's targets instead.
+A bench/weights.py result given among them gets its own table (weight formats).
 
     python bench/report.py bench/results/2026-11-30-cpu-kernel/run*.json
+    python bench/report.py bench/results/weights.json
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def _row(run: dict, dtype: str, n: int) -> dict:
     return next(r for r in run["throughput"] if r["dtype"] == dtype and r["concurrency"] == n)
 
 
-def _met(ok: list[bool]) -> str:
+def met(ok: list[bool]) -> str:
     return "yes" if all(ok) else ("no" if not any(ok) else f"in {sum(ok)} of {len(ok)} runs")
 
 
@@ -47,30 +50,30 @@ def targets_table(runs: list[dict]) -> str:
         rows.append(
             (f"paged >= 3x transformers at 32 requests, {dtype}",
              " / ".join(f"{x:.2f}x" for x in ratios),
-             _met([x >= 3 for x in ratios]) + f" (projections alone allow {ceilings})")
+             met([x >= 3 for x in ratios]) + f" (projections alone allow {ceilings})")
         )  # fmt: skip
     fractions = [_row(r, "bfloat16", 64)["paged_roofline_fraction"] for r in runs]
     rows.append(
         ("paged >= 40% of the bf16 roofline at 64 requests",
-         " / ".join(f"{f:.0%}" for f in fractions), _met([f >= 0.4 for f in fractions]))
+         " / ".join(f"{f:.0%}" for f in fractions), met([f >= 0.4 for f in fractions]))
     )  # fmt: skip
     for dtype in ("float32", "bfloat16"):
         ratios = [_row(r, dtype, 1)["paged_vs_transformers"] for r in runs]
         rows.append(
             (f"single-request decode no slower than transformers, {dtype}",
-             " / ".join(f"{x:.2f}x" for x in ratios), _met([x >= 1 for x in ratios]))
+             " / ".join(f"{x:.2f}x" for x in ratios), met([x >= 1 for x in ratios]))
         )  # fmt: skip
     waste = runs[0]["kv_waste"]
     rows.append(
         ("paged KV waste under 4% (blocks of 16, the default)",
          f"{waste['paged']['waste_of_reserved']:.2%} of reserved (deterministic)",
-         _met([waste["paged"]["waste_of_reserved"] < 0.04])
+         met([waste["paged"]["waste_of_reserved"] < 0.04])
          + f"; {waste['paged_block_8']['waste_of_reserved']:.2%} with blocks of 8")
     )  # fmt: skip
     ratio = [r["admission"]["ratio"] for r in runs]
     rows.append(
         ("paged admits >= 3x the contiguous cache's sequences",
-         " / ".join(f"{x:.0f}x" for x in ratio), _met([x >= 3 for x in ratio]))
+         " / ".join(f"{x:.0f}x" for x in ratio), met([x >= 3 for x in ratio]))
     )  # fmt: skip
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
     lines = [f"| target (issue 3) | runs {runs_label} | met |", "| --- | --- | --- |"]
@@ -94,13 +97,13 @@ def decode_targets_table(runs: list[dict]) -> str:
         rows.append(
             (f"one stream within {SINGLE_STREAM_TARGET}x of the weight-streaming limit, {dtype}",
              " / ".join(f"{x:.2f}x" for x in ratios),
-             _met([x <= SINGLE_STREAM_TARGET for x in ratios]))
+             met([x <= SINGLE_STREAM_TARGET for x in ratios]))
         )  # fmt: skip
     for n, target in ROOFLINE_TARGETS.items():
         fractions = [_row(run, "bfloat16", n)["paged_roofline_fraction"] for run in runs]
         rows.append(
             (f"paged >= {target:.0%} of the bf16 roofline at {n} requests",
-             " / ".join(f"{f:.0%}" for f in fractions), _met([f >= target for f in fractions]))
+             " / ".join(f"{f:.0%}" for f in fractions), met([f >= target for f in fractions]))
         )  # fmt: skip
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
     lines = [f"| target (issue 13) | runs {runs_label} | met |", "| --- | --- | --- |"]
@@ -108,12 +111,71 @@ def decode_targets_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def served_path_targets_table(runs: list[dict]) -> str:
+    """bench/served_path.py results: served / in-process engine per dtype and concurrency."""
+    target = runs[0]["target"]
+    rows = []
+    for first in runs[0]["rows"]:
+        key = (first["dtype"], first["concurrency"])
+        ratios = [
+            next(r for r in run["rows"] if (r["dtype"], r["concurrency"]) == key)[
+                "served_over_engine"
+            ]
+            for run in runs
+        ]
+        streams = f"{key[1]} stream{'s' * (key[1] != 1)}"
+        rows.append(
+            (f"served >= {target:.0%} of the in-process engine, {key[0]}, {streams}",
+             " / ".join(f"{x:.3f}" for x in ratios), met([x >= target for x in ratios]))
+        )  # fmt: skip
+    runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
+    lines = [f"| target (issue 13) | runs {runs_label} | met |", "| --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def weights_table(run: dict) -> str:
+    """One row per weight format: resident weights, quality against dequantized, speed."""
+    concurrency = run["workload"]["concurrency"]
+    streams = "".join(f" | tok/s x{n}" for n in concurrency)
+    projections = "".join(f" | proj. ms x{n}" for n in concurrency)
+    lines = [
+        f"| format | weights MiB | identical until divergence | identical overall "
+        f"| perplexity{streams}{projections} |",
+        "| --- " * (5 + 2 * len(concurrency)) + "|",
+    ]
+    for row in run["weight_formats"]:
+        agreement = row.get("agreement")
+        until = f"{agreement['until_first_divergence']:.1%}" if agreement else "reference"
+        overall = f"{agreement['identical_overall']:.1%}" if agreement else "reference"
+        speed = "".join(f" | {row['tokens_per_s'][str(n)]:.0f}" for n in concurrency)
+        proj = "".join(f" | {row['projections_ms'][str(n)]:.1f}" for n in concurrency)
+        lines.append(
+            f"| {row['format']} ({row['dtype']}) | {row['weight_bytes'] / 2**20:.0f} | {until} "
+            f"| {overall} | {row['perplexity']:.3f}{speed}{proj} |"
+        )
+    w = run["workload"]
+    lines.append(
+        f"\n{w['num_prompts']} prompts x {w['quality_tokens']} greedy tokens against dequantized; "
+        f"perplexity over {run['weight_formats'][0]['passage_tokens']} tokens of a fixed passage."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="results JSON files, run 1 first")
     args = parser.parse_args(argv)
-    runs = [json.loads(path.read_text()) for path in args.runs]
+    loaded = [json.loads(path.read_text()) for path in args.runs]
+    for run in (r for r in loaded if "weight_formats" in r):
+        print(weights_table(run) + "\n")
+    runs = [r for r in loaded if "weight_formats" not in r]
+    if not runs:
+        return 0
     first = runs[0]
+    if "served_over_engine" in first.get("rows", [{}])[0]:  # bench/served_path.py
+        print(served_path_targets_table(runs))
+        return 0
     roof = first["roofline"]
     print(
         f"roofline (run 1): {roof['float32']['matmul_flops'] / 1e9:.0f} GFLOP/s fp32, "

@@ -6,6 +6,7 @@ with Deployment(manifest, work_dir) as d:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -25,6 +26,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Deployment:
@@ -71,8 +78,30 @@ class Deployment:
 
     def controller_cpu_s(self) -> float:
         """CPU seconds the `up` process (the controller and its front ends) has used so far."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.pid)
+
+    def worker_cpu_s(self) -> float:
+        """CPU seconds the deployment's worker processes (Ray actors started under `up`) have
+        used so far."""
+        return sum(cpu_s(pid) for pid in self._worker_pids())
+
+    def _worker_pids(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(entry.name))
+        found, todo = [], [self.pid]
+        while todo:
+            for pid in children.get(todo.pop(), []):
+                todo.append(pid)
+                with contextlib.suppress(OSError):
+                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                    # NOTE: Ray titles an actor's process after its class, `ray::_WorkerHost`.
+                    if title.startswith(b"ray::_WorkerHost"):
+                        found.append(pid)
+        return found
 
     def __exit__(self, *exc_info) -> None:
         if self.client is not None:

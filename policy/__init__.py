@@ -8,6 +8,7 @@ from intentserve.policy.capability import (
     Capability,
     DeviceKind,
     ModelFacts,
+    WeightFormatStatus,
 )
 from intentserve.policy.config import (
     DEFAULT_BLOCK_SIZE,
@@ -49,13 +50,21 @@ from intentserve.policy.modes import (
     Mode,
     PagedAttentionMode,
     PrefixCachingMode,
+    WeightFormat,
 )
 from intentserve.policy.plausibility import check_plausible
 from intentserve.policy.readiness import Availability, Verdict, WorkerReport, readiness
 from intentserve.policy.reasons import Reason, ReasonCode
 from intentserve.policy.resolution import Resolution, resolve
+from intentserve.policy.weights import (
+    AUTO_WEIGHT_FORMAT,
+    WeightChoice,
+    check_weight_format,
+    choose_weight_format,
+)
 
 __all__ = [
+    "AUTO_WEIGHT_FORMAT",
     "DEFAULT_AUTO_DEVICES",
     "DEFAULT_BLOCK_SIZE",
     "KV_MEMORY_FORMS",
@@ -88,9 +97,14 @@ __all__ = [
     "SchedulerChoice",
     "SchedulerKind",
     "Verdict",
+    "WeightChoice",
+    "WeightFormat",
+    "WeightFormatStatus",
     "WorkerReport",
     "check_plausible",
     "check_realized",
+    "check_weight_format",
+    "choose_weight_format",
     "choose_backend",
     "decide_feature",
     "decide_paged_attention",

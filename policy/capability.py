@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from intentserve.policy.modes import KvCacheDtype
+from intentserve.policy.modes import KvCacheDtype, WeightFormat
 
 
 class DeviceKind(enum.Enum):
@@ -43,6 +43,15 @@ class BackendStatus:
 
 
 @dataclass(frozen=True)
+class WeightFormatStatus:
+    """One way of holding the weights on this worker: can its kernels run here, and if not why."""
+
+    format: WeightFormat
+    available: bool
+    reason: str = ""  # why not, when unavailable
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """Facts read from the checkpoint's metadata without loading its weights."""
 
@@ -66,6 +75,7 @@ class Capability:
     torch_version: str = ""
     cuda_version: str = ""
     no_kv_cache: bool = False  # debug mode: run every step without any KV cache
+    weight_formats: tuple[WeightFormatStatus, ...] = ()
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     @property
@@ -81,3 +91,13 @@ class Capability:
             if status.kind is kind:
                 return status
         return BackendStatus(kind, available=False, reason="not reported by the worker")
+
+    def weight_format(self, fmt: WeightFormat) -> WeightFormatStatus:
+        """Dequantized weights are the baseline every worker can hold (a worker that reports no
+        formats predates the choice and dequantizes)."""
+        if fmt is WeightFormat.DEQUANTIZED:
+            return WeightFormatStatus(fmt, available=True)
+        for status in self.weight_formats:
+            if status.format is fmt:
+                return status
+        return WeightFormatStatus(fmt, available=False, reason="not reported by the worker")

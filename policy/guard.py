@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from intentserve.policy.capability import BackendKind
 from intentserve.policy.config import PagedAttentionConfig
 from intentserve.policy.errors import PolicyViolationError
-from intentserve.policy.modes import BackendIntent, Mode
+from intentserve.policy.modes import BackendIntent, Mode, WeightFormat
 from intentserve.policy.reasons import Reason, ReasonCode
 
 
@@ -49,6 +49,9 @@ class RealizedCache:
     fallback_reasons: tuple[Reason, ...] = ()
     dtype: str = ""  # model compute dtype
     max_model_len: int = 0  # longest sequence (prompt + output) the engine accepts
+    # How the projection weights are held, and their resident bytes (embedding table included).
+    weight_format: WeightFormat = WeightFormat.DEQUANTIZED
+    weight_bytes: int = 0
 
 
 @dataclass(frozen=True)

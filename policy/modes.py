@@ -76,3 +76,12 @@ class KvCacheDtype(_ParsedEnum):
     FLOAT16 = "float16"
     FP8_E4M3 = "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2"
+
+
+class WeightFormat(_ParsedEnum):
+    """How a worker holds the model's projection weights (`spec.model.weights`)."""
+
+    AUTO = "auto"  # the rule in policy/weights.py picks one, and says which and why
+    DEQUANTIZED = "dequantized"  # floats in the model's dtype (a GGUF's blocks dequantized)
+    INT8 = "int8"  # int8 per output channel, with a scale per channel
+    INT4 = "int4"  # int4 in groups of 32 along the input, with a scale and a zero per group

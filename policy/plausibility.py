@@ -4,6 +4,7 @@ a report that cannot be true is a rejection of its own, whatever the policy mode
     KV bytes        within the memory the worker reported free, and within the KV budget
     geometry        kv_cache_bytes == num_blocks x block_size x bytes per token of the model
     backend, dtype  among those the capability lists as available
+    weights         a format the capability lists as available, within the worker's memory
 """
 
 from __future__ import annotations
@@ -32,6 +33,29 @@ def check_plausible(
     realized: RealizedCache, capability: Capability, budget: KvBudget
 ) -> Reason | None:
     """Why the report cannot be true; None when it is consistent."""
+    return _weights_implausible(realized, capability) or _cache_implausible(
+        realized, capability, budget
+    )
+
+
+def _weights_implausible(realized: RealizedCache, capability: Capability) -> Reason | None:
+    status = capability.weight_format(realized.weight_format)
+    if not status.available:
+        return _implausible(
+            f"it reports {realized.weight_format.value} weights, which its capability lists as "
+            f"unavailable ({status.reason})"
+        )
+    total = capability.total_memory_bytes
+    if total and realized.weight_bytes > total:
+        return _implausible(
+            f"{realized.weight_bytes} weight bytes reported, but the worker has {total} bytes"
+        )
+    return None
+
+
+def _cache_implausible(
+    realized: RealizedCache, capability: Capability, budget: KvBudget
+) -> Reason | None:
     kv = realized.kv_cache_bytes
     if realized.kind is CacheKind.NONE:
         return None if kv == 0 else _implausible(f"no KV cache, but {kv} KV bytes reported")

@@ -22,6 +22,8 @@ class ReasonCode(enum.Enum):
     BACKEND_FALLBACK = "backend_fallback"
     KV_CACHE_DTYPE_UNSUPPORTED = "kv_cache_dtype_unsupported"
     PAGED_CACHE_NOT_ENABLED = "paged_cache_not_enabled"
+    WEIGHT_FORMAT_AUTO = "weight_format_auto"
+    WEIGHT_FORMAT_UNAVAILABLE = "weight_format_unavailable"
     # Found while loading (reported by the worker).
     KV_BUDGET_TOO_SMALL = "kv_budget_too_small"
     KV_BUDGET_TOO_LARGE = "kv_budget_too_large"
@@ -34,6 +36,7 @@ class ReasonCode(enum.Enum):
     BACKEND_MISMATCH = "backend_mismatch"
     SCHEDULER_MISMATCH = "scheduler_mismatch"
     FALLBACK_WITHOUT_REASON = "fallback_without_reason"
+    WEIGHT_FORMAT_MISMATCH = "weight_format_mismatch"
     # A realized report that cannot be true against the worker's capability and the budget.
     REALIZED_REPORT_IMPLAUSIBLE = "realized_report_implausible"
     # Deployment readiness.

@@ -14,7 +14,9 @@ from intentserve.policy.decide import (
     decide_paged_attention,
     decide_prefix_caching,
 )
+from intentserve.policy.modes import WeightFormat
 from intentserve.policy.reasons import Reason, ReasonCode
+from intentserve.policy.weights import DEFAULT_WEIGHT_CHOICE, WeightChoice, choose_weight_format
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Resolution:
     paged_attention: Decision
     prefix_caching: Decision
     backend: BackendChoice
+    weights: WeightChoice = DEFAULT_WEIGHT_CHOICE
 
     @property
     def decisions(self) -> tuple[Decision, ...]:
@@ -37,7 +40,7 @@ class Resolution:
         for decision in self.decisions:
             if not decision.accepted:
                 return decision.reason
-        return self.backend.rejection
+        return self.backend.rejection or self.weights.rejection
 
     @property
     def fallback_reasons(self) -> tuple[Reason, ...]:
@@ -54,7 +57,13 @@ def resolve(
     config: PagedAttentionConfig | None,
     capability: Capability,
     auto_devices: frozenset[DeviceKind] = DEFAULT_AUTO_DEVICES,
+    weights: WeightFormat = WeightFormat.AUTO,
 ) -> Resolution:
     paged = decide_paged_attention(config, capability, auto_devices)
     prefix = decide_prefix_caching(config, capability, paged)
-    return Resolution(paged, prefix, choose_backend(config, capability, paged))
+    return Resolution(
+        paged,
+        prefix,
+        choose_backend(config, capability, paged),
+        choose_weight_format(weights, capability),
+    )

@@ -1,6 +1,11 @@
 """bench/report.py judges the issue's targets on every run given, from the results JSON."""
 
-from bench.report import decode_targets_table, targets_table, throughput_table
+from bench.report import (
+    decode_targets_table,
+    served_path_targets_table,
+    targets_table,
+    throughput_table,
+)
 
 
 def _run(ratio32: float, fraction64: float, single: float = 1.2) -> dict:
@@ -87,3 +92,65 @@ def test_decode_targets_judge_single_stream_and_batch_roofline_on_every_run():
 
 def test_decode_targets_are_left_out_of_runs_without_the_single_stream_section():
     assert decode_targets_table([_run(1.5, 0.43)]) == ""
+
+
+def _served_run(ratios: dict[tuple[str, int], float]) -> dict:
+    rows = [
+        {
+            "dtype": dtype,
+            "concurrency": n,
+            "engine_tok_s": 100.0,
+            "served_tok_s": 100.0 * ratio,
+            "served_over_engine": ratio,
+        }
+        for (dtype, n), ratio in ratios.items()
+    ]
+    return {"rows": rows, "target": 0.95}
+
+
+def test_the_served_path_is_judged_per_dtype_and_concurrency_on_every_run():
+    first = {("float32", 1): 0.97, ("float32", 32): 0.90, ("bfloat16", 64): 0.96}
+    second = {("float32", 1): 0.96, ("float32", 32): 0.96, ("bfloat16", 64): 0.94}
+    table = served_path_targets_table([_served_run(first), _served_run(second)])
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+    assert lines["served >= 95% of the in-process engine, float32, 1 stream"].endswith(
+        "| 0.970 / 0.960 | yes |"
+    )
+    assert lines["served >= 95% of the in-process engine, float32, 32 streams"].endswith(
+        "| 0.900 / 0.960 | in 1 of 2 runs |"
+    )
+    assert lines["served >= 95% of the in-process engine, bfloat16, 64 streams"].endswith(
+        "| 0.960 / 0.940 | in 1 of 2 runs |"
+    )
+    assert len(lines) == 2 + 3  # header, rule, one row per measured dtype and concurrency
+
+
+def test_the_weights_table_has_a_row_per_format_with_quality_and_speed():
+    from bench.report import weights_table
+
+    def row(fmt, mib, agreement=None):
+        return {
+            "format": fmt,
+            "dtype": "bfloat16",
+            "weight_bytes": mib << 20,
+            "perplexity": 17.3,
+            "passage_tokens": 1213,
+            "projections_ms": {"1": 5.0, "32": 20.0},
+            "tokens_per_s": {"1": 40.0, "32": 300.0},
+            **({"agreement": agreement} if agreement else {}),
+        }
+
+    run = {
+        "workload": {"num_prompts": 32, "quality_tokens": 64, "concurrency": [1, 32]},
+        "weight_formats": [
+            row("dequantized", 313),
+            row("int4", 146, {"until_first_divergence": 0.8, "identical_overall": 0.85}),
+        ],
+    }
+    lines = weights_table(run).splitlines()
+    assert lines[0].startswith("| format | weights MiB |") and "tok/s x32" in lines[0]
+    assert lines[2] == (
+        "| dequantized (bfloat16) | 313 | reference | reference | 17.300 | 40 | 300 | 5.0 | 20.0 |"
+    )
+    assert lines[3].startswith("| int4 (bfloat16) | 146 | 80.0% | 85.0% |")
+    assert "32 prompts x 64 greedy tokens" in lines[-1] and "1213 tokens" in lines[-1]

@@ -5,13 +5,23 @@ manifest -> controller -> ResolvedConfig on the wire -> the worker's engine conf
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from intentserve import convert
 from intentserve.controller.launch import manifest as manifest_module
 from intentserve.controller.service.convert import register_to_pb
-from intentserve.policy import KvBudget, Mode, PagedAttentionConfig, examples, modes, resolve
+from intentserve.policy import (
+    KvBudget,
+    Mode,
+    PagedAttentionConfig,
+    WeightFormat,
+    WeightFormatStatus,
+    examples,
+    modes,
+    resolve,
+)
 from intentserve.worker.runtime.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,3 +64,30 @@ def test_the_architecture_walk_names_files_that_exist():
     paths = set(re.findall(r"`((?:deploy|controller|worker|policy|proto)/[\w/.]+)`", text))
     assert len(paths) > 15
     assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+
+
+def test_the_weight_format_is_parsed_once_and_reaches_the_engine_config(parses, tmp_path):
+    text = (ROOT / "deploy" / "local.yaml").read_text().replace("weights: auto", "weights: int4")
+    assert "weights: int4" in text
+    path = tmp_path / "local.yaml"
+    path.write_text(text)
+    desired = manifest_module.load_manifest(path).controller_config().desired
+    capability = replace(
+        examples.cpu(),
+        weight_formats=(
+            WeightFormatStatus(WeightFormat.INT8, True),
+            WeightFormatStatus(WeightFormat.INT4, True),
+        ),
+    )
+    resolution = resolve(desired.policy, capability, desired.auto_devices, desired.weights)
+    wire = register_to_pb(desired, resolution, heartbeat_interval_s=1.0).SerializeToString()
+    response = type(register_to_pb(desired, resolution, 1.0)).FromString(wire)
+    config, got_resolution, budget = convert.resolution_from_pb(response.config)
+    engine_config = WorkerSpec("local-0", "127.0.0.1:1").engine_config(
+        config, budget, got_resolution.weights.intent
+    )
+
+    assert [value for name, value in parses if name == "WeightFormat"] == ["int4"]
+    assert got_resolution.weights == resolution.weights
+    assert got_resolution.weights.format is WeightFormat.INT4
+    assert engine_config.weights is desired.weights is WeightFormat.INT4

@@ -13,9 +13,11 @@ from intentserve.policy import (
     DeviceKind,
     KvCacheDtype,
     ModelFacts,
+    WeightFormatStatus,
 )
 from intentserve.worker.attention.flash_paged import flash_status
 from intentserve.worker.memory import SYSTEM_FILES, MemoryFiles, device_memory
+from intentserve.worker.model.weight_format import weight_format_statuses
 
 TORCH_KV_DTYPES = frozenset({KvCacheDtype.FLOAT32, KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
 
@@ -53,11 +55,13 @@ def probe_capability(
     device_map: Sequence[str] = (),
     no_kv_cache: bool = False,
     backends: tuple[BackendStatus, ...] | None = None,
+    weight_formats: tuple[WeightFormatStatus, ...] | None = None,
     memory_files: MemoryFiles = SYSTEM_FILES,
 ) -> Capability:
-    """`backends` may be injected (tests describe a CUDA build on a CPU machine that way), and
-    so may the files memory is read from. `free_memory_bytes` is what this worker can use: the
-    device's free memory, or the host's available memory within its cgroup's limit."""
+    """`backends` and `weight_formats` may be injected (tests describe a CUDA build on a CPU
+    machine that way), and so may the files memory is read from. `free_memory_bytes` is what
+    this worker can use: the device's free memory, or the host's available memory within its
+    cgroup's limit."""
     device = torch.device(device)
     memory = device_memory(device, memory_files)
     return Capability(
@@ -70,4 +74,5 @@ def probe_capability(
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda or "",
         no_kv_cache=no_kv_cache,
+        weight_formats=weight_format_statuses(device) if weight_formats is None else weight_formats,
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from intentserve.policy import PagedAttentionMode, parse_kv_memory
+from intentserve.policy import PagedAttentionMode, WeightFormat, parse_kv_memory
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.engine import Engine
@@ -69,17 +69,21 @@ class LLM:
         max_num_seqs: int | None = None,
         max_model_len: int | None = None,
         max_num_batched_tokens: int | None = None,
+        weights: WeightFormat | str = "auto",
         **paged_attention_options,
     ) -> None:
         """`kv_cache_memory`: bytes (268435456, "256Mi", "1Gi") or a share of free device memory
-        ("10%"); default: the engine's share. `paged_attention_options`: block_size,
-        prefix_caching, backend, kv_cache_dtype. Errors name the argument at fault."""
+        ("10%"); default: the engine's share. `weights`: auto, dequantized, int8 or int4 (an
+        explicit format this machine cannot hold is an error). `paged_attention_options`:
+        block_size, prefix_caching, backend, kv_cache_dtype. Errors name the argument at
+        fault."""
         budget = parse_kv_memory(kv_cache_memory)
         builder = (
             EngineBuilder()
             .model(model)
             .dtype(dtype)
             .device(device)
+            .weights(weights)
             .paged_attention(paged_attention, **paged_attention_options)
             .kv_cache_memory(bytes=budget.num_bytes, fraction=budget.fraction)
             .scheduler(

@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.cli.credentials import load as load_credentials
+from intentserve.streaming import STREAM_READER_OPTIONS
 from intentserve.tls import CONTROLLER, server_name
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 
@@ -61,12 +62,13 @@ def open_channel(address: str, credentials: Credentials) -> grpc.Channel:
     """TLS when a CA is known for the controller (the controller is verified by its name,
     `controller.<deployment>.intentserve`); plaintext otherwise."""
     if credentials.ca_pem is None:
-        return grpc.insecure_channel(address)
+        return grpc.insecure_channel(address, options=STREAM_READER_OPTIONS)
     return grpc.secure_channel(
         address,
         grpc.ssl_channel_credentials(root_certificates=credentials.ca_pem),
         options=[
-            ("grpc.ssl_target_name_override", server_name(credentials.deployment, CONTROLLER))
+            ("grpc.ssl_target_name_override", server_name(credentials.deployment, CONTROLLER)),
+            *STREAM_READER_OPTIONS,
         ],
     )
 

@@ -18,6 +18,7 @@ WORKER_COLUMNS = (
     "BACKEND",
     "BLOCKS",
     "KV MEM",
+    "WEIGHTS",
     "SCHEDULER",
     "KV USED",
     "REQS",
@@ -65,7 +66,8 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
     text = (
         f"{realized['cache_kind']} cache ({realized['backend']}), "
         f"{realized['num_blocks']} {unit} x {realized['block_size']} tokens, "
-        f"{mib(realized['kv_cache_bytes'])}, {realized['scheduler']} scheduler"
+        f"{mib(realized['kv_cache_bytes'])}, {realized['scheduler']} scheduler, "
+        f"{realized['weight_format']} weights ({mib(realized['weight_bytes'])})"
     )
     if realized["prefix_caching"]:
         text += ", prefix caching"
@@ -86,6 +88,7 @@ def worker_rows(workers: list[dict[str, Any]]) -> list[list[Any]]:
                 r["backend"] if r else "-",
                 f"{r['num_blocks']} x {r['block_size']}" if r else "-",
                 mib(r["kv_cache_bytes"]) if r else "-",
+                f"{r['weight_format']} {mib(r['weight_bytes'])}" if r else "-",
                 r["scheduler"] if r else "-",
                 f"{w['num_kv_used']}/{w['num_kv_total']}" if w["num_kv_total"] else "-",
                 w["num_outstanding"],
@@ -114,6 +117,7 @@ def status_text(status: dict[str, Any]) -> str:
             f"({status['num_verified']} of {status['min_ready']} required replicas verified)",
             f"reason: {reason['code']}: {reason['message']}",
             f"policy: {describe_policy(status['policy'], status.get('kv_budget'))}",
+            f"weights: {status.get('weights') or 'auto'}",
             "",
             workers_text(status["workers"]),
         ]

@@ -42,6 +42,7 @@ REALIZED = (
     "kv_cache_dtype",
     "scheduler",
     "prefix_caching",
+    "weight_format",
     "reason_code",
 )
 DEPLOYMENT_GAUGES = {
@@ -151,6 +152,7 @@ class DeploymentCollector(Collector):
                     r.kv_cache_dtype if r else "",
                     r.scheduler.value if r and r.scheduler else "",
                     _word(r.prefix_caching) if r else "",
+                    r.weight_format.value if r else "",
                     w.reasons[0].code.value if w.reasons else "",
                 ),
                 strict=True,

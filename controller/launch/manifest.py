@@ -37,6 +37,7 @@ from intentserve.policy import (
     KvCacheDtype,
     Mode,
     PagedAttentionConfig,
+    WeightFormat,
     paged_attention_intent,
 )
 from intentserve.policy.budget import KV_MEMORY_FORMS, overcommitted, parse_kv_memory
@@ -58,7 +59,7 @@ API_VERSION = "intentserve/v1"
 KIND = "Deployment"
 # NOTE: mirrors worker.model.dtype.ALLOWED_DTYPES (controller/ never imports worker/); a test
 # keeps the two equal.
-MODEL_DTYPES = ("auto", "float32", "bfloat16")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_HTTP_PORT = 8000  # vLLM's and most OpenAI-compatible servers'
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -86,8 +87,18 @@ class _Section(BaseModel):
 
 
 class ModelSpec(_Section):
-    name: str = Field(DEFAULT_MODEL, min_length=1, description="short name, .gguf file or folder")
+    name: str = Field(
+        DEFAULT_MODEL,
+        min_length=1,
+        description="short name, .gguf file, folder or cached Hugging Face id",
+    )
     dtype: str = "auto"
+    weights: WeightFormat = WeightFormat.AUTO
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights(cls, value: object) -> WeightFormat:
+        return _choice(WeightFormat, value)
 
     @field_validator("dtype")
     @classmethod
@@ -329,6 +340,7 @@ class Manifest(BaseSettings):
             replicas=s.replicas,
             min_ready=s.min_ready or s.replicas,
             model=s.model.name,
+            weights=s.model.weights,
         )
         return ControllerConfig(
             desired=desired,

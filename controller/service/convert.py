@@ -122,6 +122,7 @@ def status_to_pb(
         reason=convert.reason_to_pb(verdict.reason),
         policy=convert.policy_to_pb(desired.policy),
         kv_budget=convert.kv_budget_to_pb(desired.kv_budget),
+        weights=convert.weight_format_to_pb(desired.weights),
         min_ready=verdict.min_ready,
         num_verified=verdict.num_verified,
         workers=[worker_status_to_pb(r, now_s) for r in workers],

@@ -28,6 +28,7 @@ from intentserve.policy import (
     Verdict,
     WorkerReport,
     check_plausible,
+    check_weight_format,
     readiness,
     resolve,
     verify_report,
@@ -54,7 +55,9 @@ class Deployment:
         """Resolve the intent for a (re)registering worker. A worker that cannot honour the
         policy is recorded REJECTED, and `resolution.rejection` says why."""
         self.registry.register(worker_id, address, capability, self._clock())
-        resolution = resolve(self.desired.policy, capability, self.desired.auto_devices)
+        resolution = resolve(
+            self.desired.policy, capability, self.desired.auto_devices, self.desired.weights
+        )
         self.registry.resolve(worker_id, resolution)
         return resolution
 
@@ -71,8 +74,10 @@ class Deployment:
                 raise ValueError("realized: a report needs a realized state or a load_error")
             # The guard (the report against the policy), then the report against what the worker
             # said it can do and the budget: a report that cannot be true is a rejection too.
-            problem = verify_report(self.desired.policy, realized) or check_plausible(
-                realized, current.capability, self.desired.kv_budget
+            problem = (
+                verify_report(self.desired.policy, realized)
+                or _check_weights(current.resolution, realized)
+                or check_plausible(realized, current.capability, self.desired.kv_budget)
             )
         self.registry.realized(worker_id, realized, problem, self._clock())
         return problem
@@ -128,6 +133,13 @@ class Deployment:
         records = self.workers() if workers is None else workers
         reports = [_report(r) for r in records]
         return readiness(self.desired.policy, reports, self.desired.min_ready)
+
+
+def _check_weights(resolution: Resolution | None, realized: RealizedCache) -> Reason | None:
+    """The weight format the worker holds against the one resolved for it at registration."""
+    if resolution is None:
+        raise ValueError("realized: the worker reported before it was resolved")
+    return check_weight_format(resolution.weights, realized.weight_format)
 
 
 # What the readiness verdict makes of a worker state; any other serves once verified.

@@ -13,6 +13,7 @@ def explain(desired: DesiredState, record: WorkerRecord, verdict: Verdict) -> li
     """One sentence per link of the chain, in order, then the deployment's verdict."""
     return [
         f"intent: {describe_intent(desired.policy)}; kv budget {desired.kv_budget.describe()}; "
+        f"weights '{desired.weights.value}'; "
         "'auto' enables it on "
         f"{', '.join(sorted(d.value for d in desired.auto_devices)) or 'no device'}",
         f"capability: {_capability(record.capability)}",
@@ -36,6 +37,12 @@ def describe_intent(policy: PagedAttentionConfig | None) -> str:
 def _capability(cap: Capability) -> str:
     model = cap.model
     kv = "has a KV cache" if model.has_kv_cache else "has no KV cache"
+    formats = ", ".join(
+        f"{w.format.value} available"
+        if w.available
+        else f"{w.format.value} unavailable ({w.reason})"
+        for w in cap.weight_formats
+    )
     backends = ", ".join(
         f"{b.kind.value} available" if b.available else f"{b.kind.value} unavailable ({b.reason})"
         for b in cap.backends
@@ -48,7 +55,8 @@ def _capability(cap: Capability) -> str:
     extra = f"; {', '.join(notes)}" if notes else ""
     return (
         f"{cap.device_kind.value} worker, model {model.architecture} ({kv}); "
-        f"backends: {backends or 'none reported'}{extra}"
+        f"backends: {backends or 'none reported'}; "
+        f"weights: dequantized available, {formats or 'no quantized format reported'}{extra}"
     )
 
 
@@ -56,6 +64,7 @@ def _decisions(resolution: Resolution | None) -> list[str]:
     if resolution is None:
         return ["decision: not resolved yet"]
     lines = [f"decision: {d.describe()}" for d in resolution.decisions]
+    lines.append(f"decision: {resolution.weights.describe()}")
     backend = resolution.backend
     if backend.rejection is not None:
         lines.append(f"decision: attention backend REJECTED - {backend.rejection.message}")
@@ -76,6 +85,9 @@ def describe_realized(realized: RealizedCache | None) -> str:
     if realized.max_num_seqs:
         parts.append(f"{realized.max_num_seqs} sequences at max length")
     parts.append(f"prefix caching {'on' if realized.prefix_caching else 'off'}")
+    parts.append(
+        f"{realized.weight_format.value} weights ({realized.weight_bytes / 2**20:.1f} MiB)"
+    )
     scheduler = realized.scheduler.value if realized.scheduler is not None else "no"
     parts.append(f"{scheduler} scheduler")
     text = ", ".join(parts)

@@ -39,6 +39,7 @@ from intentserve.controller.service.settings import (
 from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
 from intentserve.status import ErrorInterceptor
+from intentserve.streaming import STREAM_READER_OPTIONS
 from intentserve.tls import secure_channel, server_credentials, server_name
 from intentserve.v1 import (
     admin_pb2,
@@ -240,10 +241,12 @@ def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Chan
     presents its own certificate (worker servers accept no one else)."""
     tls = config.security.tls
     if tls is None:
-        return lambda address, worker_id: grpc.insecure_channel(address)
+        return lambda address, worker_id: grpc.insecure_channel(
+            address, options=STREAM_READER_OPTIONS
+        )
     deployment = config.desired.deployment
     return lambda address, worker_id: secure_channel(
-        address, tls, server_name(deployment, worker_id)
+        address, tls, server_name(deployment, worker_id), options=STREAM_READER_OPTIONS
     )
 
 

@@ -23,6 +23,7 @@ from intentserve.policy import (
     KvBudget,
     KvCacheDtype,
     Mode,
+    WeightFormat,
     paged_attention_intent,
 )
 from intentserve.policy.config import MAX_BLOCK_SIZE
@@ -95,6 +96,7 @@ class ControllerSettings(BaseSettings):
     prefix_caching: Mode = Mode.AUTO
     attention_backend: BackendIntent = BackendIntent.AUTO
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
+    weights: WeightFormat = WeightFormat.AUTO
     auto_enabled_devices: Annotated[frozenset[DeviceKind], NoDecode] = DEFAULT_AUTO_DEVICES
 
     # Replicas and readiness.
@@ -134,6 +136,11 @@ class ControllerSettings(BaseSettings):
     @classmethod
     def _dtype(cls, value: object, info) -> KvCacheDtype:
         return KvCacheDtype.parse(value, info.field_name)
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights(cls, value: object, info) -> WeightFormat:
+        return WeightFormat.parse(value, info.field_name)
 
     @field_validator("auto_enabled_devices", mode="before")
     @classmethod
@@ -201,6 +208,7 @@ class ControllerSettings(BaseSettings):
             replicas=self.replicas,
             min_ready=self.min_ready or self.replicas,
             model=self.model,
+            weights=self.weights,
         )
 
     def config(self) -> ControllerConfig:

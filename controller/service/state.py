@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from intentserve.policy import DeviceKind, KvBudget, PagedAttentionConfig
+from intentserve.policy import DeviceKind, KvBudget, PagedAttentionConfig, WeightFormat
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -30,6 +30,7 @@ class DesiredState:
     replicas: int
     min_ready: int  # verified replicas needed before the deployment is ready
     model: str = DEFAULT_MODEL  # as the manifest names it: the id clients ask for over HTTP
+    weights: WeightFormat = WeightFormat.AUTO  # how each worker holds the projection weights
 
     @property
     def worker_ids(self) -> tuple[str, ...]:

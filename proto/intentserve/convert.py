@@ -28,6 +28,9 @@ from intentserve.policy import (
     ReasonCode,
     Resolution,
     SchedulerKind,
+    WeightChoice,
+    WeightFormat,
+    WeightFormatStatus,
     paged_attention_intent,
 )
 from intentserve.v1 import common_pb2 as pb
@@ -101,6 +104,17 @@ def kv_budget_from_pb(msg: pb.KvBudget) -> KvBudget:
     return KvBudget(num_bytes=msg.num_bytes or None, fraction=msg.fraction or None)
 
 
+def weight_format_to_pb(fmt: WeightFormat) -> int:
+    return _enum_to_pb(fmt, pb.WeightFormat)
+
+
+def weight_format_from_pb(number: int, field: str, *, unspecified: WeightFormat) -> WeightFormat:
+    """`unspecified` is what a peer that predates the field meant."""
+    return (
+        unspecified if number == 0 else _enum_from_pb(number, pb.WeightFormat, WeightFormat, field)
+    )
+
+
 def device_kind_to_pb(kind: DeviceKind) -> int:
     return _enum_to_pb(kind, pb.DeviceKind)
 
@@ -131,6 +145,12 @@ def capability_to_pb(cap: Capability) -> pb.Capability:
         torch_version=cap.torch_version,
         cuda_version=cap.cuda_version,
         no_kv_cache=cap.no_kv_cache,
+        weight_formats=[
+            pb.WeightFormatStatus(
+                format=weight_format_to_pb(w.format), available=w.available, reason=w.reason
+            )
+            for w in cap.weight_formats
+        ],
     )
 
 
@@ -166,6 +186,14 @@ def capability_from_pb(msg: pb.Capability) -> Capability:
         torch_version=msg.torch_version,
         cuda_version=msg.cuda_version,
         no_kv_cache=msg.no_kv_cache,
+        weight_formats=tuple(
+            WeightFormatStatus(
+                _enum_from_pb(w.format, pb.WeightFormat, WeightFormat, "weight_formats.format"),
+                w.available,
+                w.reason,
+            )
+            for w in msg.weight_formats
+        ),
     )
 
 
@@ -203,6 +231,8 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         fallback_reasons=[reason_to_pb(r) for r in realized.fallback_reasons],
         dtype=realized.dtype,
         max_model_len=realized.max_model_len,
+        weight_format=weight_format_to_pb(realized.weight_format),
+        weight_bytes=realized.weight_bytes,
     )
 
 
@@ -224,6 +254,10 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         fallback_reasons=tuple(reason_from_pb(r) for r in msg.fallback_reasons),
         dtype=msg.dtype,
         max_model_len=msg.max_model_len,
+        weight_format=weight_format_from_pb(
+            msg.weight_format, "realized.weight_format", unspecified=WeightFormat.DEQUANTIZED
+        ),
+        weight_bytes=msg.weight_bytes,
     )
 
 
@@ -236,6 +270,9 @@ def resolution_to_pb(
         backend=_enum_to_pb(resolution.backend.kind, pb.BackendKind),
         fallback_reasons=[reason_to_pb(r) for r in resolution.fallback_reasons],
         kv_budget=kv_budget_to_pb(kv_budget),
+        weight_intent=weight_format_to_pb(resolution.weights.intent),
+        weight_format=weight_format_to_pb(resolution.weights.format),
+        weight_reason=reason_to_pb(resolution.weights.reason),
     )
 
 
@@ -255,5 +292,28 @@ def resolution_from_pb(
         decisions[Feature.PAGED_ATTENTION],
         decisions[Feature.PREFIX_CACHING],
         BackendChoice(kind, backend_reason),
+        _weight_choice_from_pb(msg),
     )
     return policy_from_pb(msg.policy), resolution, kv_budget_from_pb(msg.kv_budget)
+
+
+def _weight_choice_from_pb(msg: pb.ResolvedConfig) -> WeightChoice:
+    """A controller that predates the field resolved nothing: its workers dequantize."""
+    if not msg.weight_format:
+        return WeightChoice(
+            WeightFormat.AUTO,
+            WeightFormat.DEQUANTIZED,
+            Reason(ReasonCode.WEIGHT_FORMAT_AUTO, "the controller resolved no weight format"),
+        )
+    chosen = _enum_from_pb(
+        msg.weight_format, pb.WeightFormat, WeightFormat, "resolved_config.weight_format"
+    )
+    if chosen is WeightFormat.AUTO:
+        raise ValueError("resolved_config.weight_format: auto is an intent, not a resolved format")
+    return WeightChoice(
+        weight_format_from_pb(
+            msg.weight_intent, "resolved_config.weight_intent", unspecified=WeightFormat.AUTO
+        ),
+        chosen,
+        reason_from_pb(msg.weight_reason),
+    )

@@ -101,6 +101,7 @@ def realized_for(
             max_num_seqs=4,
             scheduler=SchedulerKind.DEFAULT,
             fallback_reasons=resolution.fallback_reasons,
+            weight_format=resolution.weights.format,
         )
     if resolution.paged_attention.enabled:
         return RealizedCache(
@@ -114,6 +115,7 @@ def realized_for(
             kv_cache_dtype="float32",
             scheduler=SchedulerKind.PAGED,
             fallback_reasons=resolution.fallback_reasons,
+            weight_format=resolution.weights.format,
         )
     return RealizedCache(
         kind=CacheKind.CONTIGUOUS,
@@ -124,6 +126,7 @@ def realized_for(
         kv_cache_dtype="float32",
         scheduler=SchedulerKind.DEFAULT,
         fallback_reasons=resolution.fallback_reasons,
+        weight_format=resolution.weights.format,
     )
 
 

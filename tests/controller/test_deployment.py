@@ -17,6 +17,8 @@ from intentserve.policy import (
     KvBudget,
     Reason,
     ReasonCode,
+    WeightFormat,
+    WeightFormatStatus,
     examples,
     paged_attention_config,
 )
@@ -247,3 +249,40 @@ def test_min_ready_counts_verified_replicas():
 def test_desired_state_refuses_impossible_counts():
     with pytest.raises(ValueError, match="min_ready must be at least 1"):
         DesiredState("d", None, KvBudget(), DEFAULT_AUTO_DEVICES, replicas=1, min_ready=0)
+
+
+QUANTIZED_CPU = examples.cpu(
+    weight_formats=(
+        WeightFormatStatus(WeightFormat.INT8, True),
+        WeightFormatStatus(WeightFormat.INT4, False, "torch lacks _weight_int4pack_mm_for_cpu"),
+    )
+)
+
+
+def make_weights(weights):
+    deployment, _, _ = make("auto")
+    deployment.desired = replace(deployment.desired, weights=weights)
+    return deployment
+
+
+def test_an_explicit_weight_format_the_worker_cannot_hold_rejects_it_at_registration():
+    deployment = make_weights(WeightFormat.INT4)
+    resolution = deployment.register("w0", "w0:1", QUANTIZED_CPU)
+    assert resolution.rejection.code is ReasonCode.WEIGHT_FORMAT_UNAVAILABLE
+    assert state_of(deployment) is WorkerState.REJECTED
+    assert deployment_state(deployment.verdict()) is DeploymentState.FAILED
+
+
+def test_a_worker_holding_another_weight_format_than_resolved_is_not_counted_ready():
+    deployment = make_weights(WeightFormat.INT8)
+    resolution = deployment.register("w0", "w0:1", QUANTIZED_CPU)
+    assert resolution.weights.format is WeightFormat.INT8
+    honest = realized_for(None, resolution)
+    dequantized = replace(honest, weight_format=WeightFormat.DEQUANTIZED)
+    problem = deployment.report_realized("w0", dequantized, None)
+    assert problem.code is ReasonCode.WEIGHT_FORMAT_MISMATCH
+    assert state_of(deployment) is WorkerState.REJECTED
+    # It registers again and reports what was resolved: now it counts.
+    resolution = deployment.register("w0", "w0:1", QUANTIZED_CPU)
+    assert deployment.report_realized("w0", realized_for(None, resolution), None) is None
+    assert state_of(deployment) is WorkerState.READY

@@ -208,6 +208,7 @@ def expected_labels(worker: dict) -> dict[str, str]:
         "kv_cache_dtype": field("kv_cache_dtype"),
         "scheduler": field("scheduler"),
         "prefix_caching": field("prefix_caching"),
+        "weight_format": field("weight_format"),
         "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
     }
 

@@ -127,6 +127,7 @@ def test_status_reports_the_deployment_and_every_worker():
     assert status.reason.code == ReasonCode.NOT_ENOUGH_REPLICAS.value
     assert (status.min_ready, status.num_verified) == (2, 1)
     assert status.policy.mode == common_pb2.MODE_ON
+    assert status.weights == common_pb2.WEIGHT_FORMAT_AUTO
     w0, w1 = status.workers
     assert worker_state_from_pb(w0.state) is WorkerState.READY
     assert w0.realized.cache_kind == common_pb2.CACHE_KIND_PAGED
@@ -147,12 +148,16 @@ def test_explain_tells_the_chain_in_order(harness):
         "decision",
         "decision",
         "decision",
+        "decision",
         "realized",
         "verdict",
         "deployment",
     ]
     assert response.lines[0].startswith("intent: paged_attention 'on'")
     assert "cpu worker, model LlamaForCausalLM" in response.lines[1]
+    assert "weights 'auto'" in response.lines[0]
+    assert response.lines[4].startswith("decision: weights (auto): dequantized - auto keeps")
+    assert "dequantized weights" in response.lines[6]
     assert response.lines[-2].startswith("verdict: READY")
     assert response.worker.worker_id == "w0"
 

@@ -99,6 +99,7 @@ def test_off_resolves_to_none_and_yaml_booleans_are_modes():
         ({"prefix_caching": "yes"}, "prefix_caching: invalid value 'yes'; allowed values"),
         ({"attention_backend": "xformers"}, "allowed values are auto, flash, torch"),
         ({"kv_cache_dtype": "int4"}, "kv_cache_dtype: invalid value 'int4'"),
+        ({"weights": "fp8"}, "weights: invalid value 'fp8'; allowed values are auto, dequantized"),
         ({"auto_enabled_devices": "cuda,tpu"}, "invalid value 'tpu'; allowed values are cpu, cuda"),
         ({"block_size": 0}, "block_size"),
         ({"replicas": 0}, "replicas"),

@@ -12,7 +12,12 @@ class FakeWorker:
         self.config = config
 
     def status(self) -> dict[str, Any]:
-        return {"worker_id": self.config["worker_id"], "phase": "serving", "pid": os.getpid()}
+        return {
+            "worker_id": self.config["worker_id"],
+            "phase": "serving",
+            "pid": os.getpid(),
+            "niceness": os.getpriority(os.PRIO_PROCESS, 0),
+        }
 
     def stop(self) -> dict[str, Any]:
         return self.status()

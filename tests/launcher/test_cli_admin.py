@@ -44,8 +44,10 @@ def test_status_prints_the_state_policy_and_worker_table(deployment, capsys):
     lines = out.splitlines()
     assert lines[0] == "deployment test-deployment: READY (2 of 2 required replicas verified)"
     assert lines[2].startswith("policy: paged_attention on (block_size 16")
+    assert lines[3] == "weights: auto"
     header = next(line for line in lines if line.startswith("WORKER"))
     assert header.split()[:6] == ["WORKER", "STATE", "DEVICE", "ADDRESS", "CACHE", "BACKEND"]
+    assert "WEIGHTS" in header.split()
     rows = [line.split() for line in lines if line.startswith("w-")]
     assert [r[:5] for r in rows] == [
         ["w-0", "ready", "cpu", deployment.deployment.workers()[0].address, "paged"],
@@ -65,6 +67,7 @@ def test_status_json_has_each_workers_realized_cache(deployment, capsys):
         assert (realized["cache_kind"], realized["scheduler"]) == ("paged", "paged")
         assert (realized["num_blocks"], realized["block_size"]) == (64, 16)
         assert realized["backend"] == "torch_paged"
+        assert realized["weight_format"] == "dequantized"
 
 
 @pytest.mark.integration

@@ -3,6 +3,7 @@ actors start, die, are restarted within their budget, and nothing outlives `shut
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -62,6 +63,16 @@ def test_a_killed_actor_is_restarted_until_its_budget_is_spent(ray_session):
     launcher.kill("f-0", restart=True)  # its one restart is spent
     dead = probe_until(launcher, "f-0", lambda p: p.state is ActorState.DEAD)
     assert dead.error
+
+
+@pytest.mark.integration
+def test_actors_run_at_the_priority_of_the_process_that_started_the_cluster(ray_session):
+    # Ray lowers its worker processes' priority by default (niceness 15): a worker's engine
+    # would then yield its cores to the controller and clients of the requests it serves.
+    launcher, _ = ray_session
+    launcher.launch([replica("f-nice")])
+    probe = probe_until(launcher, "f-nice", lambda p: p.state is ActorState.RUNNING)
+    assert probe.status["niceness"] == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 @pytest.mark.integration

@@ -13,7 +13,7 @@ from intentserve.controller.launch.manifest import (
     ManifestError,
     load_manifest,
 )
-from intentserve.policy import DeviceKind, KvBudget, Mode, PagedAttentionConfig
+from intentserve.policy import DeviceKind, KvBudget, Mode, PagedAttentionConfig, WeightFormat
 from intentserve.worker.model.dtype import ALLOWED_DTYPES
 from intentserve.worker.runtime.spec import WorkerSpec
 
@@ -91,7 +91,13 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
         ),
         (
             "spec: {model: {dtype: fp16}}",
-            "spec.model.dtype: invalid value 'fp16'; allowed values are auto, float32, bfloat16",
+            "spec.model.dtype: invalid value 'fp16'; "
+            "allowed values are auto, float32, bfloat16, float16",
+        ),
+        (
+            "spec: {model: {weights: q4_1}}",
+            "spec.model.weights: invalid value 'q4_1'; allowed values are auto, dequantized, "
+            "int8, int4",
         ),
         ("spec: {replicas: 0}", "spec.replicas: invalid value 0; input should be greater"),
         ("spec: {replicas: 2, minReady: 3}", "spec.minReady: invalid value 3; must be at most"),
@@ -188,6 +194,12 @@ def test_the_controller_gets_the_policy_the_budget_and_the_replicas():
     assert desired.kv_budget == KvBudget(num_bytes=256 << 20)
     assert (config.host, config.port) == ("127.0.0.1", 50051)
     assert (desired.model, config.http_port) == ("smollm2-135m", 8000)
+    assert desired.weights is WeightFormat.AUTO
+
+
+def test_the_weight_format_travels_to_the_desired_state(tmp_path):
+    path = manifest_file(tmp_path, MINIMAL + "spec: {model: {weights: INT4}}\n")
+    assert load_manifest(path).controller_config().desired.weights is WeightFormat.INT4
 
 
 def test_the_http_api_is_on_by_default_and_null_turns_it_off(tmp_path):
@@ -300,3 +312,16 @@ def test_up_refuses_an_overcommitted_percent_budget_before_starting_anything(
     assert "spec.pagedAttention.kvCacheMemory: 2 replicas share one node's free memory" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_float16_passes_the_manifest_and_reaches_the_worker(tmp_path, device):
+    # Whether the worker's device computes fp16 is the worker's to say (CPU flags); a CPU
+    # without native fp16 refuses it at load, naming dtype and why (test_model_registry.py).
+    extra = ", numGpus: 1" if device == "cuda" else ""
+    path = manifest_file(
+        tmp_path,
+        MINIMAL + f"spec: {{model: {{dtype: float16}}, resources: {{device: {device}{extra}}}}}",
+    )
+    manifest = load_manifest(path)
+    assert manifest.worker_config("t-0", "127.0.0.1:1", "127.0.0.1")["dtype"] == "float16"

@@ -16,6 +16,8 @@ from intentserve.policy import (
     PagedAttentionRequiredError,
     RealizedCache,
     SchedulerKind,
+    WeightFormat,
+    WeightFormatStatus,
     disable_paged_attention,
     paged_attention_config,
     resolve,
@@ -38,6 +40,15 @@ capabilities = st.builds(
     backends=st.lists(backend_status, max_size=4).map(tuple),
     layer_devices=st.lists(devices, max_size=4).map(tuple),
     no_kv_cache=st.booleans(),
+    weight_formats=st.lists(
+        st.builds(
+            WeightFormatStatus,
+            st.sampled_from([WeightFormat.INT8, WeightFormat.INT4]),
+            st.booleans(),
+            st.text(max_size=10),
+        ),
+        max_size=2,
+    ).map(tuple),
 )
 configs = st.none() | st.builds(
     paged_attention_config,

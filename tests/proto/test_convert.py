@@ -13,6 +13,8 @@ from intentserve.policy import (
     Reason,
     ReasonCode,
     SchedulerKind,
+    WeightFormat,
+    examples,
     paged_attention_config,
     resolve,
 )
@@ -35,6 +37,8 @@ realized = st.builds(
     fallback_reasons=st.lists(reasons, max_size=3).map(tuple),
     dtype=st.sampled_from(["", "float32", "bfloat16"]),
     max_model_len=st.integers(0, 1 << 20),
+    weight_format=st.sampled_from([f for f in WeightFormat if f is not WeightFormat.AUTO]),
+    weight_bytes=st.integers(0, 1 << 40),
 )
 
 
@@ -70,15 +74,33 @@ def test_realized_round_trip(state):
     assert convert.realized_from_pb(convert.realized_to_pb(state)) == state
 
 
-@given(configs, capabilities, budgets)
-def test_resolution_round_trip(config, cap, budget):
-    resolution = resolve(config, cap)
+@given(configs, capabilities, budgets, st.sampled_from(list(WeightFormat)))
+def test_resolution_round_trip(config, cap, budget, weights):
+    resolution = resolve(config, cap, weights=weights)
     message = convert.resolution_to_pb(config, resolution, budget)
     got_config, got, got_budget = convert.resolution_from_pb(message)
     assert (got_config, got_budget) == (config, budget)
     assert got.decisions == resolution.decisions
     assert got.backend.kind is resolution.backend.kind
     assert got.fallback_reasons == resolution.fallback_reasons
+    if resolution.accepted:  # a rejection is sent instead of a config
+        assert got.weights == resolution.weights
+
+
+def test_a_resolved_config_must_name_a_resolved_weight_format():
+    message = convert.resolution_to_pb(None, resolve(None, examples.cpu()), KvBudget())
+    message.weight_format = pb.WEIGHT_FORMAT_AUTO
+    with pytest.raises(ValueError, match="resolved_config.weight_format: auto is an intent"):
+        convert.resolution_from_pb(message)
+
+
+def test_a_peer_that_predates_the_weight_format_dequantizes():
+    old = pb.RealizedState(cache_kind=pb.CACHE_KIND_NONE, backend=pb.BACKEND_KIND_CONTIGUOUS)
+    assert convert.realized_from_pb(old).weight_format is WeightFormat.DEQUANTIZED
+    message = convert.resolution_to_pb(None, resolve(None, examples.cpu()), KvBudget())
+    message.ClearField("weight_format")
+    message.ClearField("weight_intent")
+    assert convert.resolution_from_pb(message)[1].weights.format is WeightFormat.DEQUANTIZED
 
 
 @pytest.mark.parametrize(

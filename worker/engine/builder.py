@@ -23,8 +23,12 @@ from intentserve.policy import (
     KvBudget,
     Mode,
     PagedAttentionConfig,
+    PagedAttentionRequiredError,
     Reason,
+    ReasonCode,
     Resolution,
+    WeightChoice,
+    WeightFormat,
     paged_attention_config,
     paged_attention_intent,
     resolve,
@@ -46,7 +50,13 @@ from intentserve.worker.model.cpu_ops import enable_fused_ops
 from intentserve.worker.model.facts import model_facts, serving_max_model_len
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
+from intentserve.worker.model.quant_linear import WeightShapeError
 from intentserve.worker.model.registry import load_model
+from intentserve.worker.model.weight_format import (
+    held_format,
+    quantize_linears,
+    resident_weight_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +77,7 @@ class EngineConfig:
     no_kv_cache: bool = False  # debug mode: no KV cache at all
     auto_enabled_devices: frozenset[DeviceKind] = DEFAULT_AUTO_DEVICES
     cpu_prepack: bool = True  # oneDNN-packed projection weights on CPU (packed_linear.py)
+    weights: WeightFormat = WeightFormat.AUTO  # how the projection weights are held
 
 
 def build_engine(
@@ -85,7 +96,10 @@ def build_engine(
         config.max_num_batched_tokens,
     )
     capability = capability or _probe(config, loaded, limits.max_model_len)
-    resolution = resolution or resolve(config.paged, capability, config.auto_enabled_devices)
+    resolution = resolution or resolve(
+        config.paged, capability, config.auto_enabled_devices, config.weights
+    )
+    _hold_weights(resolution.weights, loaded)
     fallback_reasons: list[Reason] = []
     paged = apply_resolution(config.paged, resolution, fallback_reasons.append)  # checkpoint 2
     _require_generative(loaded)
@@ -100,7 +114,11 @@ def build_engine(
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
         runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
     realized = RealizedReport(
-        cache=kv.cache,
+        cache=dataclasses.replace(
+            kv.cache,
+            weight_format=_held_format(loaded),
+            weight_bytes=resident_weight_bytes(loaded.model),
+        ),
         model=config.model,
         decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
         norms_and_activations=_optimize_for_cpu(config, loaded, device),
@@ -112,6 +130,32 @@ def build_engine(
         realized=realized,
         max_model_len=limits.max_model_len,
     )
+
+
+def _hold_weights(choice: WeightChoice, loaded: LoadedModel) -> None:
+    """Quantize the projections where the resolution says so. A format that cannot be realized
+    stops the build with its reason: there is no fallback to dequantized."""
+    if choice.rejection is not None:
+        raise PagedAttentionRequiredError(
+            choice.rejection, f"weights: {choice.intent.value}", subject="The weight format"
+        )
+    if choice.format is WeightFormat.DEQUANTIZED or loaded.model is None:
+        return
+    try:
+        count = quantize_linears(loaded.model, choice.format)
+    except WeightShapeError as error:
+        reason = Reason(
+            ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
+            f"this model cannot be held as {choice.format.value}: {error}",
+        )
+        raise PagedAttentionRequiredError(
+            reason, f"weights: {choice.intent.value}", subject="The weight format"
+        ) from None
+    log.info("%d projections held as %s (%s)", count, choice.format.value, choice.reason.message)
+
+
+def _held_format(loaded: LoadedModel) -> WeightFormat:
+    return WeightFormat.DEQUANTIZED if loaded.model is None else held_format(loaded.model)
 
 
 def _probe(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> Capability:
@@ -146,7 +190,7 @@ def _optimize_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.d
     """oneDNN-packed projections and the fused C norms/activations on CPU; says which run."""
     if device.type != "cpu":
         return ""
-    if config.cpu_prepack:
+    if config.cpu_prepack and _held_format(loaded) is WeightFormat.DEQUANTIZED:
         available, why = prepack_available()
         if available:
             prepack_linears(loaded.model)
@@ -209,6 +253,11 @@ class EngineBuilder:
         self, *, bytes: int | None = None, fraction: float | None = None
     ) -> EngineBuilder:
         return self._set(kv_budget=KvBudget(num_bytes=bytes, fraction=fraction))
+
+    def weights(self, fmt: str | WeightFormat) -> EngineBuilder:
+        """auto, dequantized, int8 or int4 (`spec.model.weights`); an explicit format this
+        worker cannot hold makes `build()` raise with the reason."""
+        return self._set(weights=WeightFormat.parse(fmt, "weights"))
 
     def no_kv_cache(self, enabled: bool = True) -> EngineBuilder:
         return self._set(no_kv_cache=enabled)

@@ -33,6 +33,7 @@ class RealizedReport:
             f"{c.num_blocks} blocks x {c.block_size} tokens, {c.kv_cache_bytes / 2**20:.1f} MiB "
             f"{c.kv_cache_dtype}, {c.max_num_seqs} sequences at max length, "
             f"prefix caching {'on' if c.prefix_caching else 'off'}",
+            f"weights {c.weight_format.value}, {c.weight_bytes / 2**20:.1f} MiB resident",
         ]
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")

@@ -11,6 +11,13 @@ from typing import Any
 class RopeScalingType(str, Enum):
     LINEAR = "linear"
     LLAMA3 = "llama3"
+    # llama.cpp's form: one divisor per rotary pair (GGUF tensor `rope_freqs.weight`); its
+    # converter writes Llama 3.1's `llama3` recipe this way.
+    FREQ_FACTORS = "freq_factors"
+
+
+# The kinds a Hugging Face `config.json` can name; FREQ_FACTORS only comes from a GGUF tensor.
+HF_ROPE_SCALING_TYPES = (RopeScalingType.LINEAR.value, RopeScalingType.LLAMA3.value)
 
 
 @dataclass(frozen=True)
@@ -18,7 +25,8 @@ class RopeScaling:
     """How the RoPE frequencies are stretched for long contexts.
 
     `linear` divides every frequency by `factor` (position interpolation); `llama3` divides only
-    the low frequencies and blends in between (the Llama 3.1 recipe, with its own fields below).
+    the low frequencies and blends in between (the Llama 3.1 recipe, with its own fields below);
+    `freq_factors` divides frequency i by `freq_factors[i]` (`factor` is unused, 1.0).
     """
 
     type: RopeScalingType
@@ -26,6 +34,7 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    freq_factors: tuple[float, ...] = ()
 
     @classmethod
     def from_hf(cls, raw: Mapping[str, Any] | None) -> RopeScaling | None:
@@ -35,8 +44,8 @@ class RopeScaling:
         kind = raw.get("rope_type", raw.get("type"))
         if kind in (None, "default"):
             return None
-        allowed = [t.value for t in RopeScalingType]
-        if kind not in allowed:
+        if kind not in HF_ROPE_SCALING_TYPES:
+            allowed = list(HF_ROPE_SCALING_TYPES)
             raise ValueError(f"rope_scaling type {kind!r} is not supported (allowed: {allowed})")
         if kind == RopeScalingType.LINEAR.value:
             return cls(type=RopeScalingType.LINEAR, factor=float(raw["factor"]))
@@ -72,6 +81,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Qwen2 puts a bias on the q/k/v projections; Llama and Mistral do not.
     qkv_bias: bool = False
+    # Qwen3 RMS-normalizes each head of q and k (over head_dim) before RoPE.
+    qk_norm: bool = False
     # Mistral-style banded attention: each token sees at most this many previous tokens.
     sliding_window: int | None = None
     has_kv_cache: bool = True

@@ -17,7 +17,7 @@ from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 from torch import Tensor
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 SUPPORTED_TENSOR_TYPES = (QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1)
 
 # GGUF tensor names -> transformers LlamaForCausalLM names.
@@ -36,7 +36,16 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3 keeps q|k|v in one tensor
 }
+# Phi-3's `ffn_up` is its fused gate|up projection (2 * feed_forward_length rows, no ffn_gate).
+_FUSED_GATE_UP_ARCHITECTURES = frozenset({"phi3"})
+# Not weights: RoPE frequency divisors, read into the config instead.
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
+# Phi-3 long-context (LongRoPE / "su") files switch between two factor sets by sequence length.
+_LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -124,9 +133,10 @@ def gguf_model_config(f: GGUFFile) -> ModelConfig:
         raise ValueError(
             f"partial rotary embedding ({rotary_dim} of {head_dim} dims) is not supported"
         )
-    if "rope_freqs.weight" in f.tensor_names:
+    if any(name in f.tensor_names for name in _LONGROPE_TENSORS):
         raise ValueError(
-            "per-dimension RoPE frequency factors (tensor 'rope_freqs.weight') are not supported"
+            "LongRoPE scaling (tensors rope_factors_long/rope_factors_short, Phi-3 128k) is not "
+            "supported; use the model's short-context (4k) variant"
         )
     vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
     if not vocab_size:
@@ -143,22 +153,47 @@ def gguf_model_config(f: GGUFFile) -> ModelConfig:
         max_position_embeddings=int(key("context_length")),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(meta, arch),
+        rope_scaling=_rope_scaling(f, arch, head_dim),
         tie_word_embeddings="output.weight" not in f.tensor_names,
-        qkv_bias="blk.0.attn_q.bias" in f.tensor_names,
+        qkv_bias="blk.0.attn_q.bias" in f.tensor_names or "blk.0.attn_qkv.bias" in f.tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in f.tensor_names,
         sliding_window=meta.get(f"{arch}.attention.sliding_window"),
     )
 
 
-def _rope_scaling(meta: dict[str, Any], arch: str) -> RopeScaling | None:
+def _rope_scaling(f: GGUFFile, arch: str, head_dim: int) -> RopeScaling | None:
+    meta = f.metadata
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind not in ("none", "linear"):
         raise ValueError(f"RoPE scaling {kind!r} is not supported (supported: 'linear')")
     # Older files carry only `rope.scale_linear`; llama.cpp applies any factor but YaRN's linearly.
     factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
-    if factor is None or factor == 1.0:
+    linear = factor is not None and factor != 1.0
+    if ROPE_FREQS_TENSOR in f.tensor_names:
+        if linear:
+            raise ValueError(
+                f"both {ROPE_FREQS_TENSOR!r} and linear RoPE scaling are set; "
+                "llama.cpp files use one or the other"
+            )
+        return _freq_factors(f, head_dim)
+    if not linear:
         return None
     return RopeScaling(type=RopeScalingType.LINEAR, factor=float(factor))
+
+
+def _freq_factors(f: GGUFFile, head_dim: int) -> RopeScaling:
+    """Llama 3.1/3.2 files: llama.cpp's converter turns the `llama3` recipe (config.json's
+    `rope_scaling`) into one divisor per rotary pair; the tensor is the exact recipe, whatever
+    the `rope.scaling.*` keys say (its converter writes none for it)."""
+    factors = f.tensor(ROPE_FREQS_TENSOR).flatten()
+    if factors.numel() != head_dim // 2:
+        raise ValueError(
+            f"{ROPE_FREQS_TENSOR!r} has {factors.numel()} values; "
+            f"expected head_dim / 2 = {head_dim // 2}"
+        )
+    return RopeScaling(
+        type=RopeScalingType.FREQ_FACTORS, factor=1.0, freq_factors=tuple(factors.tolist())
+    )
 
 
 def gguf_hf_weights(
@@ -170,18 +205,23 @@ def gguf_hf_weights(
     at a time.
     """
     return {
-        _hf_name(name): _undo_rope_permutation(f.tensor(name), name, config).to(dtype)
+        _hf_name(name, config.architecture): _undo_rope_permutation(
+            f.tensor(name), name, config
+        ).to(dtype)
         for name in f.tensor_names
+        if name != ROPE_FREQS_TENSOR
     }
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is None or match.group(2) not in _LAYER_NAMES:
         raise ValueError(f"unexpected tensor {gguf_name!r}")
     layer, part, kind = match.groups()
+    if part == "ffn_up" and arch in _FUSED_GATE_UP_ARCHITECTURES:
+        return f"model.layers.{layer}.mlp.gate_up_proj.{kind}"
     return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
 
 
@@ -189,7 +229,8 @@ def _undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Te
     """llama.cpp's converter reorders each head's Q/K rows from rotate-half pairs (i, i + D/2)
     to adjacent pairs (2i, 2i + 1) for its interleaved RoPE; put them back for rotate-half.
 
-    Only the `llama` architecture is permuted; llama.cpp runs qwen2 with rotate-half RoPE.
+    Only the `llama` architecture is permuted; llama.cpp runs qwen2/qwen3/phi3 with rotate-half
+    RoPE.
     """
     if config.architecture != "llama":
         return w

@@ -1,13 +1,15 @@
-"""A `tokenizers` BPE tokenizer rebuilt from GGUF metadata (`tokenizer.ggml.*`)."""
+"""A `tokenizers` tokenizer rebuilt from GGUF metadata (`tokenizer.ggml.*`): byte-level BPE
+(`tokenizer.ggml.model = "gpt2"`) or SentencePiece (`"llama"`, see gguf_sentencepiece)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import tokenizers
 from gguf import TokenType
+from intentserve.worker.model.gguf_sentencepiece import sentencepiece_backend
 from intentserve.worker.model.tokenizer import Tokenizer
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
 
@@ -45,14 +47,71 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizerSpec] = {
 
 _SPECIAL_TYPES = {TokenType.CONTROL, TokenType.UNKNOWN}
 
+_END_TOKEN_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
+# Control tokens that end a chat turn, as llama.cpp also recognizes them by their text: a file
+# that names no `eot_token_id` still stops there (Gemma's GGUF names only <eos>, yet its turns
+# end with <end_of_turn>).
+_END_OF_TURN_TEXTS = frozenset({"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>"})
+
+
+@dataclass(frozen=True)
+class _VocabularyKind:
+    description: str
+    build_backend: Callable[[Mapping[str, Any]], tokenizers.Tokenizer]
+    # Whether BOS is added when `tokenizer.ggml.add_bos_token` is absent (llama.cpp's defaults).
+    adds_bos_by_default: bool
+
 
 def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     """ValueError names the metadata that is missing or not supported."""
-    kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(
-            f"tokenizer.ggml.model {kind!r} is not supported (supported: 'gpt2' byte-level BPE)"
+    kind_name = metadata.get("tokenizer.ggml.model")
+    kind = _VOCABULARY_KINDS.get(kind_name)
+    if kind is None:
+        supported = ", ".join(
+            f"{name!r} ({k.description})" for name, k in _VOCABULARY_KINDS.items()
         )
+        raise ValueError(
+            f"tokenizer.ggml.model {kind_name!r} is not supported (supported: {supported})"
+        )
+    if metadata.get("tokenizer.ggml.add_eos_token", False):
+        raise ValueError(
+            "tokenizer.ggml.add_eos_token = true is not supported (supported: false; a prompt "
+            "is continued by the model, never closed with EOS)"
+        )
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    for key in ("scores", "token_type"):
+        values = metadata.get(f"tokenizer.ggml.{key}")
+        if values is not None and len(values) != len(tokens):
+            raise ValueError(
+                f"tokenizer.ggml.{key} has {len(values)} entries for {len(tokens)} tokens "
+                "(it must have one per token)"
+            )
+    token_types = metadata.get("tokenizer.ggml.token_type")
+    backend = kind.build_backend(metadata)
+    _add_special_tokens(backend, tokens, token_types)
+    return Tokenizer(
+        backend,
+        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=_end_token_ids(metadata, tokens, token_types),
+        add_bos_token=metadata.get("tokenizer.ggml.add_bos_token", kind.adds_bos_by_default),
+        chat_template=metadata.get("tokenizer.chat_template"),
+    )
+
+
+def _end_token_ids(
+    metadata: Mapping[str, Any], tokens: list[str], token_types: list[int] | None
+) -> list[int]:
+    ids = [metadata.get(f"tokenizer.ggml.{key}") for key in _END_TOKEN_KEYS]
+    if metadata.get("tokenizer.ggml.eot_token_id") is None and token_types is not None:
+        ids += [
+            token_id
+            for token_id, token in enumerate(tokens)
+            if token in _END_OF_TURN_TEXTS and token_types[token_id] == TokenType.CONTROL
+        ]
+    return list(dict.fromkeys(token_id for token_id in ids if token_id is not None))
+
+
+def _byte_level_backend(metadata: Mapping[str, Any]) -> tokenizers.Tokenizer:
     pre_name = metadata.get("tokenizer.ggml.pre", "gpt2")
     spec = _PRE_TOKENIZERS.get(pre_name)
     if spec is None:
@@ -72,20 +131,13 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
         spec, metadata.get("tokenizer.ggml.add_space_prefix", False)
     )
     backend.decoder = decoders.ByteLevel()
-    _add_special_tokens(backend, tokens, metadata.get("tokenizer.ggml.token_type"))
+    return backend
 
-    eos_token_ids = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        token_id = metadata.get(f"tokenizer.ggml.{key}")
-        if token_id is not None and token_id not in eos_token_ids:
-            eos_token_ids.append(token_id)
-    return Tokenizer(
-        backend,
-        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=eos_token_ids,
-        add_bos_token=metadata.get("tokenizer.ggml.add_bos_token", False),
-        chat_template=metadata.get("tokenizer.chat_template"),
-    )
+
+_VOCABULARY_KINDS = {
+    "gpt2": _VocabularyKind("byte-level BPE", _byte_level_backend, adds_bos_by_default=False),
+    "llama": _VocabularyKind("SentencePiece", sentencepiece_backend, adds_bos_by_default=True),
+}
 
 
 def _pre_tokenizer(spec: _PreTokenizerSpec, add_prefix_space: bool) -> pre_tokenizers.PreTokenizer:

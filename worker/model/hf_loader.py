@@ -21,7 +21,11 @@ DECODER_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
+# Families whose sliding window (when set) bands every layer alike; Qwen2/3 name theirs per layer.
+_WHOLE_MODEL_SLIDING_WINDOW = frozenset({"mistral", "phi3"})
 # Encoder-only families: no causal decoding, hence no KV cache. Reported, never built.
 ENCODER_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet", "albert", "camembert"}
@@ -69,7 +73,7 @@ def load_hf_folder(
 
 
 def decoder_config(family: str, raw: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a Llama / Mistral / Qwen2 `config.json`.
+    """ModelConfig from a Llama / Mistral / Qwen2 / Qwen3 / Phi-3 `config.json`.
 
     ValueError if the checkpoint needs a feature this decoder does not have. BOS/EOS are left to
     the tokenizer, which merges all their sources.
@@ -78,10 +82,15 @@ def decoder_config(family: str, raw: dict[str, Any]) -> ModelConfig:
         raise ValueError(f"hidden_act {raw['hidden_act']!r} is not supported (supported: 'silu')")
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias is not supported")
-    if family == "qwen2" and raw.get("use_sliding_window"):
-        raise ValueError("Qwen2 per-layer sliding window (use_sliding_window) is not supported")
+    if family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
+        raise ValueError(f"{family} per-layer sliding window (use_sliding_window) is not supported")
     # transformers >= 5 nests theta and scaling in `rope_parameters`; older files keep them flat.
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    partial_rotary = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial_rotary != 1.0:
+        raise ValueError(
+            f"partial_rotary_factor {partial_rotary} is not supported (only 1.0: RoPE on every dim)"
+        )
     num_heads = raw["num_attention_heads"]
     return ModelConfig(
         architecture=family,
@@ -99,7 +108,8 @@ def decoder_config(family: str, raw: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=raw.get("tie_word_embeddings", False),
         # Qwen2 always has q/k/v biases; Llama only when `attention_bias` says so.
         qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-        sliding_window=raw.get("sliding_window") if family == "mistral" else None,
+        qk_norm=family == "qwen3",
+        sliding_window=raw.get("sliding_window") if family in _WHOLE_MODEL_SLIDING_WINDOW else None,
     )
 
 

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2) over a flattened varlen batch.
+"""Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2/3, Phi-3) over a flattened varlen batch.
 
 The model owns no KV cache: each layer hands its rotated q/k/v to an `AttentionBackend`, which
 stores k/v wherever it keeps them and attends. One step's tokens from all sequences are
@@ -73,6 +73,9 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
+        # Qwen3 only: per-head RMSNorm of q and k; other families have no such weights.
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -85,8 +88,11 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj.forward(x)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
         num_rotated = self.num_heads + self.num_kv_heads  # q and k: same angles, one pass
         qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_rotated, self.head_dim)
+        if self.q_norm is not None:  # the normed heads are a new tensor: rotate that one
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = apply_rotary(torch.cat((self.q_norm(q), self.k_norm(k)), dim=1), *cos_sin)
         # The compiled op rotates qk in place (it is a view of qkv); else torch's ops, a copy.
-        if self.fused is None or not cpu_ops.rotary_(
+        elif self.fused is None or not cpu_ops.rotary_(
             self.fused, qkv, *cos_sin, num_rotated, self.head_dim
         ):
             qk = apply_rotary(qk, *cos_sin)
@@ -209,6 +215,10 @@ def fuse_hf_weights(
         parts = [remaining.pop(name) for name in names]
         return torch.cat(parts).to(device=device, dtype=dtype)
 
+    def take_fused(fused_name: str, *part_names: str) -> Tensor:
+        # Phi-3 checkpoints store q|k|v and gate|up already concatenated, in this module's order.
+        return take(fused_name) if fused_name in remaining else take(*part_names)
+
     fused = {
         "embed_tokens.weight": take("model.embed_tokens.weight"),
         "norm.weight": take("model.norm.weight"),
@@ -216,16 +226,27 @@ def fuse_hf_weights(
     for i in range(config.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        fused[dst + "self_attn.qkv_proj.weight"] = take(
-            attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"
+        fused[dst + "self_attn.qkv_proj.weight"] = take_fused(
+            attn + "qkv_proj.weight",
+            attn + "q_proj.weight",
+            attn + "k_proj.weight",
+            attn + "v_proj.weight",
         )
         if config.qkv_bias:
-            fused[dst + "self_attn.qkv_proj.bias"] = take(
-                attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"
+            fused[dst + "self_attn.qkv_proj.bias"] = take_fused(
+                attn + "qkv_proj.bias",
+                attn + "q_proj.bias",
+                attn + "k_proj.bias",
+                attn + "v_proj.bias",
             )
+        if config.qk_norm:
+            fused[dst + "self_attn.q_norm.weight"] = take(attn + "q_norm.weight")
+            fused[dst + "self_attn.k_norm.weight"] = take(attn + "k_norm.weight")
         fused[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
-        fused[dst + "mlp.gate_up_proj.weight"] = take(
-            src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"
+        fused[dst + "mlp.gate_up_proj.weight"] = take_fused(
+            src + "mlp.gate_up_proj.weight",
+            src + "mlp.gate_proj.weight",
+            src + "mlp.up_proj.weight",
         )
         fused[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight")
         fused[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")

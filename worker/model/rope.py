@@ -19,6 +19,8 @@ def inverse_frequencies(
         return inv_freq
     if scaling.type is RopeScalingType.LINEAR:
         return inv_freq / scaling.factor
+    if scaling.type is RopeScalingType.FREQ_FACTORS:
+        return inv_freq / torch.tensor(scaling.freq_factors, dtype=torch.float32, device=device)
     return _llama3_scaled(inv_freq, scaling)
 
 

@@ -39,6 +39,7 @@ from intentserve.worker.runtime.registry_client import (
     Rejected,
 )
 from intentserve.worker.runtime.spec import WorkerSpec
+from intentserve.worker.runtime.threads import on_passing_thread
 from intentserve.worker.service.server import WorkerServer
 
 log = logging.getLogger(__name__)
@@ -140,12 +141,7 @@ class WorkerRuntime:
             reservation = PortReservation(self.spec.host)
             self._address = self.spec.address(reservation.port)
             self._set(Phase.PROBING)
-            capability = probe_capability(
-                self.spec.device,
-                read_model_facts(self.spec.model, self.spec.max_model_len),
-                device_map=self.spec.device_map,
-                no_kv_cache=self.spec.no_kv_cache,
-            )
+            capability = on_passing_thread(self._probe)
             self._set(Phase.REGISTERING)
             registration = self._client.register(
                 self._address, capability, self.spec.register_timeout_s
@@ -154,7 +150,8 @@ class WorkerRuntime:
                 self._client, registration.heartbeat_interval_s, self._load, self._on_action
             ).start()
             self._set(Phase.LOADING, f"loading {self.spec.model}")
-            engine = self._build(registration, capability)
+            # NOTE: torch work before serving runs on passing threads (`threads` says why).
+            engine = on_passing_thread(self._build, registration, capability)
             if engine is None or self._stop.is_set():
                 return
             self._server = WorkerServer(
@@ -212,12 +209,24 @@ class WorkerRuntime:
             self._set(Phase.SERVING, engine.realized.describe().splitlines()[1])
             self._register_again.wait()
 
+    def _probe(self) -> Capability:
+        return probe_capability(
+            self.spec.device,
+            read_model_facts(self.spec.model, self.spec.max_model_len),
+            device_map=self.spec.device_map,
+            no_kv_cache=self.spec.no_kv_cache,
+        )
+
     def _build(self, registration: Registration, capability: Capability) -> Engine | None:
         """The engine the controller resolved (with the capability it was resolved against),
         or None after reporting why it cannot be built (REJECTED)."""
         try:
             loaded = load_model(self.spec.model, self.spec.dtype, self.spec.device)
-            config = self.spec.engine_config(registration.config, registration.kv_budget)
+            config = self.spec.engine_config(
+                registration.config,
+                registration.kv_budget,
+                registration.resolution.weights.intent,
+            )
             return build_engine(config, loaded, capability, registration.resolution)
         except Exception as error:
             reason = load_error_reason(error)

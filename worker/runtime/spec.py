@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from intentserve.policy import KvBudget, PagedAttentionConfig
+from intentserve.policy import KvBudget, PagedAttentionConfig, WeightFormat
 from intentserve.tls import TlsIdentity
 from intentserve.worker.engine.builder import EngineConfig
 from intentserve.worker.runtime.ports import advertised_host
@@ -50,15 +50,20 @@ class WorkerSpec:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def engine_config(
-        self, paged: PagedAttentionConfig | None, kv_budget: KvBudget
+        self,
+        paged: PagedAttentionConfig | None,
+        kv_budget: KvBudget,
+        weights: WeightFormat = WeightFormat.AUTO,
     ) -> EngineConfig:
-        """The engine to build, with the policy and the KV budget the controller sent."""
+        """The engine to build, with the policy, the KV budget and the weight format the
+        controller sent."""
         return EngineConfig(
             model=self.model,
             dtype=self.dtype,
             device=self.device,
             paged=paged,
             kv_budget=kv_budget,
+            weights=weights,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,

@@ -24,27 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bintentserve/v1/common.proto\x12\x0eintentserve.v1\"\'\n\x06Reason\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x97\x02\n\x14PagedAttentionPolicy\x12\"\n\x04mode\x18\x01 \x01(\x0e\x32\x14.intentserve.v1.Mode\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12,\n\x0eprefix_caching\x18\x05 \x01(\x0e\x32\x14.intentserve.v1.Mode\x12.\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1d.intentserve.v1.BackendIntent\x12\x34\n\x0ekv_cache_dtype\x18\x08 \x01(\x0e\x32\x1c.intentserve.v1.KvCacheDtypeJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08R\x0ekv_cache_bytesR\x11kv_cache_fraction\"/\n\x08KvBudget\x12\x11\n\tnum_bytes\x18\x01 \x01(\x04\x12\x10\n\x08\x66raction\x18\x02 \x01(\x01\"\x9a\x01\n\rBackendStatus\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.intentserve.v1.BackendKind\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x35\n\x0fkv_cache_dtypes\x18\x05 \x03(\x0e\x32\x1c.intentserve.v1.KvCacheDtypeJ\x04\x08\x04\x10\x05\"\x8b\x01\n\nModelFacts\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\x12\x14\n\x0chas_kv_cache\x18\x02 \x01(\x08\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\"\xc5\x02\n\nCapability\x12/\n\x0b\x64\x65vice_kind\x18\x01 \x01(\x0e\x32\x1a.intentserve.v1.DeviceKind\x12)\n\x05model\x18\x02 \x01(\x0b\x32\x1a.intentserve.v1.ModelFacts\x12/\n\x08\x62\x61\x63kends\x18\x03 \x03(\x0b\x32\x1d.intentserve.v1.BackendStatus\x12\x31\n\rlayer_devices\x18\x04 \x03(\x0e\x32\x1a.intentserve.v1.DeviceKind\x12\x1a\n\x12total_memory_bytes\x18\x05 \x01(\x04\x12\x19\n\x11\x66ree_memory_bytes\x18\x06 \x01(\x04\x12\x15\n\rtorch_version\x18\x07 \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x08 \x01(\t\x12\x13\n\x0bno_kv_cache\x18\t \x01(\x08\"\x8a\x01\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x01(\t\x12\"\n\x04mode\x18\x02 \x01(\x0e\x32\x14.intentserve.v1.Mode\x12\x0f\n\x07\x65nabled\x18\x03 \x01(\x08\x12\x10\n\x08required\x18\x04 \x01(\x08\x12&\n\x06reason\x18\x05 \x01(\x0b\x32\x16.intentserve.v1.Reason\"\x80\x02\n\x0eResolvedConfig\x12\x34\n\x06policy\x18\x01 \x01(\x0b\x32$.intentserve.v1.PagedAttentionPolicy\x12+\n\tdecisions\x18\x02 \x03(\x0b\x32\x18.intentserve.v1.Decision\x12,\n\x07\x62\x61\x63kend\x18\x03 \x01(\x0e\x32\x1b.intentserve.v1.BackendKind\x12\x30\n\x10\x66\x61llback_reasons\x18\x04 \x03(\x0b\x32\x16.intentserve.v1.Reason\x12+\n\tkv_budget\x18\x05 \x01(\x0b\x32\x18.intentserve.v1.KvBudget\"\xfc\x02\n\rRealizedState\x12-\n\ncache_kind\x18\x01 \x01(\x0e\x32\x19.intentserve.v1.CacheKind\x12,\n\x07\x62\x61\x63kend\x18\x02 \x01(\x0e\x32\x1b.intentserve.v1.BackendKind\x12\x16\n\x0eprefix_caching\x18\x03 \x01(\x08\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x06 \x01(\x04\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\r\x12\x16\n\x0ekv_cache_dtype\x18\x08 \x01(\t\x12\x30\n\tscheduler\x18\t \x01(\x0e\x32\x1d.intentserve.v1.SchedulerKind\x12\x30\n\x10\x66\x61llback_reasons\x18\n \x03(\x0b\x32\x16.intentserve.v1.Reason\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x15\n\rmax_model_len\x18\x0c \x01(\r*F\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_AUTO\x10\x01\x12\x0b\n\x07MODE_ON\x10\x02\x12\x0c\n\x08MODE_OFF\x10\x03*|\n\rBackendIntent\x12\x1e\n\x1a\x42\x41\x43KEND_INTENT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x42\x41\x43KEND_INTENT_AUTO\x10\x01\x12\x18\n\x14\x42\x41\x43KEND_INTENT_FLASH\x10\x02\x12\x18\n\x14\x42\x41\x43KEND_INTENT_TORCH\x10\x03*\xd6\x01\n\x0cKvCacheDtype\x12\x1e\n\x1aKV_CACHE_DTYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13KV_CACHE_DTYPE_AUTO\x10\x01\x12\x1a\n\x16KV_CACHE_DTYPE_FLOAT32\x10\x02\x12\x1b\n\x17KV_CACHE_DTYPE_BFLOAT16\x10\x03\x12\x1a\n\x16KV_CACHE_DTYPE_FLOAT16\x10\x04\x12\x1b\n\x17KV_CACHE_DTYPE_FP8_E4M3\x10\x05\x12\x1b\n\x17KV_CACHE_DTYPE_FP8_E5M2\x10\x06*T\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x01\x12\x14\n\x10\x44\x45VICE_KIND_CUDA\x10\x02*\x84\x01\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x42\x41\x43KEND_KIND_FLASH_PAGED\x10\x01\x12\x1c\n\x18\x42\x41\x43KEND_KIND_TORCH_PAGED\x10\x02\x12\x1b\n\x17\x42\x41\x43KEND_KIND_CONTIGUOUS\x10\x03*m\n\tCacheKind\x12\x1a\n\x16\x43\x41\x43HE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43\x41\x43HE_KIND_PAGED\x10\x01\x12\x19\n\x15\x43\x41\x43HE_KIND_CONTIGUOUS\x10\x02\x12\x13\n\x0f\x43\x41\x43HE_KIND_NONE\x10\x03*e\n\rSchedulerKind\x12\x1e\n\x1aSCHEDULER_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14SCHEDULER_KIND_PAGED\x10\x01\x12\x1a\n\x16SCHEDULER_KIND_DEFAULT\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bintentserve/v1/common.proto\x12\x0eintentserve.v1\"\'\n\x06Reason\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x97\x02\n\x14PagedAttentionPolicy\x12\"\n\x04mode\x18\x01 \x01(\x0e\x32\x14.intentserve.v1.Mode\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12,\n\x0eprefix_caching\x18\x05 \x01(\x0e\x32\x14.intentserve.v1.Mode\x12.\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1d.intentserve.v1.BackendIntent\x12\x34\n\x0ekv_cache_dtype\x18\x08 \x01(\x0e\x32\x1c.intentserve.v1.KvCacheDtypeJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08R\x0ekv_cache_bytesR\x11kv_cache_fraction\"/\n\x08KvBudget\x12\x11\n\tnum_bytes\x18\x01 \x01(\x04\x12\x10\n\x08\x66raction\x18\x02 \x01(\x01\"\x9a\x01\n\rBackendStatus\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.intentserve.v1.BackendKind\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x35\n\x0fkv_cache_dtypes\x18\x05 \x03(\x0e\x32\x1c.intentserve.v1.KvCacheDtypeJ\x04\x08\x04\x10\x05\"e\n\x12WeightFormatStatus\x12,\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x1c.intentserve.v1.WeightFormat\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x8b\x01\n\nModelFacts\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\x12\x14\n\x0chas_kv_cache\x18\x02 \x01(\x08\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\"\x81\x03\n\nCapability\x12/\n\x0b\x64\x65vice_kind\x18\x01 \x01(\x0e\x32\x1a.intentserve.v1.DeviceKind\x12)\n\x05model\x18\x02 \x01(\x0b\x32\x1a.intentserve.v1.ModelFacts\x12/\n\x08\x62\x61\x63kends\x18\x03 \x03(\x0b\x32\x1d.intentserve.v1.BackendStatus\x12\x31\n\rlayer_devices\x18\x04 \x03(\x0e\x32\x1a.intentserve.v1.DeviceKind\x12\x1a\n\x12total_memory_bytes\x18\x05 \x01(\x04\x12\x19\n\x11\x66ree_memory_bytes\x18\x06 \x01(\x04\x12\x15\n\rtorch_version\x18\x07 \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x08 \x01(\t\x12\x13\n\x0bno_kv_cache\x18\t \x01(\x08\x12:\n\x0eweight_formats\x18\n \x03(\x0b\x32\".intentserve.v1.WeightFormatStatus\"\x8a\x01\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x01(\t\x12\"\n\x04mode\x18\x02 \x01(\x0e\x32\x14.intentserve.v1.Mode\x12\x0f\n\x07\x65nabled\x18\x03 \x01(\x08\x12\x10\n\x08required\x18\x04 \x01(\x08\x12&\n\x06reason\x18\x05 \x01(\x0b\x32\x16.intentserve.v1.Reason\"\x99\x03\n\x0eResolvedConfig\x12\x34\n\x06policy\x18\x01 \x01(\x0b\x32$.intentserve.v1.PagedAttentionPolicy\x12+\n\tdecisions\x18\x02 \x03(\x0b\x32\x18.intentserve.v1.Decision\x12,\n\x07\x62\x61\x63kend\x18\x03 \x01(\x0e\x32\x1b.intentserve.v1.BackendKind\x12\x30\n\x10\x66\x61llback_reasons\x18\x04 \x03(\x0b\x32\x16.intentserve.v1.Reason\x12+\n\tkv_budget\x18\x05 \x01(\x0b\x32\x18.intentserve.v1.KvBudget\x12\x33\n\rweight_intent\x18\x06 \x01(\x0e\x32\x1c.intentserve.v1.WeightFormat\x12\x33\n\rweight_format\x18\x07 \x01(\x0e\x32\x1c.intentserve.v1.WeightFormat\x12-\n\rweight_reason\x18\x08 \x01(\x0b\x32\x16.intentserve.v1.Reason\"\xc7\x03\n\rRealizedState\x12-\n\ncache_kind\x18\x01 \x01(\x0e\x32\x19.intentserve.v1.CacheKind\x12,\n\x07\x62\x61\x63kend\x18\x02 \x01(\x0e\x32\x1b.intentserve.v1.BackendKind\x12\x16\n\x0eprefix_caching\x18\x03 \x01(\x08\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x06 \x01(\x04\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\r\x12\x16\n\x0ekv_cache_dtype\x18\x08 \x01(\t\x12\x30\n\tscheduler\x18\t \x01(\x0e\x32\x1d.intentserve.v1.SchedulerKind\x12\x30\n\x10\x66\x61llback_reasons\x18\n \x03(\x0b\x32\x16.intentserve.v1.Reason\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x15\n\rmax_model_len\x18\x0c \x01(\r\x12\x33\n\rweight_format\x18\r \x01(\x0e\x32\x1c.intentserve.v1.WeightFormat\x12\x14\n\x0cweight_bytes\x18\x0e \x01(\x04*F\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_AUTO\x10\x01\x12\x0b\n\x07MODE_ON\x10\x02\x12\x0c\n\x08MODE_OFF\x10\x03*|\n\rBackendIntent\x12\x1e\n\x1a\x42\x41\x43KEND_INTENT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x42\x41\x43KEND_INTENT_AUTO\x10\x01\x12\x18\n\x14\x42\x41\x43KEND_INTENT_FLASH\x10\x02\x12\x18\n\x14\x42\x41\x43KEND_INTENT_TORCH\x10\x03*\xd6\x01\n\x0cKvCacheDtype\x12\x1e\n\x1aKV_CACHE_DTYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13KV_CACHE_DTYPE_AUTO\x10\x01\x12\x1a\n\x16KV_CACHE_DTYPE_FLOAT32\x10\x02\x12\x1b\n\x17KV_CACHE_DTYPE_BFLOAT16\x10\x03\x12\x1a\n\x16KV_CACHE_DTYPE_FLOAT16\x10\x04\x12\x1b\n\x17KV_CACHE_DTYPE_FP8_E4M3\x10\x05\x12\x1b\n\x17KV_CACHE_DTYPE_FP8_E5M2\x10\x06*\x94\x01\n\x0cWeightFormat\x12\x1d\n\x19WEIGHT_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12WEIGHT_FORMAT_AUTO\x10\x01\x12\x1d\n\x19WEIGHT_FORMAT_DEQUANTIZED\x10\x02\x12\x16\n\x12WEIGHT_FORMAT_INT8\x10\x03\x12\x16\n\x12WEIGHT_FORMAT_INT4\x10\x04*T\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x01\x12\x14\n\x10\x44\x45VICE_KIND_CUDA\x10\x02*\x84\x01\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x42\x41\x43KEND_KIND_FLASH_PAGED\x10\x01\x12\x1c\n\x18\x42\x41\x43KEND_KIND_TORCH_PAGED\x10\x02\x12\x1b\n\x17\x42\x41\x43KEND_KIND_CONTIGUOUS\x10\x03*m\n\tCacheKind\x12\x1a\n\x16\x43\x41\x43HE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43\x41\x43HE_KIND_PAGED\x10\x01\x12\x19\n\x15\x43\x41\x43HE_KIND_CONTIGUOUS\x10\x02\x12\x13\n\x0f\x43\x41\x43HE_KIND_NONE\x10\x03*e\n\rSchedulerKind\x12\x1e\n\x1aSCHEDULER_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14SCHEDULER_KIND_PAGED\x10\x01\x12\x1a\n\x16SCHEDULER_KIND_DEFAULT\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'intentserve.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=1829
-  _globals['_MODE']._serialized_end=1899
-  _globals['_BACKENDINTENT']._serialized_start=1901
-  _globals['_BACKENDINTENT']._serialized_end=2025
-  _globals['_KVCACHEDTYPE']._serialized_start=2028
-  _globals['_KVCACHEDTYPE']._serialized_end=2242
-  _globals['_DEVICEKIND']._serialized_start=2244
-  _globals['_DEVICEKIND']._serialized_end=2328
-  _globals['_BACKENDKIND']._serialized_start=2331
-  _globals['_BACKENDKIND']._serialized_end=2463
-  _globals['_CACHEKIND']._serialized_start=2465
-  _globals['_CACHEKIND']._serialized_end=2574
-  _globals['_SCHEDULERKIND']._serialized_start=2576
-  _globals['_SCHEDULERKIND']._serialized_end=2677
+  _globals['_MODE']._serialized_start=2220
+  _globals['_MODE']._serialized_end=2290
+  _globals['_BACKENDINTENT']._serialized_start=2292
+  _globals['_BACKENDINTENT']._serialized_end=2416
+  _globals['_KVCACHEDTYPE']._serialized_start=2419
+  _globals['_KVCACHEDTYPE']._serialized_end=2633
+  _globals['_WEIGHTFORMAT']._serialized_start=2636
+  _globals['_WEIGHTFORMAT']._serialized_end=2784
+  _globals['_DEVICEKIND']._serialized_start=2786
+  _globals['_DEVICEKIND']._serialized_end=2870
+  _globals['_BACKENDKIND']._serialized_start=2873
+  _globals['_BACKENDKIND']._serialized_end=3005
+  _globals['_CACHEKIND']._serialized_start=3007
+  _globals['_CACHEKIND']._serialized_end=3116
+  _globals['_SCHEDULERKIND']._serialized_start=3118
+  _globals['_SCHEDULERKIND']._serialized_end=3219
   _globals['_REASON']._serialized_start=47
   _globals['_REASON']._serialized_end=86
   _globals['_PAGEDATTENTIONPOLICY']._serialized_start=89
@@ -53,14 +55,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVBUDGET']._serialized_end=417
   _globals['_BACKENDSTATUS']._serialized_start=420
   _globals['_BACKENDSTATUS']._serialized_end=574
-  _globals['_MODELFACTS']._serialized_start=577
-  _globals['_MODELFACTS']._serialized_end=716
-  _globals['_CAPABILITY']._serialized_start=719
-  _globals['_CAPABILITY']._serialized_end=1044
-  _globals['_DECISION']._serialized_start=1047
-  _globals['_DECISION']._serialized_end=1185
-  _globals['_RESOLVEDCONFIG']._serialized_start=1188
-  _globals['_RESOLVEDCONFIG']._serialized_end=1444
-  _globals['_REALIZEDSTATE']._serialized_start=1447
-  _globals['_REALIZEDSTATE']._serialized_end=1827
+  _globals['_WEIGHTFORMATSTATUS']._serialized_start=576
+  _globals['_WEIGHTFORMATSTATUS']._serialized_end=677
+  _globals['_MODELFACTS']._serialized_start=680
+  _globals['_MODELFACTS']._serialized_end=819
+  _globals['_CAPABILITY']._serialized_start=822
+  _globals['_CAPABILITY']._serialized_end=1207
+  _globals['_DECISION']._serialized_start=1210
+  _globals['_DECISION']._serialized_end=1348
+  _globals['_RESOLVEDCONFIG']._serialized_start=1351
+  _globals['_RESOLVEDCONFIG']._serialized_end=1760
+  _globals['_REALIZEDSTATE']._serialized_start=1763
+  _globals['_REALIZEDSTATE']._serialized_end=2218
 # @@protoc_insertion_point(module_scope)

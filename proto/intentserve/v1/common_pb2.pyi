@@ -31,6 +31,14 @@ class KvCacheDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_CACHE_DTYPE_FP8_E4M3: _ClassVar[KvCacheDtype]
     KV_CACHE_DTYPE_FP8_E5M2: _ClassVar[KvCacheDtype]
 
+class WeightFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_FORMAT_UNSPECIFIED: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_AUTO: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_DEQUANTIZED: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_INT8: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_INT4: _ClassVar[WeightFormat]
+
 class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DEVICE_KIND_UNSPECIFIED: _ClassVar[DeviceKind]
@@ -71,6 +79,11 @@ KV_CACHE_DTYPE_BFLOAT16: KvCacheDtype
 KV_CACHE_DTYPE_FLOAT16: KvCacheDtype
 KV_CACHE_DTYPE_FP8_E4M3: KvCacheDtype
 KV_CACHE_DTYPE_FP8_E5M2: KvCacheDtype
+WEIGHT_FORMAT_UNSPECIFIED: WeightFormat
+WEIGHT_FORMAT_AUTO: WeightFormat
+WEIGHT_FORMAT_DEQUANTIZED: WeightFormat
+WEIGHT_FORMAT_INT8: WeightFormat
+WEIGHT_FORMAT_INT4: WeightFormat
 DEVICE_KIND_UNSPECIFIED: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 DEVICE_KIND_CUDA: DeviceKind
@@ -128,6 +141,16 @@ class BackendStatus(_message.Message):
     kv_cache_dtypes: _containers.RepeatedScalarFieldContainer[KvCacheDtype]
     def __init__(self, kind: _Optional[_Union[BackendKind, str]] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ..., kv_cache_dtypes: _Optional[_Iterable[_Union[KvCacheDtype, str]]] = ...) -> None: ...
 
+class WeightFormatStatus(_message.Message):
+    __slots__ = ("format", "available", "reason")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    format: WeightFormat
+    available: bool
+    reason: str
+    def __init__(self, format: _Optional[_Union[WeightFormat, str]] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ModelFacts(_message.Message):
     __slots__ = ("architecture", "has_kv_cache", "head_dim", "num_layers", "num_kv_heads", "max_model_len")
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -145,7 +168,7 @@ class ModelFacts(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., has_kv_cache: _Optional[bool] = ..., head_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class Capability(_message.Message):
-    __slots__ = ("device_kind", "model", "backends", "layer_devices", "total_memory_bytes", "free_memory_bytes", "torch_version", "cuda_version", "no_kv_cache")
+    __slots__ = ("device_kind", "model", "backends", "layer_devices", "total_memory_bytes", "free_memory_bytes", "torch_version", "cuda_version", "no_kv_cache", "weight_formats")
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +178,7 @@ class Capability(_message.Message):
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NO_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FORMATS_FIELD_NUMBER: _ClassVar[int]
     device_kind: DeviceKind
     model: ModelFacts
     backends: _containers.RepeatedCompositeFieldContainer[BackendStatus]
@@ -164,7 +188,8 @@ class Capability(_message.Message):
     torch_version: str
     cuda_version: str
     no_kv_cache: bool
-    def __init__(self, device_kind: _Optional[_Union[DeviceKind, str]] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., layer_devices: _Optional[_Iterable[_Union[DeviceKind, str]]] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., torch_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., no_kv_cache: _Optional[bool] = ...) -> None: ...
+    weight_formats: _containers.RepeatedCompositeFieldContainer[WeightFormatStatus]
+    def __init__(self, device_kind: _Optional[_Union[DeviceKind, str]] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ..., layer_devices: _Optional[_Iterable[_Union[DeviceKind, str]]] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., torch_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., no_kv_cache: _Optional[bool] = ..., weight_formats: _Optional[_Iterable[_Union[WeightFormatStatus, _Mapping]]] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("feature", "mode", "enabled", "required", "reason")
@@ -181,21 +206,27 @@ class Decision(_message.Message):
     def __init__(self, feature: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., enabled: _Optional[bool] = ..., required: _Optional[bool] = ..., reason: _Optional[_Union[Reason, _Mapping]] = ...) -> None: ...
 
 class ResolvedConfig(_message.Message):
-    __slots__ = ("policy", "decisions", "backend", "fallback_reasons", "kv_budget")
+    __slots__ = ("policy", "decisions", "backend", "fallback_reasons", "kv_budget", "weight_intent", "weight_format", "weight_reason")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_REASONS_FIELD_NUMBER: _ClassVar[int]
     KV_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_INTENT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_REASON_FIELD_NUMBER: _ClassVar[int]
     policy: PagedAttentionPolicy
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     backend: BackendKind
     fallback_reasons: _containers.RepeatedCompositeFieldContainer[Reason]
     kv_budget: KvBudget
-    def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., kv_budget: _Optional[_Union[KvBudget, _Mapping]] = ...) -> None: ...
+    weight_intent: WeightFormat
+    weight_format: WeightFormat
+    weight_reason: Reason
+    def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., kv_budget: _Optional[_Union[KvBudget, _Mapping]] = ..., weight_intent: _Optional[_Union[WeightFormat, str]] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_reason: _Optional[_Union[Reason, _Mapping]] = ...) -> None: ...
 
 class RealizedState(_message.Message):
-    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len")
+    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len", "weight_format", "weight_bytes")
     CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +239,8 @@ class RealizedState(_message.Message):
     FALLBACK_REASONS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     cache_kind: CacheKind
     backend: BackendKind
     prefix_caching: bool
@@ -220,4 +253,6 @@ class RealizedState(_message.Message):
     fallback_reasons: _containers.RepeatedCompositeFieldContainer[Reason]
     dtype: str
     max_model_len: int
-    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    weight_format: WeightFormat
+    weight_bytes: int
+    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_bytes: _Optional[int] = ...) -> None: ...

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,3 +53,27 @@ def smollm2_hf(smollm2: Checkpoint) -> torch.nn.Module:
     from intentserve.worker.model.hf_reference import hf_model
 
     return hf_model(smollm2.config, smollm2.weights)
+
+
+@pytest.fixture(scope="session")
+def smollm2_variants(smollm2_path: Path, tmp_path_factory) -> dict[str, Path]:
+    """SmolLM2 as an HF folder and as F16/BF16/Q8_0/Q4_0/Q6_K GGUF files, written once per
+    session into a temporary folder (see smollm2_variants.py); the seconds each took are printed."""
+    from intentserve.worker.model.registry import load_model
+    from smollm2_variants import GGUF_VARIANTS, read_source, timed, write_hf_variant, write_variant
+
+    folder = tmp_path_factory.mktemp("smollm2-variants")
+    paths, seconds = {}, {}
+    (reader, tensors), seconds["read"] = timed(lambda: read_source(smollm2_path))
+    for qtype in GGUF_VARIANTS:
+        target = folder / f"smollm2-{qtype.name}.gguf"
+        paths[qtype.name], seconds[qtype.name] = timed(
+            functools.partial(write_variant, reader, tensors, qtype, target)
+        )
+    del tensors
+    f = GGUFFile(smollm2_path)
+    weights = gguf_hf_weights(f, gguf_model_config(f))
+    source = load_model(str(smollm2_path), dtype="float32")
+    paths["hf"], seconds["hf"] = timed(lambda: write_hf_variant(source, weights, folder / "hf"))
+    print("smollm2 variants written in", {k: f"{v:.1f}s" for k, v in seconds.items()})
+    return paths

@@ -62,6 +62,16 @@ TINY_CONFIGS = {
     "llama": tiny_config("llama"),
     "qwen2": tiny_config("qwen2", tie_word_embeddings=True),
     "llama-rope-linear": tiny_config(rope_scaling=RopeScaling(RopeScalingType.LINEAR, 4.0)),
+    # Llama 3.1/3.2: the file carries `rope_freqs.weight`; the oracle runs transformers' `llama3`.
+    "llama-rope-freqs": tiny_config(
+        rope_scaling=RopeScaling(
+            RopeScalingType.LLAMA3,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=32,
+        )
+    ),
 }
 
 
@@ -73,8 +83,12 @@ def test_tiny_gguf_matches_transformers(tmp_path, case):
     weights = random_hf_weights(config)
     loaded = load_model(str(write_gguf(tmp_path / "tiny.gguf", config, weights)), dtype="float32")
 
-    for field in ("num_kv_heads", "qkv_bias", "tie_word_embeddings", "rope_scaling"):
+    for field in ("num_kv_heads", "qkv_bias", "tie_word_embeddings"):
         assert getattr(loaded.config, field) == getattr(config, field)
+    if case == "llama-rope-freqs":
+        assert loaded.config.rope_scaling.type is RopeScalingType.FREQ_FACTORS
+    else:
+        assert loaded.config.rope_scaling == config.rope_scaling
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
     diff = (
         (reference_logits(loaded.model, ids) - hf_logits(hf_model(config, weights), ids))
@@ -140,3 +154,31 @@ def test_one_parse_serves_the_facts_read_and_the_load(smollm2_path):
 
     first = open_gguf(smollm2_path)
     assert open_gguf(str(smollm2_path)) is first  # same file, unchanged: parsed once
+
+
+def test_unknown_architecture_is_named_with_the_supported_ones(tmp_path):
+    config = tiny_config("falcon")
+    path = write_gguf(tmp_path / "x.gguf", config, random_hf_weights(config))
+    with pytest.raises(
+        ModelLoadError, match=r"architecture 'falcon' is not supported.*qwen3"
+    ) as err:
+        load_model(str(path))
+    assert str(path) in str(err.value)
+
+
+def test_longrope_factor_tensors_are_refused_naming_them(tmp_path):
+    # Phi-3 128k files: two factor sets, switched by sequence length; not implemented.
+    config = tiny_config("phi3")
+    factors = np.ones(config.head_dim // 2, np.float32)
+    extra = {"rope_factors_long.weight": factors, "rope_factors_short.weight": factors}
+    path = write_gguf(tmp_path / "x.gguf", config, random_hf_weights(config), extra)
+    with pytest.raises(ModelLoadError, match="LongRoPE.*rope_factors_long"):
+        load_model(str(path))
+
+
+def test_rope_freqs_of_the_wrong_length_is_refused(tmp_path):
+    config = tiny_config()
+    extra = {"rope_freqs.weight": np.ones(3, np.float32)}
+    path = write_gguf(tmp_path / "x.gguf", config, random_hf_weights(config), extra)
+    with pytest.raises(ModelLoadError, match=r"'rope_freqs.weight' has 3 values; expected .* 8"):
+        load_model(str(path))

@@ -77,3 +77,24 @@ def test_inverse_frequencies_equal_transformers(scaling):
     )
     theirs = LlamaRotaryEmbedding(hf_config).inv_freq
     assert torch.equal(inverse_frequencies(128, 500000.0, scaling), theirs)
+
+
+def test_llama_cpp_freq_factors_equal_transformers_llama3():
+    """llama.cpp stores Llama 3.1's recipe as divisors of the default frequencies
+    (`rope_freqs.weight`); divided out, they give transformers' `llama3` frequencies."""
+    from tiny_checkpoints import llama_cpp_rope_freqs
+
+    llama3 = RopeScaling(RopeScalingType.LLAMA3, 32.0, 1.0, 4.0, 8192)  # Llama 3.2's values
+    factors = llama_cpp_rope_freqs(128, 500000.0, llama3)
+    assert len(set(factors.tolist())) > 3  # kept, scaled by 32, and blended pairs all occur
+    as_factors = RopeScaling(
+        RopeScalingType.FREQ_FACTORS, 1.0, freq_factors=tuple(factors.tolist())
+    )
+    ours = inverse_frequencies(128, 500000.0, as_factors)
+    expected = inverse_frequencies(128, 500000.0, llama3)
+    assert torch.allclose(ours, expected, rtol=1e-6, atol=0)
+
+
+def test_freq_factors_cannot_come_from_config_json():
+    with pytest.raises(ValueError, match="'freq_factors' is not supported"):
+        RopeScaling.from_hf({"rope_type": "freq_factors", "factor": 1.0})

@@ -34,9 +34,9 @@ def test_unknown_reference_names_path_and_known_names(tmp_path):
     assert str(tmp_path / "nowhere") in str(err.value)
 
 
-@pytest.mark.parametrize("bad", ["float16", "fp32", "", "AUTO"])
+@pytest.mark.parametrize("bad", ["fp16", "fp32", "", "AUTO"])
 def test_invalid_dtype_names_field_and_allowed_values(bad):
-    with pytest.raises(ValueError, match=r"dtype .*allowed: auto, float32, bfloat16"):
+    with pytest.raises(ValueError, match=r"dtype .*allowed: auto, float32, bfloat16, float16"):
         load_model("smollm2-135m", dtype=bad)
 
 
@@ -82,3 +82,59 @@ def test_load_smollm2_by_short_name_in_bfloat16(smollm2_path):
     assert (
         loaded.tokenizer.decode([int(reference_logits(loaded.model, ids)[-1].argmax())]) == " Paris"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        (frozenset({"avx2", "avx512f", "avx512_bf16", "f16c"}), False),  # this machine's kind
+        (frozenset({"avx512f", "avx512_fp16"}), True),
+        (frozenset({"amx_tile", "amx_fp16"}), True),
+    ],
+)
+def test_float16_on_cpu_only_where_it_is_native(monkeypatch, flags, native):
+    monkeypatch.setattr(dtype_module, "cpu_flags", lambda: flags)
+    if native:
+        assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    else:
+        with pytest.raises(ValueError, match=r"dtype 'float16' is refused.*avx512_fp16.*emulated"):
+            resolve_dtype("float16", torch.device("cpu"))
+    # `auto` never picks float16, native or not.
+    assert resolve_dtype("auto", torch.device("cpu")) != torch.float16
+
+
+def test_float16_on_cuda_is_taken_as_asked():
+    assert resolve_dtype("float16", torch.device("cuda")) == torch.float16
+
+
+def test_float16_refused_on_other_devices():
+    with pytest.raises(ValueError, match="not meta"):
+        resolve_dtype("float16", torch.device("meta"))
+
+
+def test_float16_refusal_reaches_the_controller_as_the_load_error(monkeypatch):
+    from intentserve.policy.reasons import ReasonCode
+    from intentserve.worker.runtime.lifecycle import load_error_reason
+
+    monkeypatch.setattr(dtype_module, "cpu_flags", lambda: frozenset({"avx512f"}))
+    with pytest.raises(ValueError) as err:
+        load_model("smollm2-135m", dtype="float16")
+    reason = load_error_reason(err.value)
+    assert reason.code is ReasonCode.LOAD_FAILED and "dtype 'float16' is refused" in reason.message
+
+
+def test_float16_model_where_native_is_close_to_float32(monkeypatch, tmp_path):
+    """Where a CPU has native fp16 the model runs in it (emulated on this one for the test)."""
+    from intentserve.worker.model.reference_attention import reference_logits
+    from tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
+
+    monkeypatch.setattr(dtype_module, "cpu_flags", lambda: frozenset({"avx512_fp16"}))
+    config = tiny_config()
+    folder = str(write_hf_folder(tmp_path / "m", config, random_hf_weights(config)))
+    half = load_model(folder, dtype="float16")
+    assert half.dtype == torch.float16 and half.model.embed_tokens.weight.dtype == torch.float16
+    ids = half.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+    ours = reference_logits(half.model, ids)
+    full = reference_logits(load_model(folder, dtype="float32").model, ids)
+    # fp16 keeps 11 significant bits: ~1e-3 relative per op; logits here are O(10).
+    assert (ours - full).abs().max().item() < 0.1

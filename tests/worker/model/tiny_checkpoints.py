@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import gguf
 import numpy as np
 import tokenizers
 import torch
-from intentserve.worker.model.config import ModelConfig
+from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
 from safetensors.torch import save_file
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from torch import Tensor
@@ -171,6 +172,10 @@ _GGUF_LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",  # Phi-3: its fused gate|up goes by llama.cpp's `ffn_up`
 }
 _GGUF_GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -186,8 +191,34 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_GGUF_LAYER['.'.join(part)]}.{kind}"
 
 
-def write_gguf(path: Path, config: ModelConfig, weights: dict[str, Tensor]) -> Path:
-    """A float32 GGUF laid out as llama.cpp's converter would write it."""
+def llama_cpp_rope_freqs(head_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray:
+    """The `rope_freqs.weight` divisors llama.cpp's converter writes for `llama3` scaling,
+    computed here per pair from its wavelength (independently of the loader's rope.py)."""
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(scaling.factor)
+        else:
+            smooth = (
+                scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor
+            ) / (scaling.high_freq_factor - scaling.low_freq_factor)
+            factors.append(1 / ((1 - smooth) / scaling.factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_gguf(
+    path: Path,
+    config: ModelConfig,
+    weights: dict[str, Tensor],
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """A float32 GGUF laid out as llama.cpp's converter would write it; `extra_tensors` are
+    added under their GGUF names as they are."""
     arch = config.architecture
     writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(config.max_position_embeddings)
@@ -196,12 +227,21 @@ def write_gguf(path: Path, config: ModelConfig, weights: dict[str, Tensor]) -> P
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_heads)
     writer.add_head_count_kv(config.num_kv_heads)
+    if config.head_dim != config.hidden_size // config.num_heads:
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+    if config.sliding_window is not None:
+        writer.add_sliding_window(config.sliding_window)
     writer.add_rope_dimension_count(config.head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_theta)
-    if config.rope_scaling is not None:  # llama.cpp files can express linear scaling only
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.type is RopeScalingType.LLAMA3:
+        freqs = llama_cpp_rope_freqs(config.head_dim, config.rope_theta, scaling)
+        writer.add_tensor("rope_freqs.weight", freqs)
+    elif scaling is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(config.rope_scaling.factor)
+        writer.add_rope_scaling_factor(scaling.factor)
     writer.add_vocab_size(config.vocab_size)
     tok = json.loads(tiny_tokenizer().to_str())
     vocab = tok["model"]["vocab"]
@@ -225,6 +265,8 @@ def write_gguf(path: Path, config: ModelConfig, weights: dict[str, Tensor]) -> P
         elif arch == "llama" and ".k_proj." in name:
             array = llama_cpp_permute(array, config.num_kv_heads)
         writer.add_tensor(_gguf_name(name), array)
+    for name, array in (extra_tensors or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

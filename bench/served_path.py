@@ -1,0 +1,258 @@
+"""What the served path costs: the in-process engine against the same engine served by
+`intentserve up` (1 replica, security on: TLS to the controller, mutual TLS to the worker),
+side by side in one run on this machine, at 1, 32 and 64 concurrent streams, fp32 and bf16.
+
+    python bench/served_path.py                  # writes bench/results/served_path.json
+    python bench/served_path.py --repeats 1 --max-tokens 32 --dtypes bfloat16   # a quick check
+
+Both sides run the same engine settings (paged, prefix caching off, the same KV budget and
+scheduler limits) under the same thread budget (`--num-cpus` torch threads in the bench process;
+`numCpus` for the worker). Each repeat measures the engine then the served path at every
+concurrency, interleaved (the machine's speed drifts); the figure is the median of `--repeats`.
+The workload: distinct chat prompts (the user's turn through the chat template), greedy, EOS
+ignored, `--max-tokens` new tokens each. The target: served >= 95% of the engine everywhere.
+The guard: in fp32 the served greedy text of every prompt equals the engine's. Each row also
+records CPU ms per 1000 tokens: of the bench process (the engine in-process; or the client) and
+of the controller and the worker (spin-waiting torch threads count as busy).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# ruff: noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.chat import Conversation
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.registry import load_model
+
+from bench.served import Deployment
+from bench.workloads import MAX_MODEL_LEN, MODEL, PROMPTS
+
+TARGET = 0.95
+KV_BYTES = 1 << 30
+MAX_NUM_BATCHED_TOKENS = 4096
+MANIFEST = """\
+apiVersion: intentserve/v1
+kind: Deployment
+metadata: {{name: served-path}}
+spec:
+  model: {{name: {model}, dtype: {dtype}}}
+  replicas: 1
+  resources: {{device: cpu, numCpus: {num_cpus}}}
+  pagedAttention: {{mode: "on", prefixCaching: "off", kvCacheMemory: {kv_bytes}}}
+  scheduler: {{maxNumSeqs: {streams}, maxModelLen: {max_model_len},
+    maxNumBatchedTokens: {max_batched}}}
+  controller: {{maxOutstandingPerWorker: {streams}}}
+"""
+
+
+def prompts(num: int) -> list[str]:
+    """`num` distinct short user turns (about 50 tokens each through the chat template)."""
+    return [f"Request {i}. {PROMPTS[i % len(PROMPTS)]}" for i in range(num)]
+
+
+def engine_run(engine, texts: list[str], max_tokens: int) -> tuple[float, list[str]]:
+    """Output tokens/s of the in-process engine on `texts` submitted together, and its texts."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = engine.generate([Conversation.user(t) for t in texts], params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.new_token_ids) == max_tokens for o in outputs)
+    return len(texts) * max_tokens / elapsed, [o.new_text for o in outputs]
+
+
+def served_run(
+    deployment: Deployment, texts: list[str], max_tokens: int
+) -> tuple[float, list[str]]:
+    """Output tokens/s of one concurrent greedy stream per text through the controller."""
+    counts = [0] * len(texts)
+    pieces: list[list[str]] = [[] for _ in texts]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            for chunk in deployment.client.generate(
+                texts[i], chat=True, max_tokens=max_tokens, ignore_eos=True, timeout_s=600
+            ):
+                counts[i] += len(chunk["token_ids"])
+                pieces[i].append(chunk["text"])
+        except BaseException as error:  # noqa: BLE001 - reported below, the run is void
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(texts))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} streams failed: {errors[0]!r}")
+    assert counts == [max_tokens] * len(texts), counts
+    return sum(counts) / elapsed, ["".join(p) for p in pieces]
+
+
+def cpu_meter(deployment: Deployment | None) -> Callable[[int], dict[str, float]]:
+    """Start counting CPU; the returned function gives CPU ms per 1000 tokens since then, of
+    this process ("bench": the engine in-process, or the client) and, with a deployment, of its
+    controller and its worker. Spin-waiting torch threads count too."""
+
+    def now() -> dict[str, float]:
+        times = {"bench": time.process_time()}
+        if deployment is not None:
+            times |= {
+                "controller": deployment.controller_cpu_s(),
+                "worker": deployment.worker_cpu_s(),
+            }
+        return times
+
+    start = now()
+
+    def per_1k_tokens(num_tokens: int) -> dict[str, float]:
+        return {k: (v - start[k]) * 1e6 / num_tokens for k, v in now().items()}
+
+    return per_1k_tokens
+
+
+def _median_each(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
+def check_same_texts(served: list[str], engine: list[str]) -> None:
+    """The guard: greedy fp32 text through the served path is the engine's, prompt by prompt."""
+    for i, (a, b) in enumerate(zip(served, engine, strict=True)):
+        if a != b:
+            raise AssertionError(
+                f"fp32 served text differs from the engine's for prompt {i}:\n"
+                f"served {a!r}\nengine {b!r}"
+            )
+
+
+def build_engine(dtype: str, max_num_seqs: int):
+    return (
+        EngineBuilder()
+        .paged_attention("on", prefix_caching="off")
+        .kv_cache_memory(bytes=KV_BYTES)
+        .scheduler(
+            max_model_len=MAX_MODEL_LEN,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        )
+        .build(loaded=load_model(MODEL, dtype=dtype))
+    )
+
+
+def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict]:
+    streams = max(args.concurrency)
+    manifest = work / f"{dtype}.yaml"
+    manifest.write_text(
+        MANIFEST.format(
+            model=MODEL,
+            dtype=dtype,
+            num_cpus=args.num_cpus,
+            kv_bytes=KV_BYTES,
+            streams=streams,
+            max_model_len=MAX_MODEL_LEN,
+            max_batched=MAX_NUM_BATCHED_TOKENS,
+        )
+    )
+    engine = build_engine(dtype, streams)
+    texts = prompts(streams)
+    rates: dict[tuple[str, int], list[float]] = {}
+    cpu_ms: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with Deployment(manifest, work) as d:
+        engine_run(engine, texts[:2], 8)  # warm-up: kernels, caches, connections
+        served_run(d, texts[:2], 8)
+        for r in range(args.repeats):
+            for n in args.concurrency:
+                engine_cpu = cpu_meter(None)
+                engine_rate, engine_texts = engine_run(engine, texts[:n], args.max_tokens)
+                cpu_ms.setdefault(("engine", n), []).append(engine_cpu(n * args.max_tokens))
+                served_cpu = cpu_meter(d)
+                served_rate, served_texts = served_run(d, texts[:n], args.max_tokens)
+                cpu_ms.setdefault(("served", n), []).append(served_cpu(n * args.max_tokens))
+                if dtype == "float32":
+                    check_same_texts(served_texts, engine_texts)
+                rates.setdefault(("engine", n), []).append(engine_rate)
+                rates.setdefault(("served", n), []).append(served_rate)
+                print(
+                    f"[{dtype}] repeat {r + 1} n={n:<3} engine {engine_rate:6.1f} tok/s "
+                    f"served {served_rate:6.1f} ({served_rate / engine_rate:.3f})",
+                    flush=True,
+                )
+    rows = []
+    for n in args.concurrency:
+        engine_tok_s = statistics.median(rates[("engine", n)])
+        served_tok_s = statistics.median(rates[("served", n)])
+        rows.append(
+            {
+                "dtype": dtype,
+                "concurrency": n,
+                "engine_tok_s": engine_tok_s,
+                "served_tok_s": served_tok_s,
+                "engine_runs_tok_s": rates[("engine", n)],
+                "served_runs_tok_s": rates[("served", n)],
+                "served_over_engine": served_tok_s / engine_tok_s,
+                "engine_cpu_ms_per_1k_tokens": _median_each(cpu_ms[("engine", n)]),
+                "served_cpu_ms_per_1k_tokens": _median_each(cpu_ms[("served", n)]),
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--concurrency", default="1,32,64")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-cpus", type=int, default=2, help="torch threads on both sides")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "served_path.json")
+    args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    torch.set_num_threads(args.num_cpus)
+    work = Path(tempfile.mkdtemp(prefix="intentserve-bench-"))
+    os.environ["INTENTSERVE_HOME"] = str(work / "home")
+    rows = [row for dtype in args.dtypes.split(",") for row in measure_dtype(dtype, args, work)]
+    for row in rows:
+        ok = "met" if row["served_over_engine"] >= TARGET else "not met"
+        cpu = row["served_cpu_ms_per_1k_tokens"]
+        print(
+            f"{row['dtype']:>8} n={row['concurrency']:<3} engine {row['engine_tok_s']:6.1f} "
+            f"served {row['served_tok_s']:6.1f} tok/s  served / engine "
+            f"{row['served_over_engine']:.3f}  ({ok}, target {TARGET:.2f}); CPU ms per 1k "
+            f"tokens: engine {row['engine_cpu_ms_per_1k_tokens']['bench']:.0f}, served: worker "
+            f"{cpu['worker']:.0f} controller {cpu['controller']:.0f} client {cpu['bench']:.0f}"
+        )
+    summary = {
+        "workload": {"max_tokens": args.max_tokens, "greedy": True, "ignore_eos": True},
+        "num_cpus": args.num_cpus,
+        "repeats": args.repeats,
+        "target": TARGET,
+        "rows": rows,
+        "machine": os.uname().machine,
+        "cpus": os.cpu_count(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
