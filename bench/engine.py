@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
+    ROOFLINE_TARGETS,
     admission,
     engine_throughput,
     hf_throughput,
@@ -30,6 +31,7 @@ from bench.workloads import (  # noqa: E402
     load_models,
     matmul_flops,
     projection_floor,
+    single_stream,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {"max_tokens": max_tokens, "greedy": True, "ignore_eos": True},
         "roofline": {},
         "throughput": [],
+        "single_stream": {},
     }
     for name in args.dtypes.split(","):
         dtype = DTYPES[name]
@@ -69,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         models = load_models(dtype, with_hf=not args.skip_hf)
+        single = single_stream(models, rounds=3 if args.quick else 5)
+        results["single_stream"][name] = single
+        print(
+            f"[{name}] one stream {single['ms_per_token']:.2f} ms/token; weight-streaming limit "
+            f"{single['limit_ms']:.2f} ms ({single['weight_bytes_per_step'] / 1e6:.0f} MB at "
+            f"{single['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s read) = "
+            f"{single['ratio_to_limit']:.2f}x the limit "
+            f"({'met' if single['met'] else 'not met'}: <= {single['target_ratio']}x)",
+            flush=True,
+        )
         for n in concurrency:
             row = {"dtype": name, "concurrency": n}
             for kind in ("paged", "default"):
@@ -77,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["transformers"] = hf_throughput(models, n, max_tokens)
             roof = results["roofline"][name]["tokens_per_s"]
             row["paged_roofline_fraction"] = row["paged"] / roof
+            if name == "bfloat16" and n in ROOFLINE_TARGETS:
+                row["roofline_target"] = ROOFLINE_TARGETS[n]
+                row["roofline_target_met"] = row["paged_roofline_fraction"] >= ROOFLINE_TARGETS[n]
             # The most any engine on these weights could give: projections + LM head alone.
             floor_s = projection_floor(models, n)
             row["projection_floor_ms"] = floor_s * 1e3
@@ -93,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"  transformers {row['transformers']:7.1f}"
                 line += f"  x{row['paged_vs_transformers']:.2f}"
             line += f"  roofline {row['paged_roofline_fraction']:.1%}"
+            if "roofline_target" in row:
+                verdict = "met" if row["roofline_target_met"] else "not met"
+                line += f" ({verdict}: >= {row['roofline_target']:.0%})"
             line += f"  | projections alone {row['projection_floor_ms']:.1f} ms/step"
             line += f" -> ceiling {row['projection_ceiling_tokens_per_s']:.0f} tok/s"
             if "transformers" in row:

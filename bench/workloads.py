@@ -15,6 +15,10 @@ from intentserve.worker.model.registry import load_model, resolve_model_path
 # SmolLM2-135M: about 2 x 134.5 M multiply-adds per generated token.
 FLOP_PER_TOKEN = 2 * 134.5e6
 MODEL = "smollm2-135m"
+# Issue 13's targets: one stream within 1.25x of the weight-streaming limit; batches (bf16) at
+# these fractions of the in-run matmul roofline.
+SINGLE_STREAM_TARGET = 1.25
+ROOFLINE_TARGETS = {32: 0.55, 64: 0.65}
 MAX_MODEL_LEN = 512
 PROMPTS = [
     "The history of the printing press begins in",
@@ -91,6 +95,75 @@ def projection_floor(models: Models, num_rows: int, repeats: int = 7) -> float:
         step()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def read_bandwidth(num_bytes: int = 2**30) -> float:
+    """Bytes/s of one large read: torch's float32 sum over `num_bytes` (all torch threads)."""
+    data = torch.ones(num_bytes // 4, dtype=torch.float32)
+    data.sum()  # warm-up: pages touched, thread pool up
+    start = time.perf_counter()
+    data.sum()
+    return num_bytes / (time.perf_counter() - start)
+
+
+def _tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the tensors a module holds: parameters, buffers and plain tensor attributes
+    (a packed or quantized weight is often the last kind)."""
+    found = [*module.parameters(), *module.buffers()]
+    found += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+    unique = {id(t): t for t in found}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def weight_bytes_per_step(models: Models) -> int:
+    """Bytes of weights a decode step reads, from the realized model: every projection and the
+    LM head (for a tied head without its own copy, the embedding table it reads), not the
+    embedding lookup. Call it after an engine was built (packed weights are what runs)."""
+    model = models.ours.model
+    total = 0
+    for layer in model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj):
+            total += _tensor_bytes(linear)
+        total += _tensor_bytes(layer.mlp.gate_up_proj) + _tensor_bytes(layer.mlp.down_proj)
+    head = model.lm_head
+    embed = model.embed_tokens.weight
+    return total + (embed.numel() * embed.element_size() if head is None else _tensor_bytes(head))
+
+
+def single_stream(models: Models, rounds: int = 5, steps_per_round: int = 24) -> dict:
+    """One sequence decoding: seconds per token (decode steps only) against the weight-streaming
+    limit, bytes of weights per step / read bandwidth. The two are measured alternately, round
+    by round, in this process, and each is the median over rounds (the machine may be shared).
+    """
+    kv_bytes = MAX_MODEL_LEN * _bytes_per_token(models)
+    engine = _engine(models, "paged", 1, kv_bytes)
+    engine.generate([PROMPTS[0]], SamplingParams(max_tokens=4))  # warm-up
+    bandwidths, step_times = [], []
+    for _ in range(rounds):
+        bandwidths.append(read_bandwidth())
+        engine.add_request(
+            PROMPTS[1], SamplingParams(max_tokens=steps_per_round + 2, ignore_eos=True)
+        )
+        engine.step()  # the prefill
+        times = []
+        while engine.has_unfinished:
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+        step_times.append(sorted(times)[len(times) // 2])
+    bandwidth = sorted(bandwidths)[rounds // 2]
+    step_s = sorted(step_times)[rounds // 2]
+    weight_bytes = weight_bytes_per_step(models)
+    limit_s = weight_bytes / bandwidth
+    return {
+        "read_bandwidth_bytes_per_s": bandwidth,
+        "weight_bytes_per_step": weight_bytes,
+        "limit_ms": limit_s * 1e3,
+        "ms_per_token": step_s * 1e3,
+        "ratio_to_limit": step_s / limit_s,
+        "target_ratio": SINGLE_STREAM_TARGET,
+        "met": step_s / limit_s <= SINGLE_STREAM_TARGET,
+    }
 
 
 def _engine(models: Models, kind: str, max_num_seqs: int, kv_bytes: int, block_size: int = 16):

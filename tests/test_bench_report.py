@@ -1,6 +1,11 @@
 """bench/report.py judges the issue's targets on every run given, from the results JSON."""
 
-from bench.report import served_path_targets_table, targets_table, throughput_table
+from bench.report import (
+    decode_targets_table,
+    served_path_targets_table,
+    targets_table,
+    throughput_table,
+)
 
 
 def _run(ratio32: float, fraction64: float, single: float = 1.2) -> dict:
@@ -52,6 +57,41 @@ def test_throughput_table_has_a_row_per_dtype_and_concurrency():
     table = throughput_table(_run(1.5, 0.43))
     assert len(table.splitlines()) == 2 + 8
     assert "| bfloat16 | 64 | 150 | 100 | 100 | 1.50x | 43% | 30.0 | 2.50x |" in table
+
+
+def _decode_run(ratios: dict[str, float], fraction32: float, fraction64: float) -> dict:
+    run = _run(1.5, fraction64)
+    for row in run["throughput"]:
+        if row["dtype"] == "bfloat16" and row["concurrency"] == 32:
+            row["paged_roofline_fraction"] = fraction32
+    run["single_stream"] = {
+        dtype: {"ms_per_token": 10.0 * ratio, "limit_ms": 10.0, "ratio_to_limit": ratio}
+        for dtype, ratio in ratios.items()
+    }
+    return run
+
+
+def test_decode_targets_judge_single_stream_and_batch_roofline_on_every_run():
+    runs = [
+        _decode_run({"float32": 1.2, "bfloat16": 1.3}, 0.56, 0.66),
+        _decode_run({"float32": 1.25, "bfloat16": 1.1}, 0.54, 0.70),
+    ]
+    table = decode_targets_table(runs)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+    assert lines["one stream within 1.25x of the weight-streaming limit, float32"].endswith(
+        "| 1.20x / 1.25x | yes |"
+    )
+    assert lines["one stream within 1.25x of the weight-streaming limit, bfloat16"].endswith(
+        "| 1.30x / 1.10x | in 1 of 2 runs |"
+    )
+    assert lines["paged >= 55% of the bf16 roofline at 32 requests"].endswith(
+        "| 56% / 54% | in 1 of 2 runs |"
+    )
+    assert lines["paged >= 65% of the bf16 roofline at 64 requests"].endswith("| 66% / 70% | yes |")
+
+
+def test_decode_targets_are_left_out_of_runs_without_the_single_stream_section():
+    assert decode_targets_table([_run(1.5, 0.43)]) == ""
 
 
 def _served_run(ratios: dict[tuple[str, int], float]) -> dict:

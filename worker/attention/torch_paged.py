@@ -75,6 +75,12 @@ def _key_rows(tables: Tensor, block_size: int, num_positions: int) -> Tensor:
     return blocks * block_size + pos % block_size
 
 
+def _in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """NOTE: `t.to(dtype)` is a dispatched op even where it changes nothing; a decode step calls
+    this twice per layer."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _window_floor(query_pos: Tensor, window: int | None) -> Tensor | None:
     return None if window is None else query_pos - window + 1
 
@@ -199,11 +205,16 @@ class TorchPagedAttention:
         """The compiled kernel: K/V read in place, float32 softmax, one (sequence, kv head) per
         task. NOTE: q may be a strided view of the fused projection; rows must be dense."""
         batch = d.num_seqs
-        qd = (q if d.rows is None else q[d.rows])[:batch]
+        qd = q if d.rows is None else q[d.rows]
+        if qd.shape[0] != batch:
+            qd = qd[:batch]
         if qd.dtype != k_cache.dtype or qd.stride(2) != 1 or qd.stride(1) != qd.shape[2]:
             qd = qd.to(k_cache.dtype).contiguous()
         direct = d.rows is None and out.dtype == k_cache.dtype  # write straight into `out`
-        result = out[:batch] if direct else torch.empty(qd.shape, dtype=k_cache.dtype)
+        if direct:
+            result = out if out.shape[0] == batch else out[:batch]
+        else:
+            result = torch.empty(qd.shape, dtype=k_cache.dtype)
         fn = self.kernel.bf16 if k_cache.dtype == torch.bfloat16 else self.kernel.f32
         num_heads, head_dim = qd.shape[1], qd.shape[2]
         code = fn(
@@ -260,8 +271,8 @@ class TorchPagedAttention:
         self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, meta: TorchPagedMetadata
     ) -> Tensor:
         k_cache, v_cache = self.pool.flat(layer_idx)  # [rows, Hkv, D]
-        k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        k_cache.index_copy_(0, meta.slot_mapping, _in_dtype(k, k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping, _in_dtype(v, v_cache.dtype))
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D], dense
         window = self.layer_windows[layer_idx]
         plan = meta.plans[window]

@@ -1,7 +1,8 @@
 """Fused CPU forms of a decoder layer's elementwise steps, from the compiled
-`worker/attention/cpu_kernels/fused_ops.c`: residual add + RMSNorm in one pass, and
-SiLU(gate) * up in one pass. They round where the torch ops they replace round (see the C file),
-so switching them on changes speed, not results (bf16 logits measured identical on SmolLM2).
+`worker/attention/cpu_kernels/fused_ops.c`: residual add + RMSNorm in one pass, SiLU(gate) * up
+in one pass, and the rotary embedding of q and k in place. They round where the torch ops they
+replace round (see the C file), so switching them on changes speed, not results (bf16 logits
+measured identical on SmolLM2).
 
 `enable_fused_ops(model)` switches a CPU model over; where the library cannot be built the model
 keeps its torch ops and the reason is logged and reported.
@@ -64,6 +65,24 @@ def silu_and_mul(ops: FusedOps, gate_up: Tensor) -> Tensor | None:
     fn = ops.silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else ops.silu_mul_f32
     fn(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
     return out
+
+
+def rotary_(
+    ops: FusedOps, qkv: Tensor, cos: Tensor, sin: Tensor, num_heads: int, head_dim: int
+) -> bool:
+    """Rotate the first `num_heads` heads of each row of qkv [T, width] in place (q and k of a
+    fused projection; v after them is left alone); cos, sin: [T, 1, head_dim // 2].
+    False, and nothing touched, when the tensors do not suit the kernel."""
+    if qkv.dim() != 2 or cos.shape != (qkv.shape[0], 1, head_dim // 2):
+        return False
+    if head_dim % 2 or qkv.shape[1] < num_heads * head_dim:
+        return False
+    if not _suits(head_dim // 2, qkv, cos, sin):
+        return False
+    fn = ops.rotary_bf16 if qkv.dtype == torch.bfloat16 else ops.rotary_f32
+    rows, width = qkv.shape
+    fn(qkv.data_ptr(), width, cos.data_ptr(), sin.data_ptr(), rows, num_heads, head_dim)
+    return True
 
 
 def enable_fused_ops(model) -> str:

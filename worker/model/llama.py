@@ -3,6 +3,10 @@
 The model owns no KV cache: each layer hands its rotated q/k/v to an `AttentionBackend`, which
 stores k/v wherever it keeps them and attends. One step's tokens from all sequences are
 concatenated into T rows; which row belongs to which sequence is the backend's business (`meta`).
+
+NOTE: the layers call their submodules' `forward` directly: no module here has hooks, and
+`Module.__call__` cost ~1-5 us each, ~200 times a step, which at one sequence is a few percent
+of a decode step.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class LlamaAttention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
         # Qwen3 only: per-head RMSNorm of q and k; other families have no such weights.
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -80,18 +85,21 @@ class LlamaAttention(nn.Module):
         meta: Any,
     ) -> Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
-        qk = qkv[:, : self.q_size + self.kv_size].view(
-            num_tokens, self.num_heads + self.num_kv_heads, self.head_dim
-        )
-        if self.q_norm is not None:
+        qkv = self.qkv_proj.forward(x)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+        num_rotated = self.num_heads + self.num_kv_heads  # q and k: same angles, one pass
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_rotated, self.head_dim)
+        if self.q_norm is not None:  # the normed heads are a new tensor: rotate that one
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
-        qk = apply_rotary(qk, *cos_sin)  # q and k rotated together: same angles, fewer kernels
+            qk = apply_rotary(torch.cat((self.q_norm(q), self.k_norm(k)), dim=1), *cos_sin)
+        # The compiled op rotates qk in place (it is a view of qkv); else torch's ops, a copy.
+        elif self.fused is None or not cpu_ops.rotary_(
+            self.fused, qkv, *cos_sin, num_rotated, self.head_dim
+        ):
+            qk = apply_rotary(qk, *cos_sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attn.forward(self.layer_idx, q, k, v, meta)  # [T, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.o_proj.forward(out.reshape(num_tokens, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -103,13 +111,13 @@ class LlamaMLP(nn.Module):
         self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
 
     def forward(self, x: Tensor) -> Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 * I]: gate | up
+        gate_up = self.gate_up_proj.forward(x)  # [T, 2 * I]: gate | up
         if self.fused is not None:
             hidden = cpu_ops.silu_and_mul(self.fused, gate_up)
             if hidden is not None:
-                return self.down_proj(hidden)
+                return self.down_proj.forward(hidden)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj.forward(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -135,9 +143,9 @@ class LlamaDecoderLayer(nn.Module):
         those of `x = x + attn(norm(x)); x = x + mlp(norm(x))`.
         """
         h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn(h, cos_sin, attn, meta)
+        h = self.self_attn.forward(h, cos_sin, attn, meta)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        return self.mlp.forward(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -165,7 +173,7 @@ class LlamaModel(nn.Module):
         cos_sin = self.rotary(positions, x.dtype)
         residual = None
         for layer in self.layers:
-            x, residual = layer(x, residual, cos_sin, attn, meta)
+            x, residual = layer.forward(x, residual, cos_sin, attn, meta)
         return self.norm.add_forward(x, residual)[0]
 
     @torch.inference_mode()

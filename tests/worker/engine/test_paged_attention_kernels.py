@@ -377,3 +377,21 @@ def test_unsupported_head_dim_falls_back_to_the_gather_path_with_the_reason():
     seq_id, ctx, _ = scheduled[0]
     q, k, v = history[seq_id]
     torch.testing.assert_close(outs[seq_id], dense(q[ctx - 1 : ctx], k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_step_batch_addresses_each_new_token_through_its_table():
+    """Positions and flat cache rows of a step: a paged prefill chunk and a paged decode; then
+    contiguous slots (a one-block table whose block is the whole slot, max_model_len long)."""
+    step = [
+        ScheduledSeq("p", 3, (5, 6, 7), True, block_table=(9, 2)),  # rows 3..5: blocks 9, 9, 2
+        ScheduledSeq("d", 6, (8,), True, block_table=(4, 7)),  # row 6: block 7, offset 2
+    ]
+    batch = build_step_batch(step, BS, torch.device("cpu"))
+    assert batch.positions.tolist() == [3, 4, 5, 6]
+    assert batch.slot_mapping.tolist() == [9 * BS + 3, 2 * BS + 0, 2 * BS + 1, 7 * BS + 2]
+    assert batch.tables.tolist() == [[9, 2], [4, 7]]
+    assert batch.query_start == [0, 3, 4] and batch.context_lens == [6, 7]
+    slots = [ScheduledSeq("a", 10, (1,), True, slot=3), ScheduledSeq("b", 0, (1, 2), True, slot=0)]
+    batch = build_step_batch(slots, 32, torch.device("cpu"))
+    assert batch.positions.tolist() == [10, 0, 1]
+    assert batch.slot_mapping.tolist() == [3 * 32 + 10, 0, 1]

@@ -69,3 +69,28 @@ def test_shapes_the_kernels_do_not_take_fall_back():
     assert cpu_ops.silu_and_mul(ops, torch.randn(3, 64, dtype=torch.float16)) is None
     strided = torch.randn(64, 3).t()
     assert cpu_ops.add_rmsnorm(ops, strided, None, torch.ones(64), 1e-6) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rotary_in_place_matches_apply_rotary_bit_for_bit(dtype):
+    from intentserve.worker.model.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(2)
+    rows, num_heads, num_kv_heads, head_dim = 7, 9, 3, 64
+    width = (num_heads + 2 * num_kv_heads) * head_dim  # a fused q|k|v row
+    qkv = (3 * torch.randn(rows, width, generator=gen)).to(dtype)
+    angles = 100 * torch.rand(rows, 1, head_dim // 2, generator=gen)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    rotated = num_heads + num_kv_heads
+    qk = qkv[:, : rotated * head_dim].view(rows, rotated, head_dim)
+    expected = apply_rotary(qk, cos, sin)
+    v_before = qkv[:, rotated * head_dim :].clone()
+    assert cpu_ops.rotary_(fused_ops(), qkv, cos, sin, rotated, head_dim)
+    assert torch.equal(qkv[:, : rotated * head_dim].view(rows, rotated, head_dim), expected)
+    assert torch.equal(qkv[:, rotated * head_dim :], v_before)  # v is not rotated
+
+
+def test_rotary_leaves_shapes_it_does_not_take_to_torch():
+    qkv = torch.randn(2, 3 * 48)  # head_dim 48: half of it is not whole 16-lane vectors
+    cos = sin = torch.ones(2, 1, 24)
+    assert not cpu_ops.rotary_(fused_ops(), qkv, cos, sin, 2, 48)

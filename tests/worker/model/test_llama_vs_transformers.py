@@ -91,6 +91,21 @@ def test_logits_match_transformers_with_fused_cpu_ops(fused, smollm2_hf, prompt)
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
+def test_fused_cpu_ops_keep_the_greedy_tokens_in_float32(smollm2):
+    """The compiled norms, SiLU and in-place rotary change speed, not tokens: one-token decode
+    steps (the path they speed up) pick the same tokens as the torch ops."""
+    from intentserve.worker.model.cpu_ops import disable_fused_ops, enable_fused_ops
+
+    ids = smollm2.tokenizer.encode(PROMPTS[1])
+    plain = _greedy_ours(smollm2.model, ids, 24)
+    enable_fused_ops(smollm2.model)
+    try:
+        fast = _greedy_ours(smollm2.model, ids, 24)
+    finally:
+        disable_fused_ops(smollm2.model)
+    assert fast == plain
+
+
 def test_fused_cpu_ops_agree_with_torch_ops_in_bfloat16(smollm2_path):
     """bf16: the fused ops round where the torch ops round, so the logits match; what could
     differ is float32 summation order and the exp inside SiLU crossing a rounding boundary."""

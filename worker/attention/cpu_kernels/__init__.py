@@ -171,6 +171,8 @@ class FusedOps:
     add_rmsnorm_bf16: ctypes._CFuncPtr
     silu_mul_f32: ctypes._CFuncPtr
     silu_mul_bf16: ctypes._CFuncPtr
+    rotary_f32: ctypes._CFuncPtr
+    rotary_bf16: ctypes._CFuncPtr
     path: Path
 
 
@@ -185,6 +187,7 @@ _DECODE_ARGS = [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I64
                 _F32, _PTR]  # fmt: skip
 _RMSNORM_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32]
 _SILU_MUL_ARGS = [_PTR, _PTR, _I64, _I64]
+_ROTARY_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64]
 
 
 def paged_decode_kernel() -> PagedDecodeKernel:
@@ -205,6 +208,8 @@ def fused_ops() -> FusedOps:
         _declare(lib.add_rmsnorm_bf16, _RMSNORM_ARGS),
         _declare(lib.silu_mul_f32, _SILU_MUL_ARGS),
         _declare(lib.silu_mul_bf16, _SILU_MUL_ARGS),
+        _declare(lib.rotary_f32, _ROTARY_ARGS),
+        _declare(lib.rotary_bf16, _ROTARY_ARGS),
         Path(lib._name),
     )
 

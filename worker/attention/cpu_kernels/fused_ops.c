@@ -5,6 +5,8 @@
  *
  *   add_rmsnorm: s = x + r; y = w * (s * rsqrt(mean(s^2) + eps)); r <- s.  Without r, s = x.
  *   silu_mul:    y = silu(gate) * up, for rows laid out [gate | up].
+ *   rotary:      the first num_heads heads of each row rotated in place (rotate-half layout):
+ *                x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, for the halves x1 | x2 of a head.
  *
  * They round where the torch ops they replace round (s, the normalized row and the product with
  * w are each rounded to the dtype; silu(gate) is rounded before the product), so in bfloat16 the
@@ -115,6 +117,40 @@ static inline __attribute__((always_inline)) void silu_mul(const void *gate_up, 
             store16(out, r * inter + i, round16(act * u, is_bf16), is_bf16);
         }
     }
+}
+
+/* NOTE: each product is rounded before the sum, as torch's separate mul and sub/add round; the
+ * compiler must not contract them into one fused multiply-add (that would differ in float32). */
+#define NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+
+static inline __attribute__((always_inline)) NO_CONTRACT void rotary(
+    void *qkv, int64_t row_stride, const void *cos, const void *sin, int64_t rows,
+    int64_t num_heads, int64_t head_dim, const int is_bf16) {
+    const int64_t half = head_dim / 2;
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < half; i += 16) {
+            const v16 c = load16(cos, r * half + i, is_bf16);
+            const v16 s = load16(sin, r * half + i, is_bf16);
+            for (int64_t h = 0; h < num_heads; ++h) {
+                const int64_t at = r * row_stride + h * head_dim + i;
+                const v16 x1 = load16(qkv, at, is_bf16), x2 = load16(qkv, at + half, is_bf16);
+                const v16 a = round16(x1 * c, is_bf16) - round16(x2 * s, is_bf16);
+                const v16 b = round16(x2 * c, is_bf16) + round16(x1 * s, is_bf16);
+                store16(qkv, at, round16(a, is_bf16), is_bf16);
+                store16(qkv, at + half, round16(b, is_bf16), is_bf16);
+            }
+        }
+    }
+}
+
+NO_CONTRACT void rotary_f32(float *qkv, int64_t row_stride, const float *cos, const float *sin, int64_t rows,
+                int64_t num_heads, int64_t head_dim) {
+    rotary(qkv, row_stride, cos, sin, rows, num_heads, head_dim, 0);
+}
+
+NO_CONTRACT void rotary_bf16(uint16_t *qkv, int64_t row_stride, const uint16_t *cos, const uint16_t *sin,
+                 int64_t rows, int64_t num_heads, int64_t head_dim) {
+    rotary(qkv, row_stride, cos, sin, rows, num_heads, head_dim, 1);
 }
 
 void add_rmsnorm_f32(const float *x, float *residual, const float *weight, float *out,

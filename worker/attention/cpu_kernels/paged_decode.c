@@ -30,6 +30,7 @@
 #endif
 
 #define MAX_GROUP 16
+#define PARALLEL_MIN_ELEMENTS (1 << 17)
 
 #define LANES 16
 #define MAX_CHUNKS 16 /* head_dim up to 256 */
@@ -183,9 +184,15 @@ static inline __attribute__((always_inline)) int decode(
     const int64_t splits = num_seqs >= 8 ? 1 : num_kv_heads;
     const int64_t heads_per_task = num_kv_heads / splits;
     int failed = 0;
+    /* A step of one short sequence is a few microseconds of work: cheaper on this thread than
+     * the fork and join of the team (30 of them a step), which also waits for every thread to be
+     * scheduled, so it stays serial below PARALLEL_MIN_ELEMENTS K and V elements read. */
+    int64_t num_elements = 0;
+    for (int64_t seq = 0; seq < num_seqs; ++seq) num_elements += context_lens[seq];
+    num_elements *= 2 * num_kv_heads * head_dim;
     /* Flush-to-zero and denormals-are-zero inside the kernel only (each thread's MXCSR is put
      * back before the region ends, so torch's own kernels are unaffected). */
-#pragma omp parallel
+#pragma omp parallel if (num_elements >= PARALLEL_MIN_ELEMENTS)
     {
         DENORMALS_OFF();
 #pragma omp for schedule(dynamic, 1)
