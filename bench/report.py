@@ -15,18 +15,24 @@ from pathlib import Path
 
 
 def throughput_table(run: dict) -> str:
+    """One row per dtype and concurrency; without transformers (`--skip-hf`), its columns go."""
+    with_hf = all("transformers" in row for row in run["throughput"])
+    hf_head = "| transformers tok/s | paged / transformers " if with_hf else ""
+    hf_tail = "| ceiling / transformers " if with_hf else ""
     lines = [
-        "| dtype | concurrent | paged tok/s | default tok/s | transformers tok/s "
-        "| paged / transformers | paged / roofline | projections alone, ms/step "
-        "| ceiling / transformers |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| dtype | concurrent | paged tok/s | default tok/s {hf_head}| paged / roofline "
+        f"| projections alone, ms/step {hf_tail}|",
+        "| --- " * (9 if with_hf else 6) + "|",
     ]
     for row in run["throughput"]:
+        hf = (
+            f"| {row['transformers']:.0f} | {row['paged_vs_transformers']:.2f}x " if with_hf else ""
+        )
+        ceiling = f"| {row['ceiling_vs_transformers']:.2f}x " if with_hf else ""
         lines.append(
             f"| {row['dtype']} | {row['concurrency']} | {row['paged']:.0f} | {row['default']:.0f} "
-            f"| {row['transformers']:.0f} | {row['paged_vs_transformers']:.2f}x "
-            f"| {row['paged_roofline_fraction']:.0%} | {row['projection_floor_ms']:.1f} "
-            f"| {row['ceiling_vs_transformers']:.2f}x |"
+            f"{hf}| {row['paged_roofline_fraction']:.0%} | {row['projection_floor_ms']:.1f} "
+            f"{ceiling}|"
         )
     return "\n".join(lines)
 
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{roof['float32']['tokens_per_s']:.0f} and {roof['bfloat16']['tokens_per_s']:.0f} tok/s\n"
     )
     print(throughput_table(first) + "\n")
-    print(targets_table(runs))
+    if all("transformers" in row for run in runs for row in run["throughput"]):
+        print(targets_table(runs))  # issue 3's targets are ratios to transformers
     decode = decode_targets_table(runs)
     if decode:
         print("\n" + decode)

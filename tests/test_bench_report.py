@@ -1,5 +1,7 @@
 """bench/report.py judges the issue's targets on every run given, from the results JSON."""
 
+import json
+
 from bench.report import (
     decode_targets_table,
     served_path_targets_table,
@@ -69,6 +71,28 @@ def _decode_run(ratios: dict[str, float], fraction32: float, fraction64: float) 
         for dtype, ratio in ratios.items()
     }
     return run
+
+
+def test_a_run_without_transformers_drops_its_columns_and_issue_3s_targets(tmp_path, capsys):
+    from bench.report import main
+
+    run = _run(1.5, 0.43)
+    for row in run["throughput"]:
+        for key in ("transformers", "paged_vs_transformers", "ceiling_vs_transformers"):
+            del row[key]
+    roof = {"matmul_flops": 4e11, "tokens_per_s": 1500.0}
+    run["roofline"] = {"float32": roof, "bfloat16": roof}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    table = throughput_table(run).splitlines()
+    assert table[0] == (
+        "| dtype | concurrent | paged tok/s | default tok/s | paged / roofline "
+        "| projections alone, ms/step |"
+    )
+    assert "| bfloat16 | 64 | 150 | 100 | 43% | 30.0 |" in table
+    assert "transformers" not in out and "issue 3" not in out
 
 
 def test_decode_targets_judge_single_stream_and_batch_roofline_on_every_run():
