@@ -1,15 +1,10 @@
 """The fixed inputs of bench/weights.py: 32 prompts for greedy agreement, and one passage
 (about 1,300 tokens of SmolLM2's tokenizer) for perplexity. Written for this bench."""
 
+from bench.workloads import PROMPTS as ENGINE_PROMPTS
+
 PROMPTS = [
-    "The history of the printing press begins in",
-    "Write a short poem about the sea and the wind at night.",
-    "def quicksort(items):\n    # sort a list of integers",
-    "In a distant galaxy, a small robot woke up and",
-    "Explain why the sky is blue in simple terms for a child.",
-    "The three most important inventions of the twentieth century are",
-    "Once upon a time, in a small village by the mountains, there lived",
-    "A recipe for a simple tomato soup: first,",
+    *ENGINE_PROMPTS,  # the engine bench's eight, then 24 more
     "The difference between a virus and a bacterium is",
     "To change a flat tyre on a bicycle, you need to",
     "My favourite season of the year is autumn because",

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from intentserve.worker.model.config import ModelConfig
-from intentserve.worker.model.llama import AttentionBackend
+from intentserve.worker.model.llama import AttentionBackend, DecoderBase
 from intentserve.worker.model.rope import RotaryEmbedding, apply_rotary
 from torch import Tensor, nn
 
@@ -122,7 +122,7 @@ class GemmaDecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(h)
 
 
-class GemmaModel(nn.Module):
+class GemmaModel(DecoderBase):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if not config.tie_word_embeddings:
@@ -149,13 +149,6 @@ class GemmaModel(nn.Module):
             x = layer(x, cos_sin_local if layer.is_local else cos_sin_global, attn, meta)
         return self.norm(x)
 
-    @torch.inference_mode()
-    def compute_logits(self, hidden: Tensor) -> Tensor:
-        """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""
-        if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
-
     @classmethod
     def from_hf_weights(
         cls,
@@ -166,11 +159,9 @@ class GemmaModel(nn.Module):
     ) -> GemmaModel:
         """Build from tensors named as in a transformers `Gemma3ForCausalLM` state dict (norm
         weights w, applied as 1 + w). ValueError names the first missing or unexpected weight."""
-        fused = _fuse_gemma_weights(config, weights, dtype, torch.device(device))
-        with torch.device("meta"):  # skip random init: every parameter is replaced below
-            model = cls(config)
-        model.load_state_dict(fused, strict=True, assign=True)
-        return model.to(device).eval()
+        return cls.from_fused_weights(
+            config, _fuse_gemma_weights(config, weights, dtype, torch.device(device)), device
+        )
 
 
 _NORMS = (

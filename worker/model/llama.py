@@ -12,7 +12,7 @@ of a decode step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import torch
 import torch.nn.functional as F
@@ -148,7 +148,31 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.forward(h), residual
 
 
-class LlamaModel(nn.Module):
+class DecoderBase(nn.Module):
+    """What every decoder here shares: its LM head (the embedding table when `lm_head` is None,
+    i.e. tied) and how it is built from tensors already named as its parameters."""
+
+    embed_tokens: nn.Embedding
+    lm_head: nn.Module | None
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""
+        if self.lm_head is None:  # tied head: the embedding table is the projection
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    @classmethod
+    def from_fused_weights(
+        cls, config: ModelConfig, fused: dict[str, Tensor], device: torch.device | str
+    ) -> Self:
+        with torch.device("meta"):  # skip random init: every parameter is replaced below
+            model = cls(config)
+        model.load_state_dict(fused, strict=True, assign=True)
+        return model.to(device).eval()
+
+
+class LlamaModel(DecoderBase):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if not config.has_kv_cache:
@@ -176,13 +200,6 @@ class LlamaModel(nn.Module):
             x, residual = layer.forward(x, residual, cos_sin, attn, meta)
         return self.norm.add_forward(x, residual)[0]
 
-    @torch.inference_mode()
-    def compute_logits(self, hidden: Tensor) -> Tensor:
-        """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""
-        if self.lm_head is None:  # tied head: the embedding table is the projection
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
-
     @classmethod
     def from_hf_weights(
         cls,
@@ -195,11 +212,9 @@ class LlamaModel(nn.Module):
 
         ValueError names the first missing or unexpected weight.
         """
-        fused = fuse_hf_weights(config, weights, dtype, torch.device(device))
-        with torch.device("meta"):  # skip random init: every parameter is replaced below
-            model = cls(config)
-        model.load_state_dict(fused, strict=True, assign=True)
-        return model.to(device).eval()
+        return cls.from_fused_weights(
+            config, fuse_hf_weights(config, weights, dtype, torch.device(device)), device
+        )
 
 
 def fuse_hf_weights(
