@@ -58,7 +58,8 @@ def test_a_spent_budget_is_degraded_then_exits_1_naming_the_worker(local):
         workers = {w["worker_id"]: w for w in client.status()["workers"]}
         assert workers["local-1"]["state"] == "lost"
         assert "restart budget is spent (spec.maxRestarts 0)" in str(workers["local-1"]["reasons"])
-        assert "DEGRADED - degraded:" in local.stdout
+        # `up` reports once a second, and the dead actor's line can come before the state's.
+        eventually(lambda: "DEGRADED - degraded:" in local.stdout, 15, "the DEGRADED line")
         local.kill_actor("local-0")
         assert local.wait_exit(60) == 1, local.describe()
     assert "error: spec.minReady 1 can no longer be met: 0 of 2 replicas can still run" in (
