@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 import ray
+from intentserve.controller.launch.reap import child_pids, reap
 from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
 
@@ -31,6 +32,7 @@ EMBEDDED_OBJECT_STORE_BYTES = 128 << 20  # actors exchange only small status dic
 # fell to about 80% of the same engine in-process. Workers run at the controller's priority.
 EMBEDDED_SYSTEM_CONFIG = {"worker_niceness": 0}
 LOOPBACK = "127.0.0.1"
+SHUTDOWN_GRACE_S = 10.0  # then the embedded cluster's leftover processes are killed
 
 
 class _WorkerHost:
@@ -66,6 +68,7 @@ class RayLauncher:
         self._log_to_driver = log_to_driver
         self._worker_class = worker_class
         self._actors: dict[str, Any] = {}
+        self._head_pids: set[int] = set()  # the embedded cluster's processes (children of ours)
 
     @property
     def embedded(self) -> bool:
@@ -91,6 +94,7 @@ class RayLauncher:
             }
         else:
             options["address"] = self.address
+        before = child_pids() if self.embedded else set()
         try:
             self._init(options)
         except Exception as error:
@@ -99,6 +103,8 @@ class RayLauncher:
             if error.__cause__ is not None:  # e.g. the AuthenticationError behind the refusal
                 why += f" ({type(error.__cause__).__name__}: {summary(error.__cause__)})"
             raise LaunchError(f"cannot {where}: {why}") from error
+        if self.embedded:
+            self._head_pids = child_pids() - before
         resources = ray.cluster_resources()
         if self.embedded:  # NOTE: a joined cluster may autoscale; the start-up timeout covers it
             self._check_fits({"CPU": num_cpus, "GPU": num_gpus}, resources)
@@ -181,6 +187,8 @@ class RayLauncher:
                 logging.getLogger(__name__).debug("actor already gone", exc_info=True)
         self._actors.clear()
         ray.shutdown()
+        reap(self._head_pids, SHUTDOWN_GRACE_S)
+        self._head_pids = set()
 
     def _probe_one(self, ref) -> ActorProbe:
         try:
