@@ -19,6 +19,8 @@ from gguf import GGMLQuantizationType as QType
 from gguf import GGUFValueType
 from q6k_encoder import QK_K, quantize_q6_k
 
+from tests.worker.model.tiny_checkpoints import hf_config_json
+
 # Q6_K needs rows of whole 256-value blocks: SmolLM2's 576-wide rows (all but ffn_down) fall
 # back to Q8_0, as llama.cpp's quantizer does with tensors a K-type cannot hold.
 K_QUANT_FALLBACK = QType.Q8_0
@@ -94,35 +96,13 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
     return result, time.perf_counter() - start
 
 
-def hf_config_json(config, tokenizer) -> dict:
-    """config.json of a LlamaForCausalLM with this ModelConfig."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "hidden_act": "silu",
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": list(tokenizer.eos_token_ids),
-    }
-
-
 def write_hf_variant(loaded, weights: dict, folder: Path) -> Path:
     """config.json + model.safetensors (float32) + tokenizer.json (+ its config and template)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
     tokenizer = loaded.tokenizer
-    (folder / "config.json").write_text(json.dumps(hf_config_json(loaded.config, tokenizer)))
+    (folder / "config.json").write_text(json.dumps(hf_config_json(loaded.config)))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
     tokenizer.backend.save(str(folder / "tokenizer.json"))
     backend = tokenizer.backend

@@ -119,10 +119,8 @@ def random_hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, Tensor]:
     return w
 
 
-def write_hf_folder(
-    folder: Path, config: ModelConfig, weights: dict[str, Tensor], num_shards: int = 1
-) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def hf_config_json(config: ModelConfig) -> dict:
+    """config.json of the transformers model with this ModelConfig."""
     hf_arch = {
         "llama": "LlamaForCausalLM",
         "qwen2": "Qwen2ForCausalLM",
@@ -133,7 +131,7 @@ def write_hf_folder(
         from intentserve.worker.model.hf_reference import hf_rope_parameters
 
         rope = hf_rope_parameters(config)
-    raw = {
+    return {
         "architectures": [hf_arch],
         "model_type": config.architecture,
         "vocab_size": config.vocab_size,
@@ -153,7 +151,13 @@ def write_hf_folder(
         "eos_token_id": list(config.eos_token_ids),
         "sliding_window": config.sliding_window,
     }
-    (folder / "config.json").write_text(json.dumps(raw))
+
+
+def write_hf_folder(
+    folder: Path, config: ModelConfig, weights: dict[str, Tensor], num_shards: int = 1
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf_config_json(config)))
     names = sorted(weights)
     shards = [names[i::num_shards] for i in range(num_shards)]
     weight_map = {}
