@@ -220,4 +220,9 @@ def test_inference_needs_an_api_key_and_the_workers_answer_only_the_controller(d
         with pytest.raises(grpc.RpcError) as error:
             list(inference_pb2_grpc.InferenceStub(channel).Generate(request, timeout=10))
         assert error.value.code() is expected
+        # The multiplexed call the controller uses is refused alike, before any request starts.
+        start = worker_pb2.StreamCommand(stream=1, start=request)
+        with pytest.raises(grpc.RpcError) as error:
+            list(worker_pb2_grpc.WorkerStreamsStub(channel).Serve(iter([start]), timeout=10))
+        assert error.value.code() is expected
         channel.close()

@@ -1,5 +1,5 @@
-"""The controller's channels to the workers' Inference servers, one per address, and a watch
-stream on each serving worker.
+"""The controller's channels to the workers' servers, one per address; on each, the multiplexed
+call that carries every request to that worker (`worker_mux`), and a watch stream.
 
 The watch is a `grpc.health.v1.Health/Watch` stream the worker's server holds open (health is
 open to any caller). Its statuses do not matter; its life does: when the worker's process dies
@@ -20,6 +20,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.service.deployment import Deployment
+from intentserve.controller.service.worker_mux import WorkerMux
 from intentserve.policy import Reason, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class _Entry:
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.channel = channel
+        self.mux: WorkerMux | None = None  # the multiplexed call for requests, once opened
         self.watch: grpc.Call | None = None  # the open watch stream, if any
         self.connected = False  # the open watch has been answered
         self.unwatchable = False  # the server has no health service: only streams tell
@@ -47,6 +49,14 @@ class WorkerChannels:
         """The channel to `worker_id` at `address` (made on first use)."""
         with self._lock:
             return self._entry(address, worker_id).channel
+
+    def mux(self, address: str, worker_id: str) -> WorkerMux:
+        """The multiplexed call to `worker_id` at `address`; a new one when the last ended."""
+        with self._lock:
+            entry = self._entry(address, worker_id)
+            if entry.mux is None or entry.mux.closed:
+                entry.mux = WorkerMux(entry.channel, worker_id)
+            return entry.mux
 
     def watch(self, workers: dict[str, str]) -> None:
         """Hold a watch stream open to each worker (address -> worker id) that has none."""
@@ -78,6 +88,8 @@ class WorkerChannels:
         for entry in stale:
             if entry.watch is not None:
                 entry.watch.cancel()
+            if entry.mux is not None:
+                entry.mux.close()
             entry.channel.close()
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """Inference routing: pick the READY worker with the fewest outstanding requests, and forward
-`Generate` with the client's remaining deadline and cancellation. The request's content is
+`Generate` on that worker's multiplexed call with the client's remaining deadline and
+cancellation. The request's content is
 checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) passes through.
 A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
 stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
@@ -26,9 +27,10 @@ from intentserve.controller.service.errors import (
 )
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.state import WorkerState
+from intentserve.controller.service.worker_mux import MuxStream
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
-from intentserve.v1 import inference_pb2, inference_pb2_grpc
+from intentserve.v1 import inference_pb2
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ class _Stream:
     """One forwarded call, so that a lost worker's streams can be ended from the outside."""
 
     def __init__(self) -> None:
-        self.call: grpc.Call | None = None
+        self.call: MuxStream | None = None
         self.abort_reason: Reason | None = None
 
 
@@ -154,12 +156,14 @@ class Router:
     ) -> Iterator[inference_pb2.GenerateResponse]:
         remaining_s = context.time_remaining()
         timeout_s = None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
-        stub = inference_pb2_grpc.InferenceStub(self.channels.get(record.address, record.worker_id))
         stream = _Stream()
         self._track(record.worker_id, stream, add=True)
         started = False
         try:
-            stream.call = call = stub.Generate(request, timeout=timeout_s)
+            # NOTE: on the worker's multiplexed call, which carries a step's tokens for all
+            # its requests in one message; the worker enforces the deadline too.
+            mux = self.channels.mux(record.address, record.worker_id)
+            stream.call = call = mux.open(request, timeout_s)
             # The client's cancel or deadline reaches the worker; so does an abort already asked.
             if not context.add_callback(call.cancel) or stream.abort_reason is not None:
                 call.cancel()
@@ -175,6 +179,8 @@ class Router:
                 self._suspect(record, error, started)
             raise _failure(record.worker_id, error, started, stream.abort_reason) from None
         finally:
+            if stream.call is not None:
+                stream.call.cancel()  # a no-op once it ended; else the client went away
             self._track(record.worker_id, stream, add=False)
 
     def _suspect(self, record: WorkerRecord, error: grpc.RpcError, started: bool) -> None:

@@ -103,6 +103,11 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 request_deserializer=deserializer,
                 unary_stream=self._streaming(handler.unary_stream, method),
             )
+        if handler.stream_stream is not None:
+            return handler._replace(
+                request_deserializer=deserializer,
+                stream_stream=self._bidi(handler.stream_stream, method),
+            )
         return handler
 
     def _abort(self, context: grpc.ServicerContext, error: Exception, method: str) -> None:
@@ -127,6 +132,15 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guarded(request, context):
             try:
                 yield from behavior(_parsed(request), context)
+            except Exception as error:
+                self._abort(context, error, method)
+
+        return guarded
+
+    def _bidi(self, behavior, method: str):
+        def guarded(request_iterator, context):
+            try:
+                yield from behavior(map(_parsed, request_iterator), context)
             except Exception as error:
                 self._abort(context, error, method)
 

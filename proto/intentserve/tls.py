@@ -105,4 +105,19 @@ class PeerGate(grpc.ServerInterceptor):
                 yield from inner_stream(request, context)
 
             return handler._replace(unary_stream=stream)
-        return handler
+        if handler.stream_stream is not None:
+            inner_bidi = handler.stream_stream
+
+            def bidi(request_iterator, context):
+                check(context)
+                yield from inner_bidi(request_iterator, context)
+
+            return handler._replace(stream_stream=bidi)
+        # NOTE: a kind of method not handled above is refused rather than let through.
+        inner_any = handler.stream_unary
+
+        def refuse(request_iterator, context):
+            check(context)
+            return inner_any(request_iterator, context)
+
+        return handler._replace(stream_unary=refuse)

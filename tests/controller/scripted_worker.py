@@ -1,5 +1,7 @@
-"""A scripted stand-in for a worker: a real `Inference` server on loopback and a real
-`WorkerRegistry` client, sending capability and realized reports built from `policy` values.
+"""A scripted stand-in for a worker: a real `Inference` and `WorkerStreams` server on loopback
+and a real `WorkerRegistry` client, sending capability and realized reports built from `policy`
+values. The controller reaches it on `WorkerStreams.Serve` (its multiplexed call); each request
+started there plays the same script as a direct `Generate`.
 
 It streams fake tokens, or blocks until cancelled (recording that the cancel arrived), or answers
 RESOURCE_EXHAUSTED as a worker whose queue is full would, or INVALID_ARGUMENT as its engine does
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import queue
 import threading
 import time
 from concurrent import futures
@@ -78,6 +81,79 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
             last = i == w.num_tokens - 1
             yield inference_pb2.GenerateResponse(
                 request_id=request.request_id,
+                token_ids=[100 + i],
+                text=f"t{i} ",
+                num_output_tokens=i + 1,
+                finish_reason=inference_pb2.FINISH_REASON_LENGTH if last else 0,
+            )
+
+
+class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
+    """Each started request plays the worker's script on a thread of its own; its responses
+    and its end go out as events, one message each."""
+
+    def __init__(self, worker: ScriptedWorker) -> None:
+        self._worker = worker
+
+    def Serve(self, request_iterator, context):
+        with self._worker.lock:
+            self._worker.num_serve_calls += 1
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        cancels: dict[int, threading.Event] = {}
+        ended = threading.Event()
+        context.add_callback(ended.set)
+
+        def read() -> None:
+            with contextlib.suppress(grpc.RpcError):
+                for command in request_iterator:
+                    if command.WhichOneof("command") == "start":
+                        cancels[command.stream] = threading.Event()
+                        threading.Thread(
+                            target=self._play,
+                            args=(command, cancels[command.stream], ended, events),
+                            daemon=True,
+                        ).start()
+                    elif command.stream in cancels:
+                        cancels[command.stream].set()
+            ended.set()
+            events.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (event := events.get()) is not None:
+            yield worker_pb2.StreamEvents(events=[event])
+
+    def _play(self, command, cancelled, ended, events) -> None:
+        w, key, request = self._worker, command.stream, command.start
+        with w.lock:
+            w.requests.append(request)
+            w.deadlines_s.append(command.timeout_s)
+
+        def output(**fields) -> None:
+            response = inference_pb2.GenerateResponse(request_id=request.request_id, **fields)
+            events.put(worker_pb2.StreamEvent(stream=key, output=response))
+
+        def error(code: grpc.StatusCode, details: str) -> None:
+            failure = worker_pb2.StreamError(code=code.value[0], details=details)
+            events.put(worker_pb2.StreamEvent(stream=key, error=failure))
+
+        if w.behaviour is Behaviour.BUSY:
+            return error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
+        if w.behaviour is Behaviour.INVALID:
+            return error(grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS)
+        if w.behaviour is Behaviour.BREAK:
+            output(token_ids=[1])
+            return error(grpc.StatusCode.UNAVAILABLE, BREAK_DETAILS)
+        if w.behaviour is Behaviour.BLOCK:
+            output(token_ids=[1])
+            while not (cancelled.wait(0.01) or ended.is_set()):
+                pass
+            w.cancelled.set()
+            return output(finish_reason=inference_pb2.FINISH_REASON_ABORT)
+        for i in range(w.num_tokens):
+            if i:
+                time.sleep(w.token_delay_s)
+            last = i == w.num_tokens - 1
+            output(
                 token_ids=[100 + i],
                 text=f"t{i} ",
                 num_output_tokens=i + 1,
@@ -169,6 +245,7 @@ class ScriptedWorker:
         self.lock = threading.Lock()
         self.requests: list[inference_pb2.GenerateRequest] = []
         self.deadlines_s: list[float] = []
+        self.num_serve_calls = 0  # multiplexed calls the controller opened
         self.cancelled = threading.Event()
         self.config: PagedAttentionConfig | None = None
         self.resolution: Resolution | None = None
@@ -176,6 +253,7 @@ class ScriptedWorker:
         self.actions: list[int] = []
         self._server = grpc.server(futures.ThreadPoolExecutor(MAX_STREAMS))
         inference_pb2_grpc.add_InferenceServicer_to_server(_FakeInference(self), self._server)
+        worker_pb2_grpc.add_WorkerStreamsServicer_to_server(_FakeStreams(self), self._server)
         # As a worker's server does: the controller watches its connection through health.
         health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")

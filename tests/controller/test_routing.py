@@ -63,6 +63,25 @@ def test_tokens_stream_back_from_a_ready_worker(start_controller, make_worker):
     assert worker.num_requests == 1
 
 
+def test_concurrent_requests_to_a_worker_share_its_one_multiplexed_call(
+    start_controller, make_worker
+):
+    _, client, (worker,) = ready_workers(start_controller, make_worker, 1, num_tokens=5)
+    results: dict[int, list[str]] = {}
+
+    def run(i: int) -> None:
+        results[i] = [r.text for r in client.generate(timeout=10)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {i: ["t0 ", "t1 ", "t2 ", "t3 ", "t4 "] for i in range(8)}
+    assert worker.num_requests == 8
+    assert worker.num_serve_calls == 1
+
+
 def test_routing_never_reaches_a_rejected_or_loading_worker(start_controller, make_worker):
     server, client = start_controller(paged_attention="on", replicas=3, min_ready=1)
     good = make_worker(server, "good", CPU)

@@ -91,15 +91,22 @@ def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...]
 def generate_response_to_pb(
     output: RequestOutput, worker_id: str
 ) -> inference_pb2.GenerateResponse:
-    return inference_pb2.GenerateResponse(
-        request_id=output.request_id,
-        token_ids=output.new_token_ids,
-        text=output.new_text,
-        finish_reason=FINISH_REASONS[output.finish_reason],
-        num_prompt_tokens=output.num_prompt_tokens if output.finished else 0,
-        num_output_tokens=output.num_output_tokens,
-        worker_id=worker_id,
-    )
+    return fill_generate_response(inference_pb2.GenerateResponse(), output, worker_id)
+
+
+def fill_generate_response(
+    msg: inference_pb2.GenerateResponse, output: RequestOutput, worker_id: str
+) -> inference_pb2.GenerateResponse:
+    """Set an empty GenerateResponse (one inside a StreamEvents, built in place) from `output`."""
+    msg.request_id = output.request_id
+    msg.token_ids.extend(output.new_token_ids)
+    msg.text = output.new_text
+    msg.finish_reason = FINISH_REASONS[output.finish_reason]
+    if output.finished:
+        msg.num_prompt_tokens = output.num_prompt_tokens
+    msg.num_output_tokens = output.num_output_tokens
+    msg.worker_id = worker_id
+    return msg
 
 
 def worker_info_to_pb(

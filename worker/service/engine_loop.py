@@ -10,6 +10,9 @@ Other threads hand it operations through a queue and wait for the result:
 NOTE: operations queued while a step runs are applied before the next step, so a caller waits
 at most one step; the loop never starves callers the way a lock re-taken in a tight loop can.
 
+`start` is the non-blocking form for a multiplexed caller: a prepared request whose outputs go
+to an `Outbox`, flushed once per step, so that one message can carry a step's tokens.
+
 A request that fails alone (finish_reason ERROR) ends its own stream with RequestFailedError; a
 step that raises fails every stream in flight, and `StepHealth` hears of each step's outcome.
 """
@@ -32,6 +35,7 @@ from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.request_stream import (
     EngineLoopClosedError,
+    Outbox,
     RequestFailedError,
     RequestStream,
 )
@@ -92,6 +96,15 @@ class EngineLoop:
         prepared = self.engine.prepare(prompt, params, request_id, chat=chat)
         return self._call(self._add, (prepared,))
 
+    def start(self, prepared: PreparedRequest, outbox: Outbox, key: int) -> RequestStream:
+        """Queue a prepared request (`engine.prepare`, on the caller's thread) and return at
+        once; its outputs go to `outbox` under `key`. If the engine refuses it when it is added
+        (its id already in flight), that error is its only item. EngineLoopClosedError after
+        `close()`."""
+        stream = RequestStream(prepared.request_id, self._cancel_later, outbox, key)
+        self._enqueue(None, self._add_started, (prepared, stream))
+        return stream
+
     def abort(self, request_id: str) -> bool:
         """Abort a request and free its KV; False when it is unknown or already finished."""
         return self._call(self._abort, (request_id,))
@@ -126,10 +139,10 @@ class EngineLoop:
         self._enqueue(future, op, args)
         return future.result()
 
-    def _cancel_later(self, request_id: str) -> None:
-        """What `RequestStream.cancel` does: queue an abort and return at once."""
+    def _cancel_later(self, stream: RequestStream) -> None:
+        """What `RequestStream.cancel` does: queue an abort of that stream and return at once."""
         with contextlib.suppress(EngineLoopClosedError):  # close() ends every stream anyway
-            self._enqueue(None, self._abort, (request_id,))
+            self._enqueue(None, self._abort_stream, (stream,))
 
     def _enqueue(self, future: Future | None, op: Callable[..., Any], args: tuple) -> None:
         with self._wakeup:
@@ -187,12 +200,30 @@ class EngineLoop:
         self._streams[request_id] = stream
         return stream
 
+    def _add_started(self, prepared: PreparedRequest, stream: RequestStream) -> None:
+        try:
+            self.engine.add(prepared)
+        except Exception as error:
+            stream._fail(error)
+        else:
+            self._streams[prepared.request_id] = stream
+        finally:
+            stream.outbox.flush()
+
     def _abort(self, request_id: str) -> bool:
         aborted = self.engine.abort(request_id)
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream._put_aborted()
+            if stream.outbox is not None:
+                stream.outbox.flush()
         return aborted
+
+    def _abort_stream(self, stream: RequestStream) -> None:
+        # NOTE: only while the id is this stream's: a stream whose add was refused because
+        # another request holds the id must never abort that one.
+        if self._streams.get(stream.request_id) is stream:
+            self._abort(stream.request_id)
 
     def _step(self) -> None:
         try:
@@ -205,6 +236,7 @@ class EngineLoop:
             self._health.step_succeeded()
         # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
         self._load = self._read_load()
+        outboxes: set[Outbox] = set()
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
@@ -215,6 +247,10 @@ class EngineLoop:
                 stream._put(output)
             if output.finished:
                 del self._streams[output.request_id]
+            if stream.outbox is not None:
+                outboxes.add(stream.outbox)
+        for outbox in outboxes:  # one batch per outbox per step
+            outbox.flush()
 
     def _fail_all(self, error: Exception) -> None:
         for request_id, stream in list(self._streams.items()):
@@ -223,15 +259,21 @@ class EngineLoop:
             except Exception:
                 log.exception("aborting %s after the failure failed too", request_id)
             stream._fail(error)
+            if stream.outbox is not None:
+                stream.outbox.flush()
         self._streams.clear()
 
     def _shut_down(self) -> None:
         with self._wakeup:
             ops, self._ops = self._ops, deque()
         closed = EngineLoopClosedError("the engine loop is closed")
-        for future, _, _ in ops:
+        for future, op, args in ops:
             if future is not None:
                 future.set_exception(closed)
+            elif op == self._add_started:  # a started request that never reached the engine
+                _, stream = args
+                stream._fail(closed)
+                stream.outbox.flush()
         self._fail_all(closed)
         self._load = self._read_load()
 

@@ -3,6 +3,12 @@ engine loop's, and the errors that end a stream early.
 
     for output in stream:  # RequestOutput deltas; the last one has finished=True
         ...
+
+Or many requests' outputs through one `Outbox`, a list per engine step (the multiplexed stream
+to the controller sends each list as one message):
+
+    for batch in outbox:  # [(key, RequestOutput | BaseException), ...]
+        ...
 """
 
 from __future__ import annotations
@@ -30,15 +36,68 @@ class RequestFailedError(RuntimeError):
 _END = object()  # queued after a stream's last item
 
 
+class Outbox:
+    """The deliveries of many requests, grouped: `add` on the loop thread collects, `flush`
+    (once per step) hands the group to the reader as one list.
+
+    An item is a RequestOutput (the last one has finished=True) or the exception that ended
+    the request; nothing follows either end for that key.
+    """
+
+    def __init__(self) -> None:
+        self._batches: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: list[tuple[int, object]] = []  # NOTE: loop thread only
+
+    def add(self, key: int, item: object) -> None:
+        """Loop thread: one item for the next flush."""
+        self._pending.append((key, item))
+
+    def flush(self) -> None:
+        """Loop thread: send what was added since the last flush as one batch."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._batches.put(batch)
+
+    def put_now(self, key: int, item: object) -> None:
+        """Any thread: one item, sent at once as a batch of its own (a refusal before the
+        request reached the loop)."""
+        self._batches.put([(key, item)])
+
+    def close(self) -> None:
+        """Any thread: wake the reader with an empty batch, so it can see the outbox is done."""
+        self._batches.put([])
+
+    def get(self, timeout_s: float | None = None) -> list[tuple[int, object]] | None:
+        """The next batch and every batch already waiting behind it, joined; None on timeout."""
+        try:
+            batch = self._batches.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        while True:
+            try:
+                batch = batch + self._batches.get_nowait()
+            except queue.Empty:
+                return batch
+
+
 class RequestStream:
     """The RequestOutput deltas of one request, in order; ends after the finished output.
 
     Iterating raises the engine's error if a step failed while the request was in flight.
     """
 
-    def __init__(self, request_id: str, cancel: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        cancel: Callable[[RequestStream], None],
+        outbox: Outbox | None = None,
+        key: int = 0,
+    ) -> None:
+        """With `outbox`, items go there under `key` instead of to this stream's iterator."""
         self.request_id = request_id
         self._cancel = cancel
+        self.outbox = outbox
+        self.key = key
         self._items: queue.SimpleQueue = queue.SimpleQueue()
         self._done = False  # set by the consumer once it has seen the end
         self.finished = False  # set by the loop once the last item is queued
@@ -63,13 +122,17 @@ class RequestStream:
     def cancel(self) -> None:
         """Abort the request without waiting; the stream then ends with an ABORT output."""
         if not self.finished:
-            self._cancel(self.request_id)
+            self._cancel(self)
 
     # -- called on the loop thread only ------------------------------------------------------
 
     def _put(self, output: RequestOutput) -> None:
         self._num_prompt_tokens = output.num_prompt_tokens
         self._num_output_tokens = output.num_output_tokens
+        if self.outbox is not None:
+            self.outbox.add(self.key, output)
+            self.finished = output.finished
+            return
         self._items.put(output)
         if output.finished:
             self._end()
@@ -92,6 +155,9 @@ class RequestStream:
     # end never sends a needless abort from `cancel()`.
     def _fail(self, error: BaseException) -> None:
         self.finished = True
+        if self.outbox is not None:
+            self.outbox.add(self.key, error)
+            return
         self._items.put(error)
 
     def _end(self) -> None:

@@ -1,5 +1,5 @@
-"""The worker's gRPC server: Inference, WorkerInfoService, `grpc.health.v1` and reflection,
-over one engine driven by an `EngineLoop`.
+"""The worker's gRPC server: Inference, WorkerStreams (the controller's multiplexed stream),
+WorkerInfoService, `grpc.health.v1` and reflection, over one engine driven by an `EngineLoop`.
 
     server = WorkerServer(engine, "worker-0", "smollm2-135m").start()
     ...  # register server.address with the controller; heartbeat with server.loop.load()
@@ -25,7 +25,12 @@ from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.service.engine_loop import EngineLoop
 from intentserve.worker.service.interceptor import STATUS_CODES
-from intentserve.worker.service.servicer import InferenceServicer, WorkerInfoServicer
+from intentserve.worker.service.mux import StreamsServicer
+from intentserve.worker.service.servicer import (
+    InferenceServicer,
+    StreamSlots,
+    WorkerInfoServicer,
+)
 from intentserve.worker.service.step_health import StepHealth
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,7 @@ CONTROL_THREADS = 4
 STREAMS_PER_SEQ = 4
 SERVED_NAMES = (
     inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerStreams"].full_name,
     worker_pb2.DESCRIPTOR.services_by_name["WorkerInfoService"].full_name,
 )
 HEALTH_NAMES = ("", *SERVED_NAMES)  # "" is the whole server, as grpc_health_probe asks
@@ -85,9 +91,12 @@ class WorkerServer:
                 ErrorInterceptor(STATUS_CODES),
             ],
         )
+        slots = StreamSlots(worker_id, max_streams)
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.loop, worker_id, max_streams), self._server
+            InferenceServicer(self.loop, worker_id, slots), self._server
         )
+        self._streams = StreamsServicer(self.loop, worker_id, slots)
+        worker_pb2_grpc.add_WorkerStreamsServicer_to_server(self._streams, self._server)
         worker_pb2_grpc.add_WorkerInfoServiceServicer_to_server(
             WorkerInfoServicer(worker_id, model_ref, engine.realized, capability), self._server
         )
@@ -105,6 +114,7 @@ class WorkerServer:
         except RuntimeError:
             self.bound_port = 0
         if not self.bound_port:
+            self._streams.close()
             self.loop.close()
             raise OSError(f"worker {worker_id}: cannot listen on {host}:{port}")
 
@@ -136,6 +146,7 @@ class WorkerServer:
         and the engine loop stop (streams still running are cancelled, their KV freed)."""
         self.health.enter_graceful_shutdown()
         self._server.stop(grace_s).wait()
+        self._streams.close()
         self.loop.close()
 
     def __enter__(self) -> WorkerServer:

@@ -21,18 +21,46 @@ class WorkerOverloadedError(RuntimeError):
     """Every stream slot of the worker is taken (RESOURCE_EXHAUSTED, never a silent queue)."""
 
 
+class StreamSlots:
+    """The worker's limit on requests in flight, shared by `Generate` calls and the requests of
+    the multiplexed stream (`mux`)."""
+
+    def __init__(self, worker_id: str, max_streams: int) -> None:
+        self.worker_id = worker_id
+        self.max_streams = max_streams
+        self._slots = threading.BoundedSemaphore(max_streams)
+
+    def acquire(self) -> None:
+        """Take a slot, or raise WorkerOverloadedError at once (never wait)."""
+        if not self._slots.acquire(blocking=False):
+            raise WorkerOverloadedError(
+                f"worker {self.worker_id} is serving its maximum of {self.max_streams} streams"
+            )
+
+    def release(self) -> None:
+        self._slots.release()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, loop: EngineLoop, worker_id: str, max_streams: int) -> None:
+    def __init__(self, loop: EngineLoop, worker_id: str, slots: StreamSlots) -> None:
         self._loop = loop
         self._worker_id = worker_id
-        self._max_streams = max_streams
-        self._slots = threading.BoundedSemaphore(max_streams)
+        self._slots = slots
 
     def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[inference_pb2.GenerateResponse]:
         call = convert.generate_request_from_pb(request)
-        with self._stream_slot():
+        # NOTE: each stream holds a server thread; past max_streams a call would queue unseen.
+        with self._slots.held():
             with convert.proto_field_names():
                 stream = self._loop.submit(
                     call.prompt, call.params, call.request_id, chat=call.chat
@@ -47,18 +75,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     yield convert.generate_response_to_pb(output, self._worker_id)
             finally:
                 stream.cancel()  # a no-op once the stream finished
-
-    @contextlib.contextmanager
-    def _stream_slot(self) -> Iterator[None]:
-        # NOTE: each stream holds a server thread; past max_streams a call would queue unseen.
-        if not self._slots.acquire(blocking=False):
-            raise WorkerOverloadedError(
-                f"worker {self._worker_id} is serving its maximum of {self._max_streams} streams"
-            )
-        try:
-            yield
-        finally:
-            self._slots.release()
 
 
 class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServiceServicer):

@@ -1,8 +1,10 @@
 from intentserve.v1 import common_pb2 as _common_pb2
+from intentserve.v1 import inference_pb2 as _inference_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -97,3 +99,39 @@ class WorkerInfo(_message.Message):
     realized: _common_pb2.RealizedState
     model: str
     def __init__(self, worker_id: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+
+class StreamCommand(_message.Message):
+    __slots__ = ("stream", "start", "cancel", "timeout_s")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    start: _inference_pb2.GenerateRequest
+    cancel: bool
+    timeout_s: float
+    def __init__(self, stream: _Optional[int] = ..., start: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class StreamEvent(_message.Message):
+    __slots__ = ("stream", "output", "error")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    output: _inference_pb2.GenerateResponse
+    error: StreamError
+    def __init__(self, stream: _Optional[int] = ..., output: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+
+class StreamEvents(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StreamEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StreamEvent, _Mapping]]] = ...) -> None: ...

@@ -263,3 +263,82 @@ class WorkerInfoService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorkerStreamsStub:
+    """Served by each worker for its controller: all of the controller's requests to this worker on
+    one stream, so that a step's tokens cross the connection as one message, not one per request.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Serve = channel.stream_stream(
+                '/intentserve.v1.WorkerStreams/Serve',
+                request_serializer=intentserve_dot_v1_dot_worker__pb2.StreamCommand.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_worker__pb2.StreamEvents.FromString,
+                _registered_method=True)
+
+
+class WorkerStreamsServicer:
+    """Served by each worker for its controller: all of the controller's requests to this worker on
+    one stream, so that a step's tokens cross the connection as one message, not one per request.
+    """
+
+    def Serve(self, request_iterator, context):
+        """Commands in, events out. Ending the call (either side) aborts every request on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkerStreamsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Serve': grpc.stream_stream_rpc_method_handler(
+                    servicer.Serve,
+                    request_deserializer=intentserve_dot_v1_dot_worker__pb2.StreamCommand.FromString,
+                    response_serializer=intentserve_dot_v1_dot_worker__pb2.StreamEvents.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'intentserve.v1.WorkerStreams', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('intentserve.v1.WorkerStreams', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkerStreams:
+    """Served by each worker for its controller: all of the controller's requests to this worker on
+    one stream, so that a step's tokens cross the connection as one message, not one per request.
+    """
+
+    @staticmethod
+    def Serve(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/intentserve.v1.WorkerStreams/Serve',
+            intentserve_dot_v1_dot_worker__pb2.StreamCommand.SerializeToString,
+            intentserve_dot_v1_dot_worker__pb2.StreamEvents.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
