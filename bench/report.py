@@ -137,7 +137,34 @@ def served_path_targets_table(runs: list[dict]) -> str:
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
     lines = [f"| target (issue 13) | runs {runs_label} | met |", "| --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    return "\n".join(lines)
+    return "\n".join(lines) + side_load_table(runs)
+
+
+def side_load_table(runs: list[dict]) -> str:
+    """Not a target: the in-process engine beside a side load that takes what the served run's
+    controller and client took, next to served / engine (runs recorded with it only)."""
+    rows = []
+    for first in runs[0]["rows"]:
+        key = (first["dtype"], first["concurrency"])
+        picked = [
+            next(r for r in run["rows"] if (r["dtype"], r["concurrency"]) == key) for run in runs
+        ]
+        if not all("side_load_engine_over_engine" in r for r in picked):
+            continue
+        served = " / ".join(f"{r['served_over_engine']:.3f}" for r in picked)
+        side = " / ".join(f"{r['side_load_engine_over_engine']:.3f}" for r in picked)
+        rows.append(f"| {key[0]}, {key[1]} streams | {served} | {side} |")
+    if not rows:
+        return ""
+    runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
+    head = [
+        "",
+        "",
+        f"| the gap explained (runs {runs_label}) | served / engine "
+        "| engine beside the served run's side load / engine |",
+        "| --- | --- | --- |",
+    ]
+    return "\n".join(head + rows)
 
 
 def weights_table(run: dict) -> str:

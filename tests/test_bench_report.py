@@ -149,6 +149,16 @@ def test_the_served_path_is_judged_per_dtype_and_concurrency_on_every_run():
     assert len(lines) == 2 + 3  # header, rule, one row per measured dtype and concurrency
 
 
+def test_runs_with_a_side_load_row_show_it_beside_served_over_engine():
+    runs = [_served_run({("bfloat16", 1): 0.97, ("bfloat16", 64): 0.90}) for _ in range(2)]
+    for run, side in zip(runs, (0.88, 0.91), strict=True):
+        run["rows"][1]["side_load_engine_over_engine"] = side
+    table = served_path_targets_table(runs)
+    assert "| the gap explained (runs 1 / 2) |" in table
+    assert "| bfloat16, 64 streams | 0.900 / 0.900 | 0.880 / 0.910 |" in table.splitlines()
+    assert "bfloat16, 1 streams" not in table  # that row was measured without a side load
+
+
 def test_the_weights_table_has_a_row_per_format_with_quality_and_speed():
     from bench.report import weights_table
 
