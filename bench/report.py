@@ -153,7 +153,8 @@ def side_load_table(runs: list[dict]) -> str:
             continue
         served = " / ".join(f"{r['served_over_engine']:.3f}" for r in picked)
         side = " / ".join(f"{r['side_load_engine_over_engine']:.3f}" for r in picked)
-        rows.append(f"| {key[0]}, {key[1]} streams | {served} | {side} |")
+        client = " / ".join(f"{r.get('client_load_engine_over_engine', 0):.3f}" for r in picked)
+        rows.append(f"| {key[0]}, {key[1]} streams | {served} | {side} | {client} |")
     if not rows:
         return ""
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
@@ -161,8 +162,9 @@ def side_load_table(runs: list[dict]) -> str:
         "",
         "",
         f"| the gap explained (runs {runs_label}) | served / engine "
-        "| engine beside the served run's side load / engine |",
-        "| --- | --- | --- |",
+        "| engine beside the controller's and client's CPU / engine "
+        "| engine beside the client's CPU alone / engine |",
+        "| --- | --- | --- | --- |",
     ]
     return "\n".join(head + rows)
 

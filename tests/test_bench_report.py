@@ -151,11 +151,13 @@ def test_the_served_path_is_judged_per_dtype_and_concurrency_on_every_run():
 
 def test_runs_with_a_side_load_row_show_it_beside_served_over_engine():
     runs = [_served_run({("bfloat16", 1): 0.97, ("bfloat16", 64): 0.90}) for _ in range(2)]
-    for run, side in zip(runs, (0.88, 0.91), strict=True):
+    for run, side, client in zip(runs, (0.88, 0.91), (0.93, 0.94), strict=True):
         run["rows"][1]["side_load_engine_over_engine"] = side
+        run["rows"][1]["client_load_engine_over_engine"] = client
     table = served_path_targets_table(runs)
     assert "| the gap explained (runs 1 / 2) |" in table
-    assert "| bfloat16, 64 streams | 0.900 / 0.900 | 0.880 / 0.910 |" in table.splitlines()
+    row = "| bfloat16, 64 streams | 0.900 / 0.900 | 0.880 / 0.910 | 0.930 / 0.940 |"
+    assert row in table.splitlines()
     assert "bfloat16, 1 streams" not in table  # that row was measured without a side load
 
 
