@@ -172,6 +172,7 @@ def side_load_table(runs: list[dict]) -> str:
 def weights_table(run: dict) -> str:
     """One row per weight format: resident weights, quality against dequantized, speed."""
     concurrency = run["workload"]["concurrency"]
+    roofline_lines: list[str] = []
     streams = "".join(f" | tok/s x{n}" for n in concurrency)
     projections = "".join(f" | proj. ms x{n}" for n in concurrency)
     lines = [
@@ -180,6 +181,11 @@ def weights_table(run: dict) -> str:
         "| --- " * (5 + 2 * len(concurrency)) + "|",
     ]
     for row in run["weight_formats"]:
+        if "roofline_fraction" in row:
+            for n, fraction in row["roofline_fraction"].items():
+                roofline_lines.append(
+                    f"| {row['format']} | {n} | {row['roofline']} | {fraction:.1%} |"
+                )
         agreement = row.get("agreement")
         until = f"{agreement['until_first_divergence']:.1%}" if agreement else "reference"
         overall = f"{agreement['identical_overall']:.1%}" if agreement else "reference"
@@ -194,6 +200,16 @@ def weights_table(run: dict) -> str:
         f"\n{w['num_prompts']} prompts x {w['quality_tokens']} greedy tokens against dequantized; "
         f"perplexity over {run['weight_formats'][0]['passage_tokens']} tokens of a fixed passage."
     )
+    if roofline_lines:
+        ceilings = ", ".join(
+            f"{name} {c['ops_per_s'] / 1e9:.0f} GOP/s" for name, c in run["roofline"].items()
+        )
+        lines += [
+            "",
+            f"| format | streams | against the ceiling of | fraction (ceilings: {ceilings}) |",
+            "| --- | --- | --- | --- |",
+            *roofline_lines,
+        ]
     return "\n".join(lines)
 
 

@@ -9,6 +9,11 @@ Quality, for each of int8 and int4 against dequantized (same dtype, same run):
   dequantize path, decode steps the int kernels): the mean fraction of tokens identical until the
   first divergence, and the fraction identical overall (position by position);
 - perplexity of a fixed passage (bench/weights_text.py, one forward over the whole passage).
+
+Speed, per format: tok/s at each concurrency and, at 32 streams and more, the fraction of the
+compute roofline measured in the same run: dequantized and int4 against the dtype's dense matmul
+ceiling (int4 has no int4 dot product here: its steps over 16 rows compute in the dtype), int8
+against the int8 matmul ceiling (`torch._int_mm`, the int8 dot-product instructions).
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ from intentserve.worker.engine.sampling import SamplingParams  # noqa: E402
 from intentserve.worker.model.registry import load_model  # noqa: E402
 
 from bench.weights_text import PASSAGE, PROMPTS  # noqa: E402
-from bench.workloads import MAX_MODEL_LEN, MODEL, Models, projection_floor  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    FLOP_PER_TOKEN,
+    MAX_MODEL_LEN,
+    MODEL,
+    Models,
+    int8_matmul_ops,
+    matmul_flops,
+    projection_floor,
+)
 
 FORMATS = ("dequantized", "int8", "int4")
 QUALITY_BATCH = 8
@@ -124,6 +137,29 @@ def measure_format(fmt: str, dtype: str, args, reference: list[list[int]] | None
     return row
 
 
+ROOFLINE_MIN_STREAMS = 32
+
+
+def rooflines(dtype: str) -> dict:
+    """The compute ceilings of this run, as tok/s of the model (FLOP_PER_TOKEN per token)."""
+    dense = matmul_flops(getattr(torch, dtype))
+    int8 = int8_matmul_ops()
+    return {
+        dtype: {"ops_per_s": dense, "tokens_per_s": dense / FLOP_PER_TOKEN},
+        "int8": {"ops_per_s": int8, "tokens_per_s": int8 / FLOP_PER_TOKEN},
+    }
+
+
+def roofline_fractions(row: dict, ceilings: dict) -> None:
+    """Each format against its own kernels' ceiling, at ROOFLINE_MIN_STREAMS streams and more."""
+    against = "int8" if row["format"] == "int8" else row["dtype"]
+    roof = ceilings[against]["tokens_per_s"]
+    row["roofline"] = against
+    row["roofline_fraction"] = {
+        n: rate / roof for n, rate in row["tokens_per_s"].items() if n >= ROOFLINE_MIN_STREAMS
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -151,9 +187,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         "weight_formats": [],
     }
+    if not args.no_speed:
+        results["roofline"] = rooflines(args.dtype)
+        for name, ceiling in results["roofline"].items():
+            print(
+                f"[{name}] matmul ceiling {ceiling['ops_per_s'] / 1e9:.0f} GOP/s "
+                f"= {ceiling['tokens_per_s']:.0f} tok/s roofline",
+                flush=True,
+            )
     reference = None
     for fmt in FORMATS:
         row = measure_format(fmt, args.dtype, args, reference)
+        if not args.no_speed:
+            roofline_fractions(row, results["roofline"])
         if fmt == "dequantized":
             reference = row["tokens"]
         del row["tokens"]

@@ -64,6 +64,19 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, seconds: float = 3.0) -> 
     return 2 * size**3 * count / (time.perf_counter() - start)
 
 
+def int8_matmul_ops(size: int = 2048, seconds: float = 3.0) -> float:
+    """The machine's int8 x int8 -> int32 matmul ceiling in OP/s (`torch._int_mm`: the int8
+    dot-product instructions where the CPU has them), all torch threads."""
+    a = torch.randint(-128, 128, (size, size), dtype=torch.int8)
+    b = torch.randint(-128, 128, (size, size), dtype=torch.int8)
+    torch._int_mm(a, b)  # warm-up
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch._int_mm(a, b)
+        count += 1
+    return 2 * size**3 * count / (time.perf_counter() - start)
+
+
 @torch.inference_mode()
 def projection_floor(models: Models, num_rows: int, repeats: int = 7) -> float:
     """Seconds per decode step that the model's own projections and LM head take for `num_rows`

@@ -190,3 +190,32 @@ def test_the_weights_table_has_a_row_per_format_with_quality_and_speed():
     )
     assert lines[3].startswith("| int4 (bfloat16) | 146 | 80.0% | 85.0% |")
     assert "32 prompts x 64 greedy tokens" in lines[-1] and "1213 tokens" in lines[-1]
+
+
+def test_the_weights_table_gives_each_format_its_own_roofline_when_measured():
+    from bench.report import weights_table
+
+    def row(fmt, against, fraction):
+        return {
+            "format": fmt,
+            "dtype": "bfloat16",
+            "weight_bytes": 100 << 20,
+            "perplexity": 17.3,
+            "passage_tokens": 1213,
+            "projections_ms": {"32": 20.0},
+            "tokens_per_s": {"32": 300.0},
+            "roofline": against,
+            "roofline_fraction": {"32": fraction},
+        }
+
+    run = {
+        "workload": {"num_prompts": 32, "quality_tokens": 64, "concurrency": [32]},
+        "roofline": {
+            "bfloat16": {"ops_per_s": 817e9, "tokens_per_s": 3037.0},
+            "int8": {"ops_per_s": 1930e9, "tokens_per_s": 7175.0},
+        },
+        "weight_formats": [row("dequantized", "bfloat16", 0.38), row("int8", "int8", 0.09)],
+    }
+    lines = weights_table(run).splitlines()
+    assert "ceilings: bfloat16 817 GOP/s, int8 1930 GOP/s" in lines[-4]
+    assert lines[-2:] == ["| dequantized | 32 | bfloat16 | 38.0% |", "| int8 | 32 | int8 | 9.0% |"]
