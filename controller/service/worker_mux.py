@@ -23,12 +23,12 @@ import threading
 from collections.abc import Iterator
 
 import grpc
+from intentserve.streaming import END, HandOver
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-_END = object()  # queued after a request's last output
 
 
 class StreamFailed(grpc.RpcError):
@@ -46,29 +46,14 @@ class StreamFailed(grpc.RpcError):
         return self._details
 
 
-class MuxStream:
-    """One request on a worker's multiplexed call; iterate it for its responses."""
+class MuxStream(HandOver):
+    """One request on a worker's multiplexed call; iterate it for its responses (a
+    GenerateResponse each; a failure is raised as StreamFailed)."""
 
     def __init__(self, mux: WorkerMux, key: int) -> None:
+        super().__init__()
         self._mux = mux
         self.key = key
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = False
-
-    def __iter__(self) -> Iterator[inference_pb2.GenerateResponse]:
-        return self
-
-    def __next__(self) -> inference_pb2.GenerateResponse:
-        if self._done:
-            raise StopIteration
-        item = self._items.get()
-        if item is _END:
-            self._done = True
-            raise StopIteration
-        if isinstance(item, StreamFailed):
-            self._done = True
-            raise item
-        return item
 
     def cancel(self) -> None:
         """Abort the request on the worker and end this stream with CANCELLED now (a no-op once
@@ -158,7 +143,7 @@ class WorkerMux:
                     deliveries.append((stream, output))
                     if output.finish_reason:
                         del streams[event.stream]
-                        deliveries.append((stream, _END))
+                        deliveries.append((stream, END))
                 else:
                     del streams[event.stream]
                     code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)

@@ -1,5 +1,6 @@
-"""Channel options for the callers that read token streams (the controller from its workers, a
-client from the controller).
+"""What both sides use to read token streams: channel options for the callers that read them
+(the controller from its workers, a client from the controller), and `HandOver`, one reader's
+queue of items put by another thread.
 
 NOTE: with grpc's default a unary-stream call's messages arrive on the channel's own polling
 thread, which then wakes the reading thread: two thread switches per message, so per generated
@@ -10,9 +11,39 @@ still ends from another thread with `cancel()`; it offers no blocking `result()`
 
 from __future__ import annotations
 
+import queue
+from typing import Any
+
 import grpc
 import grpc.experimental
 
 STREAM_READER_OPTIONS: tuple[tuple[str, int], ...] = (
     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
 )
+
+
+END = object()  # put after a stream's last item
+
+
+class HandOver:
+    """Items put by one thread, iterated by another in order: iteration stops after `END`, and
+    an exception put in the queue is raised (and ends it)."""
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = False  # set by the reader once it has seen the end
+
+    def __iter__(self) -> HandOver:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if item is END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item

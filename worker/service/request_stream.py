@@ -14,8 +14,9 @@ to the controller sends each list as one message):
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
+from intentserve.streaming import END, HandOver
 from intentserve.worker.engine.request import RequestOutput
 from intentserve.worker.sched.sequence import FinishReason
 
@@ -31,9 +32,6 @@ class RequestFailedError(RuntimeError):
     def __init__(self, request_id: str, cause: str) -> None:
         super().__init__(f"request {request_id!r} failed: {cause}")
         self.request_id = request_id
-
-
-_END = object()  # queued after a stream's last item
 
 
 class Outbox:
@@ -80,7 +78,7 @@ class Outbox:
                 return batch
 
 
-class RequestStream:
+class RequestStream(HandOver):
     """The RequestOutput deltas of one request, in order; ends after the finished output.
 
     Iterating raises the engine's error if a step failed while the request was in flight.
@@ -98,26 +96,10 @@ class RequestStream:
         self._cancel = cancel
         self.outbox = outbox
         self.key = key
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = False  # set by the consumer once it has seen the end
+        super().__init__()
         self.finished = False  # set by the loop once the last item is queued
         self._num_prompt_tokens = 0
         self._num_output_tokens = 0
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        return self
-
-    def __next__(self) -> RequestOutput:
-        if self._done:
-            raise StopIteration
-        item = self._items.get()
-        if item is _END:
-            self._done = True
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        return item
 
     def cancel(self) -> None:
         """Abort the request without waiting; the stream then ends with an ABORT output."""
@@ -162,4 +144,4 @@ class RequestStream:
 
     def _end(self) -> None:
         self.finished = True
-        self._items.put(_END)
+        self._items.put(END)
