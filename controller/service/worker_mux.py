@@ -10,8 +10,9 @@ The worker sends one message per engine step with every request's news; the mux'
 hands each event to its request's queue, where the thread serving that client takes it. A
 request's failure arrives as `StreamFailed`, an `RpcError` with the code and details its own call
 would have ended with, so the router treats both alike. When the call itself ends (the worker
-died, its server stopped, the channel closed) every request still on it fails with that status,
-and the next `open` on a closed mux is refused (the caller makes a new one).
+died, its server stopped, the channel closed) every request still on it fails with that status
+(UNAVAILABLE, also when the worker's server cancelled the call), and the next `open` on a closed
+mux is refused (the caller makes a new one).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class WorkerMux:
         self._keys = itertools.count(1)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ended: StreamFailed | None = None
+        self._closing = False  # close() was called: a CANCELLED end is ours
         self._call = worker_pb2_grpc.WorkerStreamsStub(channel).Serve(self._command_stream())
         self._reader = threading.Thread(target=self._read, name=f"mux-{worker_id}", daemon=True)
         self._reader.start()
@@ -105,6 +107,7 @@ class WorkerMux:
 
     def close(self) -> None:
         """End the call: the worker aborts what is left, and every open stream fails here."""
+        self._closing = True
         self._call.cancel()
 
     def _command_stream(self) -> Iterator[worker_pb2.StreamCommand]:
@@ -119,7 +122,12 @@ class WorkerMux:
             for message in self._call:
                 self._dispatch(message)
         except grpc.RpcError as error:
-            ended = StreamFailed(error.code(), error.details() or "the call ended")
+            code, details = error.code(), error.details() or "the call ended"
+            if code is grpc.StatusCode.CANCELLED and not self._closing:
+                # NOTE: not by us: the worker's server stopped (a dead process reads UNAVAILABLE).
+                code = grpc.StatusCode.UNAVAILABLE
+                details = f"worker {self.worker_id}'s server cancelled its multiplexed stream"
+            ended = StreamFailed(code, details)
         except Exception:  # NOTE: never leave streams waiting on a reader that died
             log.exception("reading worker %s's multiplexed stream failed", self.worker_id)
         finally:
