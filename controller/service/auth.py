@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import grpc.aio
+from intentserve.status import write_all
 from intentserve.tls import TlsIdentity, peer_common_name
 
 log = logging.getLogger(__name__)
@@ -81,22 +83,12 @@ def _matches(token: str | None, accepted: frozenset[str]) -> bool:
 Refusal = tuple[grpc.StatusCode, str] | None
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class _Rules:
+    """Which check a method gets, and the checks."""
+
     def __init__(self, security: Security, worker_ids: Callable[[], frozenset[str]]) -> None:
         self._security = security
         self._worker_ids = worker_ids
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        check = self._check_for(method)
-        if handler is None or check is None:
-            return handler
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_guard_unary(handler.unary_unary, check, method))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_guard_stream(handler.unary_stream, check, method))
-        return handler
 
     def _check_for(self, method: str) -> Callable | None:
         if method.startswith(REGISTRY) and self._security.tls is not None:
@@ -134,27 +126,49 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return grpc.StatusCode.UNAUTHENTICATED, "a valid API key is required"
 
 
-def _refuse(context: grpc.ServicerContext, refusal: tuple[grpc.StatusCode, str], method: str):
+class AuthInterceptor(_Rules, grpc.aio.ServerInterceptor):
+    """On the controller's grpc.aio server: handlers are coroutines, `context.abort` is awaited."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        check = self._check_for(method)
+        if handler is None or check is None:
+            return handler
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_aguard_unary(handler.unary_unary, check, method))
+        if handler.unary_stream is not None:
+            return handler._replace(
+                unary_stream=_aguard_stream(handler.unary_stream, check, method)
+            )
+        return handler
+
+
+def _log_refusal(context, refusal: tuple[grpc.StatusCode, str], method: str) -> None:
     code, message = refusal
     log.warning("refused %s from %s: %s: %s", method, context.peer(), code.name, message)
-    context.abort(code, message)
 
 
-def _guard_unary(behavior, check, method: str):
-    def guarded(request, context):
+async def _arefuse(context: grpc.aio.ServicerContext, refusal, method: str) -> None:
+    _log_refusal(context, refusal, method)
+    await context.abort(*refusal)  # raises: the handler never runs
+
+
+def _aguard_unary(behavior, check, method: str):
+    async def guarded(request, context):
         refusal = check(request, context)
         if refusal is not None:
-            _refuse(context, refusal, method)
-        return behavior(request, context)
+            await _arefuse(context, refusal, method)
+        return await behavior(request, context)
 
     return guarded
 
 
-def _guard_stream(behavior, check, method: str):
-    def guarded(request, context):
+def _aguard_stream(behavior, check, method: str):
+    async def guarded(request, context):
         refusal = check(request, context)
         if refusal is not None:
-            _refuse(context, refusal, method)
-        yield from behavior(request, context)
+            await _arefuse(context, refusal, method)
+        await write_all(behavior(request, context), context)
 
     return guarded

@@ -13,8 +13,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health_pb2
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.router import Router
 from intentserve.controller.service.state import WorkerState
@@ -24,6 +25,13 @@ log = logging.getLogger(__name__)
 
 # Workers whose connection is watched: those the router routes to, and those it may again.
 _WATCHED = frozenset({WorkerState.READY, WorkerState.SUSPECT})
+
+
+class HealthSink(Protocol):
+    """Where the verdict is published as health: grpc_health's sync servicer, or the server's
+    publisher that sets the aio server's servicer on its loop."""
+
+    def set(self, service: str, status: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class Reconciler:
         self,
         deployment: Deployment,
         router: Router,
-        health_servicer: health.HealthServicer,
+        health_servicer: HealthSink,
         *,
         interval_s: float,
         heartbeat_timeout_s: float,

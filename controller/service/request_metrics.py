@@ -3,6 +3,7 @@ to a front end, so that gRPC and HTTP requests are measured by the same code.
 
     metered = MeteredRouter(router, RequestMetrics(registry, deployment="local", model="smollm2"))
     for response in metered.generate(request, context): ...   # as Router.generate
+    async for response in metered.agenerate(request, context): ...   # as Router.agenerate
 
 Names and buckets follow vLLM's (`vllm:time_to_first_token_seconds` is
 `intentserve_time_to_first_token_seconds` here). A request's final status is the gRPC status code
@@ -12,8 +13,10 @@ its client saw (the controller's one exception -> status table), in lower case: 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 
 import grpc
 from intentserve.controller.service.interceptor import STATUS_CODES
@@ -85,28 +88,13 @@ class RequestMetrics:
         self, responses: Generator[inference_pb2.GenerateResponse, None, None]
     ) -> Iterator[inference_pb2.GenerateResponse]:
         """Pass `responses` through, timing each token and counting how the request ended."""
-        started_s = time.perf_counter()
-        last_token_s: float | None = None
-        finish = inference_pb2.FINISH_REASON_UNSPECIFIED
-        num_prompt_tokens = num_output_tokens = 0
+        seen = _Seen()
         status = "ok"
         try:
             for response in responses:
-                now_s = time.perf_counter()
-                num_tokens = len(response.token_ids)
-                if num_tokens and last_token_s is None:
-                    self.ttft_s.labels(*self._labels).observe(now_s - started_s)
-                elif num_tokens:
-                    gap_s = (now_s - last_token_s) / num_tokens
-                    for _ in range(num_tokens):
-                        self.itl_s.labels(*self._labels).observe(gap_s)
-                if num_tokens:
-                    last_token_s = now_s
-                num_output_tokens = max(num_output_tokens, response.num_output_tokens)
-                if response.finish_reason:
-                    finish, num_prompt_tokens = response.finish_reason, response.num_prompt_tokens
+                seen.add(response, self)
                 yield response
-            if not finish:
+            if not seen.finish:
                 status = grpc.StatusCode.CANCELLED.name.lower()  # the client went away
         except GeneratorExit:
             status = grpc.StatusCode.CANCELLED.name.lower()
@@ -116,16 +104,71 @@ class RequestMetrics:
             raise
         finally:
             responses.close()  # NOTE: a consumer that stops early ends the routed call now
-            self._finished(status, finish, num_prompt_tokens, num_output_tokens, started_s)
+            self._finished(status, seen)
 
-    def _finished(
-        self, status: str, finish: int, num_prompt: int, num_output: int, started_s: float
-    ) -> None:
-        self.requests.labels(*self._labels, status, FINISH_REASONS.get(finish, "")).inc()
-        self.prompt_tokens.labels(*self._labels).inc(num_prompt)
-        self.generation_tokens.labels(*self._labels).inc(num_output)
+    async def aobserve(
+        self, responses: AsyncGenerator[inference_pb2.GenerateResponse, None]
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """`observe` on an event loop, where a client that went away is `CancelledError` (the
+        handler's task was cancelled) or a close of this generator."""
+        seen = _Seen()
+        status = "ok"
+        try:
+            async for response in responses:
+                seen.add(response, self)
+                yield response
+            if not seen.finish:
+                status = grpc.StatusCode.CANCELLED.name.lower()
+        except (GeneratorExit, asyncio.CancelledError):
+            status = grpc.StatusCode.CANCELLED.name.lower()
+            raise
+        except Exception as error:
+            status = lookup(STATUS_CODES, error)[0].name.lower()
+            raise
+        finally:
+            await responses.aclose()  # NOTE: ends the routed call now (the worker's cancel)
+            self._finished(status, seen)
+
+    def _token(self, num_tokens: int, first_s: float | None, gap_s: float) -> None:
+        """`first_s`: time to the first token (None after it); `gap_s`: per token since the
+        last."""
+        if first_s is not None:
+            self.ttft_s.labels(*self._labels).observe(first_s)
+            return
+        for _ in range(num_tokens):
+            self.itl_s.labels(*self._labels).observe(gap_s)
+
+    def _finished(self, status: str, seen: _Seen) -> None:
+        finish = FINISH_REASONS.get(seen.finish, "")
+        self.requests.labels(*self._labels, status, finish).inc()
+        self.prompt_tokens.labels(*self._labels).inc(seen.num_prompt_tokens)
+        self.generation_tokens.labels(*self._labels).inc(seen.num_output_tokens)
         if status == "ok":
-            self.e2e_s.labels(*self._labels).observe(time.perf_counter() - started_s)
+            self.e2e_s.labels(*self._labels).observe(time.perf_counter() - seen.started_s)
+
+
+class _Seen:
+    """What one request's responses have shown so far (shared by the sync and async paths)."""
+
+    def __init__(self) -> None:
+        self.started_s = time.perf_counter()
+        self.last_token_s: float | None = None
+        self.finish = inference_pb2.FINISH_REASON_UNSPECIFIED
+        self.num_prompt_tokens = self.num_output_tokens = 0
+
+    def add(self, response: inference_pb2.GenerateResponse, metrics: RequestMetrics) -> None:
+        now_s = time.perf_counter()
+        num_tokens = len(response.token_ids)
+        if num_tokens and self.last_token_s is None:
+            metrics._token(num_tokens, now_s - self.started_s, 0.0)
+        elif num_tokens:
+            metrics._token(num_tokens, None, (now_s - self.last_token_s) / num_tokens)
+        if num_tokens:
+            self.last_token_s = now_s
+        self.num_output_tokens = max(self.num_output_tokens, response.num_output_tokens)
+        if response.finish_reason:
+            self.finish = response.finish_reason
+            self.num_prompt_tokens = response.num_prompt_tokens
 
 
 class MeteredRouter:
@@ -141,3 +184,12 @@ class MeteredRouter:
         """`context`: what the router reads of a grpc.ServicerContext (`time_remaining`,
         `add_callback`, `is_active`)."""
         yield from self._metrics.observe(self._router.generate(request, context))
+
+    async def agenerate(
+        self, request: inference_pb2.GenerateRequest, context
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """`Router.agenerate`, measured alike: the gRPC front end's path."""
+        observed = self._metrics.aobserve(self._router.agenerate(request, context))
+        async with contextlib.aclosing(observed) as responses:
+            async for response in responses:
+                yield response

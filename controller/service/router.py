@@ -5,16 +5,23 @@ checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) pa
 A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
 stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
 
+Two front ends, one behaviour: `generate` for the HTTP API's threads (a grpc.ServicerContext-like
+call with `add_callback`), `agenerate` for the gRPC server's event loop, where a client's cancel
+or deadline arrives as `asyncio.CancelledError` in the handler and the worker's request is
+cancelled on the way out.
+
 The router is a proxy: the request and response messages pass through unchanged (save the ids
 it fills in), so it handles `inference_pb2` messages directly and nothing else does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 from intentserve.controller.service.channels import WorkerChannels
@@ -27,7 +34,7 @@ from intentserve.controller.service.errors import (
 )
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.state import WorkerState
-from intentserve.controller.service.worker_mux import MuxStream
+from intentserve.controller.service.worker_mux import Stream
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
@@ -51,7 +58,7 @@ class _Stream:
     """One forwarded call, so that a lost worker's streams can be ended from the outside."""
 
     def __init__(self) -> None:
-        self.call: MuxStream | None = None
+        self.call: Stream | None = None
         self.abort_reason: Reason | None = None
 
 
@@ -78,12 +85,7 @@ class Router:
     def generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[inference_pb2.GenerateResponse]:
-        if not request.request_id:
-            request.request_id = new_request_id()
-        verdict = self._deployment.verdict()
-        if not verdict.ready:
-            raise NotReady(verdict.reason)
-        self._admit()
+        self._admit(request)
         try:
             tried: dict[str, Exception] = {}
             while True:
@@ -96,8 +98,29 @@ class Router:
                 finally:
                     self._deployment.registry.release(record.worker_id)
         finally:
-            with self._lock:
-                self._num_active -= 1
+            self._leave()
+
+    async def agenerate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """`generate` on an event loop: the same admission, choice, retry and failures."""
+        self._admit(request)
+        try:
+            tried: dict[str, Exception] = {}
+            while True:
+                record = self._acquire(tried)
+                try:
+                    forwarded = self._aforward(record, request, context)
+                    async with contextlib.aclosing(forwarded) as responses:
+                        async for response in responses:
+                            yield response
+                    return
+                except _TryAnother as refusal:
+                    tried[record.worker_id] = refusal.failure
+                finally:
+                    self._deployment.registry.release(record.worker_id)
+        finally:
+            self._leave()
 
     def abort_streams(self, worker_id: str, reason: Reason) -> int:
         """End every stream to a worker (it was lost); each ends with UNAVAILABLE."""
@@ -112,7 +135,13 @@ class Router:
     def close(self) -> None:
         self.channels.close()
 
-    def _admit(self) -> None:
+    def _admit(self, request: inference_pb2.GenerateRequest) -> None:
+        """Give the request an id; refuse it unless the deployment is ready and has room."""
+        if not request.request_id:
+            request.request_id = new_request_id()
+        verdict = self._deployment.verdict()
+        if not verdict.ready:
+            raise NotReady(verdict.reason)
         with self._lock:
             if self._num_active >= self._max_total:
                 raise Overloaded(
@@ -120,6 +149,10 @@ class Router:
                     f"{self._max_total} (replicas x max_outstanding_per_worker)"
                 )
             self._num_active += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._num_active -= 1
 
     def _acquire(self, tried: dict[str, Exception]) -> WorkerRecord:
         """The READY worker with the fewest outstanding requests that has room for one more."""
@@ -154,8 +187,7 @@ class Router:
         request: inference_pb2.GenerateRequest,
         context: grpc.ServicerContext,
     ) -> Iterator[inference_pb2.GenerateResponse]:
-        remaining_s = context.time_remaining()
-        timeout_s = None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
+        timeout_s = _timeout_s(context)
         stream = _Stream()
         self._track(record.worker_id, stream, add=True)
         started = False
@@ -183,6 +215,41 @@ class Router:
                 stream.call.cancel()  # a no-op once it ended; else the client went away
             self._track(record.worker_id, stream, add=False)
 
+    async def _aforward(
+        self,
+        record: WorkerRecord,
+        request: inference_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """`_forward` on an event loop. The client's cancel or deadline cancels the handler's
+        task (asyncio.CancelledError, here while awaiting the next item or the write of one),
+        and the `finally` sends the worker the cancel."""
+        timeout_s = _timeout_s(context)
+        stream = _Stream()
+        self._track(record.worker_id, stream, add=True)
+        started = False
+        try:
+            mux = self.channels.mux(record.address, record.worker_id)
+            loop = asyncio.get_running_loop()
+            stream.call = call = mux.open(request, timeout_s, loop=loop)
+            if stream.abort_reason is not None:  # an abort asked before the call existed
+                call.cancel()
+            async for response in call:
+                started = True
+                if not response.worker_id:
+                    response.worker_id = record.worker_id
+                yield response
+        except grpc.RpcError as error:
+            if stream.abort_reason is None and _client_gone(context):
+                return  # the client cancelled or its deadline passed: nobody to tell
+            if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
+                self._suspect(record, error, started)
+            raise _failure(record.worker_id, error, started, stream.abort_reason) from None
+        finally:
+            if stream.call is not None:
+                stream.call.cancel()  # a no-op once it ended; else the client went away
+            self._track(record.worker_id, stream, add=False)
+
     def _suspect(self, record: WorkerRecord, error: grpc.RpcError, started: bool) -> None:
         where = "mid-stream" if started else "before streaming"
         reason = Reason(
@@ -198,6 +265,19 @@ class Router:
                 streams.add(stream)
             else:
                 streams.discard(stream)
+
+
+def _timeout_s(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> float | None:
+    """The client's remaining deadline, to forward; None when it set none."""
+    remaining_s = context.time_remaining()
+    return None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
+
+
+def _client_gone(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the client cancelled or its deadline passed (the aio twin of `not is_active()`:
+    the worker, which holds the same deadline, may report it before the task is cancelled)."""
+    remaining_s = context.time_remaining()
+    return context.cancelled() or (remaining_s is not None and remaining_s <= 0)
 
 
 def _failure(

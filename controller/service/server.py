@@ -1,20 +1,29 @@
 """The controller process: one gRPC server with the worker registry, inference router, admin API,
 `grpc.health.v1` (the readiness gate) and reflection, plus the reconcile loop.
 
+The gRPC server is a `grpc.aio` one on an event loop in a thread of its own: every streamed
+response is written from that one thread, where a sync server spends a thread (and its wake-ups)
+per stream; on a small machine the controller's CPU per token is what serving costs beyond the
+engine. `ControllerServer`'s own API stays synchronous. The HTTP API keeps its own threads.
+
 Run one by hand with `python -m intentserve.controller.service.server` (configured by
 `INTENTSERVE_*` env vars).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent import futures
+from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
+from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from intentserve.controller.http.app import Frontend, build_app
@@ -38,7 +47,7 @@ from intentserve.controller.service.settings import (
 )
 from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
-from intentserve.status import ErrorInterceptor
+from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import STREAM_READER_OPTIONS
 from intentserve.tls import secure_channel, server_credentials, server_name
 from intentserve.v1 import (
@@ -54,9 +63,10 @@ from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
-# Threads beyond the admitted streams, so registration, heartbeats, health and admin calls are
-# never queued behind inference streams.
+# The HTTP API's threads beyond the admitted streams, so its health and metrics are never
+# queued behind streams.
 CONTROL_THREADS = 16
+T = TypeVar("T")
 SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
     inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
@@ -80,7 +90,12 @@ class ControllerServer:
             max_outstanding_total=config.max_outstanding_total,
             channel_factory=_worker_channels(config),
         )
-        self._health = health.HealthServicer()
+        # The loop first: health is published to it from the reconciler's construction on.
+        self._loop = EventLoopThread("controller-rpc")
+        self._probe_health = None if config.health_port is None else health.HealthServicer()
+        self._health = HealthPublisher(
+            self._loop, async_health.HealthServicer(), self._probe_health
+        )
         self.reconciler = Reconciler(
             self.deployment,
             self.router,
@@ -96,50 +111,21 @@ class ControllerServer:
             self.router,
             RequestMetrics(self.metrics, deployment=desired.deployment, model=desired.model),
         )
-        num_threads = config.max_outstanding_total + CONTROL_THREADS
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(num_threads, thread_name_prefix="controller-rpc"),
-            # NOTE: authorization first: a refused call never reaches the error mapping.
-            interceptors=[
-                AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
-                ErrorInterceptor(STATUS_CODES),
-            ],
-            options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
-        )
-        worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
-            WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), self._server
-        )
-        inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.metered_router), self._server
-        )
-        admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.deployment, self.request_shutdown), self._server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(SERVICE_NAMES, self._server)
+        try:
+            self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
+        except BaseException:
+            self._loop.close()
+            raise
         # Probes that speak no TLS get a port of their own, with nothing on it but health.
         self._health_server = None
         self.health_port = None
-        if config.health_port is not None:
+        if self._probe_health is not None:
             self._health_server = grpc.server(futures.ThreadPoolExecutor(2))
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
+            health_pb2_grpc.add_HealthServicer_to_server(self._probe_health, self._health_server)
             self.health_port = self._health_server.add_insecure_port(
                 f"{config.host}:{config.health_port}"
             )
-        tls = config.security.tls
-        if tls is None:
-            self.bound_port = self._server.add_insecure_port(f"{config.host}:{config.port}")
-            self.registry_port = self.bound_port
-        else:
-            # Two ports: clients and probes need no certificate on the public one; workers
-            # register on the other, where TLS itself requires a certificate of the CA.
-            # NOTE: grpc's Python API cannot request an optional client certificate.
-            public = server_credentials(tls, require_client_auth=False)
-            mutual = server_credentials(tls, require_client_auth=True)
-            self.bound_port = self._server.add_secure_port(f"{config.host}:{config.port}", public)
-            self.registry_port = self._server.add_secure_port(
-                f"{config.host}:{config.registry_port}", mutual
-            )
+        num_threads = config.max_outstanding_total + CONTROL_THREADS
         self._http, self._http_threads = None, None
         if config.http_port is not None:
             self._http_threads = futures.ThreadPoolExecutor(num_threads, thread_name_prefix="http")
@@ -151,7 +137,44 @@ class ControllerServer:
                 self.metrics,
                 self._http_threads,
             )
-            self._http = HttpServer(build_app(frontend), config.host, config.http_port, tls)
+            self._http = HttpServer(
+                build_app(frontend), config.host, config.http_port, config.security.tls
+            )
+
+    async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
+        """The gRPC server, made on the loop that runs it; its public and registry ports."""
+        config = self.config
+        server = grpc.aio.server(
+            # NOTE: authorization first: a refused call never reaches the error mapping.
+            interceptors=[
+                AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
+                AsyncErrorInterceptor(STATUS_CODES),
+            ],
+            options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
+        )
+        worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
+            WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), server
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.metered_router), server
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.deployment, self.request_shutdown), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
+        reflection.enable_server_reflection(SERVICE_NAMES, server)
+        tls = config.security.tls
+        if tls is None:
+            port = server.add_insecure_port(f"{config.host}:{config.port}")
+            return server, port, port
+        # Two ports: clients and probes need no certificate on the public one; workers
+        # register on the other, where TLS itself requires a certificate of the CA.
+        # NOTE: grpc's Python API cannot request an optional client certificate.
+        public = server_credentials(tls, require_client_auth=False)
+        mutual = server_credentials(tls, require_client_auth=True)
+        port = server.add_secure_port(f"{config.host}:{config.port}", public)
+        registry_port = server.add_secure_port(f"{config.host}:{config.registry_port}", mutual)
+        return server, port, registry_port
 
     @property
     def http_url(self) -> str | None:
@@ -177,7 +200,7 @@ class ControllerServer:
         return "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
 
     def start(self) -> ControllerServer:
-        self._server.start()
+        self._loop.run(self._server.start())
         if self._health_server is not None:
             self._health_server.start()
         if self._http is not None:
@@ -194,6 +217,8 @@ class ControllerServer:
 
     def stop(self, grace_s: float | None = 1.0) -> None:
         """Health goes NOT_SERVING, running streams get `grace_s` to finish, then all stops."""
+        if self._loop.closed:
+            return  # stopped already
         self._health.enter_graceful_shutdown()
         self.request_shutdown()
         self.reconciler.stop()
@@ -201,11 +226,14 @@ class ControllerServer:
             self._health_server.stop(0)
         if self._http is not None:
             self._http.begin_stop(grace_s)
-        self._server.stop(grace_s).wait()
+        # Streams still running after the grace are cancelled: their handlers cancel the
+        # workers' requests on the way out.
+        self._loop.run(self._server.stop(grace_s))
         if self._http is not None:
             self._http.join()
             self._http_threads.shutdown(wait=False, cancel_futures=True)
         self.router.close()
+        self._loop.close()
 
     def request_shutdown(self) -> None:
         """What Admin.Shutdown does: `wait()` returns; the owner then calls `stop()`."""
@@ -234,6 +262,70 @@ class ControllerServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop(grace_s=0)
+
+
+class EventLoopThread:
+    """An asyncio event loop running in a daemon thread of its own; other threads hand it
+    coroutines and wait for their results."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self.closed = False
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the loop and return its result (or raise its error)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any], what: str) -> None:
+        """Run `coroutine` on the loop without waiting; a failure is logged."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        future.add_done_callback(lambda done: _log_failure(done, what))
+
+    def close(self) -> None:
+        """Finish the loop's async generators, stop it and join its thread."""
+        if self.closed:
+            return
+        self.closed = True
+        self.run(self.loop.shutdown_asyncgens())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+def _log_failure(done: futures.Future, what: str) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("%s failed", what, exc_info=done.exception())
+
+
+class HealthPublisher:
+    """What the reconciler publishes health to, from its own thread: the aio server's servicer
+    (set on its loop) and, when there is a probe port, that sync server's servicer alike.
+
+    NOTE: grpc_health's sync servicer cannot serve an aio server (its Watch needs
+    `context.add_callback`, which aio contexts lack); the async one's setters are coroutines.
+    They are submitted in order, and run in order on the loop."""
+
+    def __init__(
+        self,
+        loop: EventLoopThread,
+        servicer: async_health.HealthServicer,
+        probe: health.HealthServicer | None,
+    ) -> None:
+        self._loop = loop
+        self.servicer = servicer
+        self._probe = probe
+
+    def set(self, service: str, status: int) -> None:
+        if self._probe is not None:
+            self._probe.set(service, status)
+        self._loop.submit(self.servicer.set(service, status), f"health of {service!r}")
+
+    def enter_graceful_shutdown(self) -> None:
+        if self._probe is not None:
+            self._probe.enter_graceful_shutdown()
+        self._loop.submit(self.servicer.enter_graceful_shutdown(), "health's shutdown")
 
 
 def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Channel]:

@@ -1,13 +1,19 @@
 """The controller's gRPC servicers: decode, call, encode. Errors are raised, never set here;
-`intentserve.controller.service.interceptor` turns them into status codes."""
+`intentserve.controller.service.interceptor` turns them into status codes.
+
+They run on the grpc.aio server's event loop. Registry and Admin call the deployment's methods
+directly: they are quick and lock-protected, so the loop is never held for long.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from intentserve.controller.service import convert
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.explain import explain
+from intentserve.controller.service.request_metrics import MeteredRouter
 from intentserve.controller.service.router import Router
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc, worker_pb2_grpc
 
@@ -17,30 +23,33 @@ class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
         self._deployment = deployment
         self._heartbeat_interval_s = heartbeat_interval_s
 
-    def Register(self, request, context):
+    async def Register(self, request, context):
         worker_id, address, capability = convert.register_from_pb(request)
         resolution = self._deployment.register(worker_id, address, capability)
         return convert.register_to_pb(
             self._deployment.desired, resolution, self._heartbeat_interval_s
         )
 
-    def ReportRealized(self, request, context):
+    async def ReportRealized(self, request, context):
         worker_id, realized, load_error = convert.realized_report_from_pb(request)
         return convert.verification_to_pb(
             self._deployment.report_realized(worker_id, realized, load_error)
         )
 
-    def Heartbeat(self, request, context):
+    async def Heartbeat(self, request, context):
         worker_id, load = convert.heartbeat_from_pb(request)
         return convert.heartbeat_to_pb(self._deployment.heartbeat(worker_id, load))
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router | MeteredRouter) -> None:
+        """`router`: anything with `agenerate` (the server passes the metered one)."""
         self._router = router
 
-    def Generate(self, request, context):
-        yield from self._router.generate(request, context)
+    async def Generate(self, request, context) -> AsyncIterator:
+        async with contextlib.aclosing(self._router.agenerate(request, context)) as responses:
+            async for response in responses:
+                yield response
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -48,7 +57,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._deployment = deployment
         self._on_shutdown = on_shutdown
 
-    def Status(self, request, context):
+    async def Status(self, request, context):
         workers = self._deployment.workers()
         verdict = self._deployment.verdict(workers)
         return convert.status_to_pb(
@@ -59,18 +68,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             self._deployment.now_s(),
         )
 
-    def Explain(self, request, context):
+    async def Explain(self, request, context):
         record = self._deployment.registry.get(request.worker_id)
         lines = explain(self._deployment.desired, record, self._deployment.verdict())
         return convert.explain_to_pb(record, lines, self._deployment.now_s())
 
-    def Drain(self, request, context):
+    async def Drain(self, request, context):
         record = self._deployment.drain(request.worker_id, force=request.force)
         return convert.drain_to_pb(record)
 
-    def Resume(self, request, context):
+    async def Resume(self, request, context):
         return convert.resume_to_pb(self._deployment.resume(request.worker_id))
 
-    def Shutdown(self, request, context):
+    async def Shutdown(self, request, context):
         self._on_shutdown()
         return admin_pb2.ShutdownResponse()

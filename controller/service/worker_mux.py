@@ -6,8 +6,15 @@
         ...
     stream.cancel()                              # sends the cancel command; ends it here at once
 
+    stream = mux.open(request, 30.0, loop=loop)  # async mode, for a handler on `loop`
+    async for response in stream:
+        ...
+
 The worker sends one message per engine step with every request's news; the mux's reader thread
-hands each event to its request's queue, where the thread serving that client takes it. A
+hands each event to its request's queue, where the thread serving that client takes it. In async
+mode (the gRPC front end, whose handlers run on one event loop) the reader hands a message's
+items to the loop in one `call_soon_threadsafe`, however many of its requests it carries: a
+thread wake-up per engine step, not per token. A
 request's failure arrives as `StreamFailed`, an `RpcError` with the code and details its own call
 would have ended with, so the router treats both alike. When the call itself ends (the worker
 died, its server stopped, the channel closed) every request still on it fails with that status
@@ -17,11 +24,13 @@ mux is refused (the caller makes a new one).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 
 import grpc
 from intentserve.streaming import END, HandOver
@@ -66,13 +75,75 @@ class MuxStream(HandOver):
         self._items.put(item)
 
 
+class AsyncMuxStream:
+    """One request on a worker's multiplexed call, read on an event loop: `async for` its
+    responses (a failure is raised as StreamFailed). Items reach it on `loop` only."""
+
+    def __init__(self, mux: WorkerMux, key: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._mux = mux
+        self.key = key
+        self.loop = loop
+        self._items: asyncio.Queue = asyncio.Queue()
+        self._done = False
+
+    def __aiter__(self) -> AsyncMuxStream:
+        return self
+
+    async def __anext__(self) -> inference_pb2.GenerateResponse:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._items.get()
+        if item is END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """As MuxStream.cancel; callable from any thread (a lost worker's streams are ended by
+        the reconcile loop)."""
+        if self._mux.cancel(self.key):
+            failure = StreamFailed(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+            self.loop.call_soon_threadsafe(self._items.put_nowait, failure)
+
+    def _put(self, item: object) -> None:
+        """On the loop's thread only."""
+        self._items.put_nowait(item)
+
+
+Stream = MuxStream | AsyncMuxStream
+
+
+def _hand_over(deliveries: Iterable[tuple[Stream, object]]) -> None:
+    """Give each item to its stream: a sync stream at once, async ones in one call onto each
+    loop (NOTE: a thread wake-up of the loop per message, not per event)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Stream, object]]] = defaultdict(list)
+    for stream, item in deliveries:
+        if isinstance(stream, AsyncMuxStream):
+            by_loop[stream.loop].append((stream, item))
+        else:
+            stream._put(item)
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the loop has closed: the server stopped, nobody reads
+            log.debug("dropped %d items for a closed event loop", len(batch))
+
+
+def _put_all(batch: list[tuple[Stream, object]]) -> None:
+    for stream, item in batch:
+        stream._put(item)
+
+
 class WorkerMux:
     """One `WorkerStreams.Serve` call on `channel`, and the requests on it by key."""
 
     def __init__(self, channel: grpc.Channel, worker_id: str) -> None:
         self.worker_id = worker_id
         self._lock = threading.Lock()
-        self._streams: dict[int, MuxStream] = {}
+        self._streams: dict[int, Stream] = {}
         self._keys = itertools.count(1)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ended: StreamFailed | None = None
@@ -85,12 +156,22 @@ class WorkerMux:
     def closed(self) -> bool:
         return self._ended is not None
 
-    def open(self, request: inference_pb2.GenerateRequest, timeout_s: float | None) -> MuxStream:
-        """Start `request` on the worker; StreamFailed (UNAVAILABLE) when the call has ended."""
+    def open(
+        self,
+        request: inference_pb2.GenerateRequest,
+        timeout_s: float | None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Stream:
+        """Start `request` on the worker; StreamFailed (UNAVAILABLE) when the call has ended.
+
+        With `loop`, the stream is an AsyncMuxStream read on that loop; else a MuxStream read by
+        one thread."""
         with self._lock:
             if self._ended is not None:
                 raise self._ended
-            stream = MuxStream(self, next(self._keys))
+            key = next(self._keys)
+            stream = MuxStream(self, key) if loop is None else AsyncMuxStream(self, key, loop)
             self._streams[stream.key] = stream
         self._commands.put(
             worker_pb2.StreamCommand(stream=stream.key, start=request, timeout_s=timeout_s or 0.0)
@@ -134,12 +215,11 @@ class WorkerMux:
             with self._lock:
                 self._ended = ended
                 left, self._streams = self._streams, {}
-            for stream in left.values():
-                stream._put(ended)
+            _hand_over((stream, ended) for stream in left.values())
             self._commands.put(None)
 
     def _dispatch(self, message: worker_pb2.StreamEvents) -> None:
-        deliveries: list[tuple[MuxStream, object]] = []
+        deliveries: list[tuple[Stream, object]] = []
         with self._lock:  # NOTE: once per message, not per event
             streams = self._streams
             for event in message.events:
@@ -156,5 +236,4 @@ class WorkerMux:
                     del streams[event.stream]
                     code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)
                     deliveries.append((stream, StreamFailed(code, event.error.details)))
-        for stream, item in deliveries:
-            stream._put(item)
+        _hand_over(deliveries)

@@ -11,15 +11,21 @@ answers them itself:
 - every status message is cut to MAX_STATUS_MESSAGE_BYTES, so a value a client sent (a
   100,000-character worker id) is never echoed whole and the status always fits in the
   trailers (grpc's metadata limit is 8 KiB, and grpc-message is percent-encoded).
+
+`AsyncErrorInterceptor` does the same on a `grpc.aio` server (the controller's), whose handlers
+are coroutines and async generators and where `context.abort` is awaited.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
+import grpc.aio
 
 from intentserve.malformed import describe_parse_error
 
@@ -145,6 +151,102 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 self._abort(context, error, method)
 
         return guarded
+
+
+class AsyncErrorInterceptor(grpc.aio.ServerInterceptor):
+    """ErrorInterceptor for a grpc.aio server: the same table, parsing and message cut."""
+
+    def __init__(self, table: StatusTable, prefix: str = "/intentserve.") -> None:
+        self._table = table
+        self._prefix = prefix
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(self._prefix):
+            return handler
+        deserializer = _tolerant(handler.request_deserializer)
+        if handler.unary_unary is not None:
+            return handler._replace(
+                request_deserializer=deserializer,
+                unary_unary=self._unary(handler.unary_unary, method),
+            )
+        if handler.unary_stream is not None:
+            return handler._replace(
+                request_deserializer=deserializer,
+                unary_stream=self._streaming(handler.unary_stream, method),
+            )
+        if handler.stream_stream is not None:
+            return handler._replace(
+                request_deserializer=deserializer,
+                stream_stream=self._bidi(handler.stream_stream, method),
+            )
+        return handler
+
+    async def _abort(self, context: grpc.aio.ServicerContext, error: Exception, method: str):
+        code, message = lookup(self._table, error)
+        message = fit_status_message(message)
+        if code is grpc.StatusCode.INTERNAL:
+            log.exception("%s failed", method)
+        else:
+            log.info("%s -> %s: %s", method, code.name, message)
+        await context.abort(code, message)
+
+    def _unary(self, behavior, method: str):
+        async def guarded(request, context):
+            try:
+                return await behavior(_parsed(request), context)
+            except grpc.aio.AbortError:
+                raise  # the handler set its status itself
+            except Exception as error:
+                await self._abort(context, error, method)
+
+        return guarded
+
+    def _streaming(self, behavior, method: str):
+        async def guarded(request, context):
+            try:
+                await write_all(behavior(_parsed(request), context), context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:
+                await self._abort(context, error, method)
+
+        return guarded
+
+    def _bidi(self, behavior, method: str):
+        async def guarded(request_iterator, context):
+            try:
+                await write_all(behavior(_aparsed(request_iterator), context), context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:
+                await self._abort(context, error, method)
+
+        return guarded
+
+
+async def write_all(result: Any, context: grpc.aio.ServicerContext) -> None:
+    """Send a streaming handler's responses with `context.write`, whichever way it streams (an
+    async generator, or a coroutine that writes itself).
+
+    NOTE: grpc iterates a handler's async generator in its own frame; when the client cancels
+    there, the generator is only closed once collected. Here the cancel lands in this frame and
+    `aclosing` closes the generator at once, so its `finally` (a worker's request cancelled,
+    a metric counted) runs now."""
+    if inspect.isasyncgen(result):
+        async with contextlib.aclosing(result) as responses:
+            async for response in responses:
+                await context.write(response)
+    elif inspect.isawaitable(result):
+        await result
+    else:
+        raise TypeError(f"a streaming handler returned {type(result).__name__}")
+
+
+async def _aparsed(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _parsed(request)
 
 
 def _parsed(request: Any) -> Any:

@@ -147,6 +147,9 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
             output(token_ids=[1])
             while not (cancelled.wait(0.01) or ended.is_set()):
                 pass
+            if cancelled.is_set():  # its own cancel command, not the whole call ending
+                with w.lock:
+                    w.cancelled_ids.append(request.request_id)
             w.cancelled.set()
             return output(finish_reason=inference_pb2.FINISH_REASON_ABORT)
         for i in range(w.num_tokens):
@@ -247,6 +250,7 @@ class ScriptedWorker:
         self.deadlines_s: list[float] = []
         self.num_serve_calls = 0  # multiplexed calls the controller opened
         self.cancelled = threading.Event()
+        self.cancelled_ids: list[str] = []  # requests whose own cancel command arrived
         self.config: PagedAttentionConfig | None = None
         self.resolution: Resolution | None = None
         self.rejection: Reason | None = None

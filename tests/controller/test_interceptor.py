@@ -1,5 +1,7 @@
-"""One interceptor turns exceptions into status codes, for unary and server-streaming handlers."""
+"""One interceptor turns exceptions into status codes, for unary and server-streaming handlers;
+its aio twin (the controller's) does the same for coroutines and async generators."""
 
+import asyncio
 import collections
 
 import grpc
@@ -14,7 +16,13 @@ from intentserve.controller.service.errors import (
 )
 from intentserve.controller.service.interceptor import STATUS_CODES
 from intentserve.policy import IntentError, PolicyViolationError, Reason, ReasonCode
-from intentserve.status import ErrorInterceptor, lookup
+from intentserve.status import (
+    MAX_STATUS_MESSAGE_BYTES,
+    AsyncErrorInterceptor,
+    ErrorInterceptor,
+    lookup,
+)
+from intentserve.v1 import admin_pb2
 
 REASON = Reason(ReasonCode.MODEL_HAS_NO_KV_CACHE, "the model (BertModel) has no KV cache")
 Code = grpc.StatusCode
@@ -88,3 +96,116 @@ def test_other_services_are_left_alone():
     handler = grpc.unary_unary_rpc_method_handler(failing)
     assert intercept(handler, "/grpc.health.v1.Health/Check") is handler
     assert intercept(None) is None
+
+
+class AsyncContext:
+    async def abort(self, code, details):
+        self.code, self.details = code, details
+        raise _Aborted
+
+
+def aintercept(handler, method="/intentserve.v1.Admin/Status"):
+    async def continuation(_):
+        return handler
+
+    interceptor = AsyncErrorInterceptor(STATUS_CODES)
+    return asyncio.run(interceptor.intercept_service(continuation, Details(method, ())))
+
+
+async def afailing(*args):
+    raise NotReady(REASON)
+
+
+def test_async_unary_handlers_are_wrapped():
+    handler = aintercept(grpc.unary_unary_rpc_method_handler(afailing))
+    context = AsyncContext()
+    with pytest.raises(_Aborted):
+        asyncio.run(handler.unary_unary(None, context))
+    assert (context.code, context.details) == lookup(STATUS_CODES, NotReady(REASON))
+
+
+def test_async_streaming_handlers_are_wrapped_after_their_first_responses():
+    closed = []
+
+    async def stream(request, context):
+        try:
+            yield 1
+            raise WorkerUnavailable("worker w0 was lost mid-stream")
+        finally:
+            closed.append(True)
+
+    handler = aintercept(grpc.unary_stream_rpc_method_handler(stream))
+    context = AsyncContext()
+    written = []
+
+    async def write(response):
+        written.append(response)
+
+    context.write = write
+    with pytest.raises(_Aborted):
+        asyncio.run(handler.unary_stream(None, context))
+    assert written == [1]
+    assert closed == [True]
+    assert context.code is Code.UNAVAILABLE
+    assert context.details == "worker w0 was lost mid-stream"
+
+
+def test_async_streams_are_closed_at_once_when_the_client_goes_away():
+    # A cancel arriving while a response is written must run the stream's `finally` now.
+    closed = []
+
+    async def stream(request, context):
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.append(True)
+
+    handler = aintercept(grpc.unary_stream_rpc_method_handler(stream))
+    context = AsyncContext()
+
+    async def write(response):
+        await asyncio.sleep(10)
+
+    context.write = write
+
+    async def cancel_mid_write():
+        task = asyncio.ensure_future(handler.unary_stream(None, context))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert closed == [True]
+
+    asyncio.run(cancel_mid_write())
+
+
+def test_async_malformed_requests_and_long_messages():
+    descriptor_type = admin_pb2.ExplainRequest
+
+    async def explain(request, context):
+        raise UnknownWorker("w" * 5000)
+
+    handler = aintercept(
+        grpc.unary_unary_rpc_method_handler(
+            explain, request_deserializer=descriptor_type.FromString
+        ),
+        "/intentserve.v1.Admin/Explain",
+    )
+    malformed = handler.request_deserializer(b"\x0a\x02\xff\xfe")  # worker_id: invalid UTF-8
+    context = AsyncContext()
+    with pytest.raises(_Aborted):
+        asyncio.run(handler.unary_unary(malformed, context))
+    assert context.code is Code.INVALID_ARGUMENT
+    assert "worker_id" in context.details
+    with pytest.raises(_Aborted):
+        asyncio.run(handler.unary_unary(descriptor_type(worker_id="w"), context))
+    assert context.code is Code.NOT_FOUND
+    assert len(context.details.encode()) <= MAX_STATUS_MESSAGE_BYTES
+    assert "cut" in context.details
+
+
+def test_async_other_services_are_left_alone():
+    handler = grpc.unary_unary_rpc_method_handler(afailing)
+    assert aintercept(handler, "/grpc.health.v1.Health/Check") is handler
+    assert aintercept(None) is None

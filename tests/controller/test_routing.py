@@ -188,6 +188,60 @@ def test_a_client_cancel_reaches_the_worker(start_controller, make_worker):
     eventually(lambda: outstanding(server, "w0") == 0, what="the request released")
 
 
+def test_64_concurrent_streams_all_finish_with_their_tokens_in_order(start_controller, make_worker):
+    # Every stream is written from the controller's one event loop; none waits on another.
+    server, client = start_controller(paged_attention="on", max_outstanding_per_worker=64)
+    worker = make_worker(server, "w0", CPU, num_tokens=12, token_delay_s=0.005)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    results: dict[int, list[str]] = {}
+    start = threading.Barrier(64)
+
+    def run(i: int) -> None:
+        start.wait()
+        results[i] = [r.text for r in client.generate(max_tokens=12, timeout=30)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    expected = [f"t{k} " for k in range(12)]
+    assert results == {i: expected for i in range(64)}
+    assert worker.num_requests == 64
+    assert worker.num_serve_calls == 1
+    eventually(lambda: outstanding(server, "w0") == 0, what="every request released")
+
+
+def test_a_cancel_mid_stream_reaches_the_worker_for_that_request_only(
+    start_controller, make_worker
+):
+    server, client, (worker,) = ready_workers(
+        start_controller, make_worker, 1, behaviour=Behaviour.BLOCK
+    )
+    streams = [client.generate(timeout=30) for _ in range(4)]
+    firsts = [next(stream) for stream in streams]
+    streams[1].cancel()
+    eventually(lambda: worker.cancelled_ids, what="the worker saw a cancel")
+    assert worker.cancelled_ids == [firsts[1].request_id]
+    eventually(lambda: outstanding(server, "w0") == 3, what="the cancelled request released")
+    cancelled = {"status": "cancelled"}
+    assert server.metrics.get_sample_value(
+        "intentserve_requests_total", _labels(server, cancelled)
+    ) == pytest.approx(1.0)
+    assert all(streams[i].is_active() for i in (0, 2, 3))
+    for i in (0, 2, 3):
+        streams[i].cancel()
+    eventually(lambda: len(worker.cancelled_ids) == 4, what="every cancel reached the worker")
+    eventually(lambda: outstanding(server, "w0") == 0, what="every request released")
+
+
+def _labels(server, labels: dict[str, str]) -> dict[str, str]:
+    desired = server.config.desired
+    base = {"deployment": desired.deployment, "model_name": desired.model, "finish_reason": ""}
+    return {**base, **labels}
+
+
 def test_the_client_deadline_reaches_the_worker(start_controller, make_worker):
     _, client, (worker,) = ready_workers(
         start_controller, make_worker, 1, behaviour=Behaviour.BLOCK
@@ -263,3 +317,31 @@ def test_a_worker_lost_to_heartbeats_mid_stream_ends_with_unavailable(
     assert server.verdict().ready  # min_ready 1: w1 still serves
     assert {r.worker_id for r in [next(client.generate(timeout=5))]} == {"w1"}
     streams["w1"].cancel()
+
+
+def test_stop_lets_running_streams_finish_within_the_grace(start_controller, make_worker):
+    server, client, _ = ready_workers(
+        start_controller, make_worker, 1, num_tokens=10, token_delay_s=0.05
+    )
+    stream = client.generate(max_tokens=10, timeout=30)
+    first = next(stream)
+    stopping = threading.Thread(target=server.stop, kwargs={"grace_s": 10.0})
+    stopping.start()
+    rest = list(stream)
+    stopping.join(10)
+    assert [first.text] + [r.text for r in rest] == [f"t{k} " for k in range(10)]
+    assert not stopping.is_alive()
+
+
+def test_stop_ends_streams_still_running_after_the_grace(start_controller, make_worker):
+    server, client, (worker,) = ready_workers(
+        start_controller, make_worker, 1, behaviour=Behaviour.BLOCK
+    )
+    stream = client.generate(timeout=30)
+    next(stream)
+    server.stop(grace_s=0.2)
+    with pytest.raises(grpc.RpcError) as error:
+        list(stream)
+    assert error.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    # Its handler cancelled the worker's request on the way out (or the channel's close did).
+    assert worker.cancelled.wait(5)

@@ -1,12 +1,13 @@
-"""Servicer unit tests with grpcio-testing: each servicer decodes, calls and encodes.
+"""Servicer unit tests: each (async) servicer decodes, calls and encodes, called directly on an
+event loop with a stand-in for grpc.aio's context.
 
-Status codes for errors come from the interceptor, which grpcio-testing does not run; they are
-covered in test_interceptor.py and, end to end on loopback, in test_routing.py (Generate) and
+Status codes for errors come from the interceptor, which is not run here; they are covered in
+test_interceptor.py and, end to end on loopback, in test_routing.py (Generate) and
 test_lifecycle.py (registration, health, Admin).
 """
 
-import grpc
-import grpc_testing
+import asyncio
+
 import pytest
 from intentserve import convert
 from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
@@ -34,9 +35,18 @@ from intentserve.v1 import (
 
 from tests.controller.scripted_worker import CONTIGUOUS, ScriptedWorker, realized_for
 
-REGISTRY = worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"]
-ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
-INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
+REGISTRY = "registry"
+ADMIN = "admin"
+
+
+class Context:
+    """What the servicers and the router read of a grpc.aio.ServicerContext."""
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def cancelled(self) -> bool:
+        return False
 
 
 class Harness:
@@ -51,21 +61,22 @@ class Harness:
         )
         self.deployment = Deployment(desired)
         self.shutdowns = []
-        router = Router(self.deployment, max_outstanding_per_worker=4, max_outstanding_total=4)
-        self.server = grpc_testing.server_from_dictionary(
-            {
-                REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
-                ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
-                INFERENCE: InferenceServicer(router),
-            },
-            grpc_testing.strict_real_time(),
-        )
+        self.router = Router(self.deployment, max_outstanding_per_worker=4, max_outstanding_total=4)
+        self.servicers = {
+            REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
+            ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
+        }
+        self.inference = InferenceServicer(self.router)
 
     def call(self, service, method, request):
-        rpc = self.server.invoke_unary_unary(service.methods_by_name[method], (), request, None)
-        response, _, code, details = rpc.termination()
-        assert code is grpc.StatusCode.OK, details
-        return response
+        """The servicer's response; an error it raises fails the test."""
+        return asyncio.run(getattr(self.servicers[service], method)(request, Context()))
+
+    def generate(self, request) -> list[inference_pb2.GenerateResponse]:
+        async def collect():
+            return [r async for r in self.inference.Generate(request, Context())]
+
+        return asyncio.run(collect())
 
     def register(self, worker_id="w0", capability=None, address="127.0.0.1:1"):
         request = worker_pb2.RegisterRequest(
@@ -181,14 +192,10 @@ def test_generate_streams_what_the_worker_streams(harness):
         request = inference_pb2.GenerateRequest(
             prompt="hi", stop=inference_pb2.StopConditions(max_tokens=3)
         )
-        rpc = harness.server.invoke_unary_stream(
-            INFERENCE.methods_by_name["Generate"], (), request, None
-        )
-        responses = [rpc.take_response() for _ in range(3)]
-        _, code, details = rpc.termination()
+        responses = harness.generate(request)
     finally:
         worker.stop()
-    assert code is grpc.StatusCode.OK, details
+        harness.router.close()
     assert [r.token_ids[0] for r in responses] == [100, 101, 102]
     assert {r.worker_id for r in responses} == {"w0"}
     assert responses[0].request_id  # generated when the client left it empty
