@@ -113,33 +113,36 @@ class ControllerServer:
         )
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
+            self._health_server, self.health_port = self._probe_server()
+            self._http, self._http_threads = self._http_api()
         except BaseException:
-            self._loop.close()
+            self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
             raise
-        # Probes that speak no TLS get a port of their own, with nothing on it but health.
-        self._health_server = None
-        self.health_port = None
-        if self._probe_health is not None:
-            self._health_server = grpc.server(futures.ThreadPoolExecutor(2))
-            health_pb2_grpc.add_HealthServicer_to_server(self._probe_health, self._health_server)
-            self.health_port = self._health_server.add_insecure_port(
-                f"{config.host}:{config.health_port}"
-            )
+
+    def _probe_server(self) -> tuple[grpc.Server | None, int | None]:
+        """Probes that speak no TLS get a port of their own, with nothing on it but health."""
+        if self._probe_health is None:
+            return None, None
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        health_pb2_grpc.add_HealthServicer_to_server(self._probe_health, server)
+        return server, server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
+
+    def _http_api(self) -> tuple[HttpServer | None, futures.ThreadPoolExecutor | None]:
+        config = self.config
+        if config.http_port is None:
+            return None, None
         num_threads = config.max_outstanding_total + CONTROL_THREADS
-        self._http, self._http_threads = None, None
-        if config.http_port is not None:
-            self._http_threads = futures.ThreadPoolExecutor(num_threads, thread_name_prefix="http")
-            frontend = Frontend(
-                self.metered_router,
-                self.reconciler,
-                config.security,
-                desired.model,
-                self.metrics,
-                self._http_threads,
-            )
-            self._http = HttpServer(
-                build_app(frontend), config.host, config.http_port, config.security.tls
-            )
+        threads = futures.ThreadPoolExecutor(num_threads, thread_name_prefix="http")
+        frontend = Frontend(
+            self.metered_router,
+            self.reconciler,
+            config.security,
+            config.desired.model,
+            self.metrics,
+            threads,
+        )
+        app = build_app(frontend)
+        return HttpServer(app, config.host, config.http_port, config.security.tls), threads
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
         """The gRPC server, made on the loop that runs it; its public and registry ports."""

@@ -4,6 +4,7 @@ the readiness gate through `grpc.health.v1`, loss and re-registration, status an
 import os
 import subprocess
 import sys
+import threading
 
 import grpc
 import pytest
@@ -293,3 +294,6 @@ def test_a_second_controller_on_a_taken_port_is_refused(start_controller):
         ControllerServer(
             ControllerSettings(host="127.0.0.1", port=server.bound_port, insecure=True).config()
         )
+    # The refused one's event loop thread is gone with it.
+    loops = [t for t in threading.enumerate() if t.name == "controller-rpc"]
+    assert len(loops) == 1
