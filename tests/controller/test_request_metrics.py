@@ -3,6 +3,8 @@ no server."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from intentserve.controller.http.bridge import HttpCall
 from intentserve.controller.service.errors import NotReady, Overloaded
@@ -78,6 +80,61 @@ def test_a_stream_that_ends_without_a_finish_reason_was_cancelled(metered):
     registry, metrics = metered
     list(metrics.observe(stream(2, None)))
     assert value(registry, "intentserve_requests_total", status="cancelled", finish_reason="") == 1
+
+
+async def astream(num_tokens: int, finish: int | None, fail: Exception | None = None):
+    for response in stream(num_tokens, finish, fail):
+        yield response
+
+
+async def collect(responses) -> list:
+    return [r async for r in responses]
+
+
+def test_the_async_path_counts_a_finished_request_alike(metered):
+    registry, metrics = metered
+    observed = metrics.aobserve(astream(4, inference_pb2.FINISH_REASON_LENGTH))
+    assert len(asyncio.run(collect(observed))) == 4
+    assert value(registry, "intentserve_requests_total", status="ok", finish_reason="length") == 1
+    assert value(registry, "intentserve_prompt_tokens_total") == 7
+    assert value(registry, "intentserve_generation_tokens_total") == 4
+    assert value(registry, "intentserve_time_to_first_token_seconds_count") == 1
+    assert value(registry, "intentserve_inter_token_latency_seconds_count") == 3
+    assert value(registry, "intentserve_e2e_request_latency_seconds_count") == 1
+
+
+def test_the_async_path_counts_a_refusal_with_its_status(metered):
+    registry, metrics = metered
+    error = Overloaded("full")
+    with pytest.raises(Overloaded):
+        asyncio.run(collect(metrics.aobserve(astream(0, None, fail=error))))
+    status = "resource_exhausted"
+    assert value(registry, "intentserve_requests_total", status=status, finish_reason="") == 1
+
+
+def test_the_async_path_counts_a_cancelled_task_and_closes_the_routed_call(metered):
+    # A client's cancel arrives as CancelledError while the handler awaits the next response.
+    registry, metrics = metered
+    closed: list[bool] = []
+
+    async def upstream():
+        try:
+            yield inference_pb2.GenerateResponse(token_ids=[1], num_output_tokens=1)
+            await asyncio.sleep(10)
+        finally:
+            closed.append(True)
+
+    async def scenario():
+        task = asyncio.ensure_future(collect(metrics.aobserve(upstream())))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert closed == [True]
+    assert value(registry, "intentserve_requests_total", status="cancelled", finish_reason="") == 1
+    assert value(registry, "intentserve_generation_tokens_total") == 1
 
 
 def test_an_http_call_runs_the_routers_callbacks_once_when_cancelled():
