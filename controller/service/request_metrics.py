@@ -83,6 +83,10 @@ class RequestMetrics:
             registry=registry,
             buckets=E2E_BUCKETS_S,
         )
+        # NOTE: the per-token series, looked up once: `labels()` takes a lock and a dict lookup,
+        # and runs for every streamed token otherwise.
+        self._ttft_s = self.ttft_s.labels(*self._labels)
+        self._itl_s = self.itl_s.labels(*self._labels)
 
     def observe(
         self, responses: Generator[inference_pb2.GenerateResponse, None, None]
@@ -133,10 +137,10 @@ class RequestMetrics:
         """`first_s`: time to the first token (None after it); `gap_s`: per token since the
         last."""
         if first_s is not None:
-            self.ttft_s.labels(*self._labels).observe(first_s)
+            self._ttft_s.observe(first_s)
             return
         for _ in range(num_tokens):
-            self.itl_s.labels(*self._labels).observe(gap_s)
+            self._itl_s.observe(gap_s)
 
     def _finished(self, status: str, seen: _Seen) -> None:
         finish = FINISH_REASONS.get(seen.finish, "")
