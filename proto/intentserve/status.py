@@ -86,11 +86,37 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return deserialize
 
 
+def _wrapped(handler, method: str, unary: Callable, streaming: Callable, bidi: Callable):
+    """`handler` with its request parsed tolerantly and its behavior wrapped by the wrapper for
+    its kind (`wrapper(behavior, method)`); a kind not listed passes unchanged."""
+    for kind, wrapper in (
+        ("unary_unary", unary),
+        ("unary_stream", streaming),
+        ("stream_stream", bidi),
+    ):
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            return handler._replace(
+                request_deserializer=_tolerant(handler.request_deserializer),
+                **{kind: wrapper(behavior, method)},
+            )
+    return handler
+
+
+def _status(table: StatusTable, error: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status `error` becomes (message cut to fit), logged: INTERNAL with its traceback."""
+    code, message = lookup(table, error)
+    message = fit_status_message(message)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method)
+    else:
+        log.info("%s -> %s: %s", method, code.name, message)
+    return code, message
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     def __init__(self, table: StatusTable, prefix: str = "/intentserve.") -> None:
-        self._status_for: Callable[[BaseException], tuple[grpc.StatusCode, str]] = lambda error: (
-            lookup(table, error)
-        )
+        self._table = table
         self._prefix = prefix
 
     def intercept_service(self, continuation, handler_call_details):
@@ -98,32 +124,10 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not method.startswith(self._prefix):
             return handler
-        deserializer = _tolerant(handler.request_deserializer)
-        if handler.unary_unary is not None:
-            return handler._replace(
-                request_deserializer=deserializer,
-                unary_unary=self._unary(handler.unary_unary, method),
-            )
-        if handler.unary_stream is not None:
-            return handler._replace(
-                request_deserializer=deserializer,
-                unary_stream=self._streaming(handler.unary_stream, method),
-            )
-        if handler.stream_stream is not None:
-            return handler._replace(
-                request_deserializer=deserializer,
-                stream_stream=self._bidi(handler.stream_stream, method),
-            )
-        return handler
+        return _wrapped(handler, method, self._unary, self._streaming, self._bidi)
 
     def _abort(self, context: grpc.ServicerContext, error: Exception, method: str) -> None:
-        code, message = self._status_for(error)
-        message = fit_status_message(message)
-        if code is grpc.StatusCode.INTERNAL:
-            log.exception("%s failed", method)
-        else:
-            log.info("%s -> %s: %s", method, code.name, message)
-        context.abort(code, message)
+        context.abort(*_status(self._table, error, method))
 
     def _unary(self, behavior, method: str):
         def guarded(request, context):
@@ -165,32 +169,10 @@ class AsyncErrorInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not method.startswith(self._prefix):
             return handler
-        deserializer = _tolerant(handler.request_deserializer)
-        if handler.unary_unary is not None:
-            return handler._replace(
-                request_deserializer=deserializer,
-                unary_unary=self._unary(handler.unary_unary, method),
-            )
-        if handler.unary_stream is not None:
-            return handler._replace(
-                request_deserializer=deserializer,
-                unary_stream=self._streaming(handler.unary_stream, method),
-            )
-        if handler.stream_stream is not None:
-            return handler._replace(
-                request_deserializer=deserializer,
-                stream_stream=self._bidi(handler.stream_stream, method),
-            )
-        return handler
+        return _wrapped(handler, method, self._unary, self._streaming, self._bidi)
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Exception, method: str):
-        code, message = lookup(self._table, error)
-        message = fit_status_message(message)
-        if code is grpc.StatusCode.INTERNAL:
-            log.exception("%s failed", method)
-        else:
-            log.info("%s -> %s: %s", method, code.name, message)
-        await context.abort(code, message)
+        await context.abort(*_status(self._table, error, method))
 
     def _unary(self, behavior, method: str):
         async def guarded(request, context):
