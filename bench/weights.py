@@ -4,7 +4,7 @@ weight memory, the projections alone and engine throughput, per format.
     python bench/weights.py                 # full run, writes bench/results/weights.json
     python bench/weights.py --quick         # a smaller run to check the script
 
-Quality, for each of int8 and int4 against dequantized (same dtype, same run):
+Quality, for each of int8, int4 and w8a8 against dequantized (same dtype, same run):
 - greedy agreement over 32 fixed prompts x 64 tokens, batches of 8 (prefill rows take the
   dequantize path, decode steps the int kernels): the mean fraction of tokens identical until the
   first divergence, and the fraction identical overall (position by position);
@@ -13,7 +13,8 @@ Quality, for each of int8 and int4 against dequantized (same dtype, same run):
 Speed, per format: tok/s at each concurrency and, at 32 streams and more, the fraction of the
 compute roofline measured in the same run: dequantized and int4 against the dtype's dense matmul
 ceiling (int4 has no int4 dot product here: its steps over 16 rows compute in the dtype), int8
-against the int8 matmul ceiling (`torch._int_mm`, the int8 dot-product instructions).
+and w8a8 against the int8 matmul ceiling (`torch._int_mm`, the int8 dot-product instructions,
+which w8a8 runs on and int8's weight-only kernels do not).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from bench.workloads import (  # noqa: E402
     projection_floor,
 )
 
-FORMATS = ("dequantized", "int8", "int4")
+FORMATS = ("dequantized", "int8", "int4", "w8a8")
 QUALITY_BATCH = 8
 
 
@@ -152,7 +153,7 @@ def rooflines(dtype: str) -> dict:
 
 def roofline_fractions(row: dict, ceilings: dict) -> None:
     """Each format against its own kernels' ceiling, at ROOFLINE_MIN_STREAMS streams and more."""
-    against = "int8" if row["format"] == "int8" else row["dtype"]
+    against = "int8" if row["format"] in ("int8", "w8a8") else row["dtype"]
     roof = ceilings[against]["tokens_per_s"]
     row["roofline"] = against
     row["roofline_fraction"] = {

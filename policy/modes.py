@@ -85,3 +85,4 @@ class WeightFormat(_ParsedEnum):
     DEQUANTIZED = "dequantized"  # floats in the model's dtype (a GGUF's blocks dequantized)
     INT8 = "int8"  # int8 per output channel, with a scale per channel
     INT4 = "int4"  # int4 in groups of 32 along the input, with a scale and a zero per group
+    W8A8 = "w8a8"  # int8 weights and int8 activations (a scale per row): int8 dot products

@@ -97,7 +97,7 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
         (
             "spec: {model: {weights: q4_1}}",
             "spec.model.weights: invalid value 'q4_1'; allowed values are auto, dequantized, "
-            "int8, int4",
+            "int8, int4, w8a8",
         ),
         ("spec: {replicas: 0}", "spec.replicas: invalid value 0; input should be greater"),
         ("spec: {replicas: 2, minReady: 3}", "spec.minReady: invalid value 3; must be at most"),
@@ -197,9 +197,12 @@ def test_the_controller_gets_the_policy_the_budget_and_the_replicas():
     assert desired.weights is WeightFormat.AUTO
 
 
-def test_the_weight_format_travels_to_the_desired_state(tmp_path):
-    path = manifest_file(tmp_path, MINIMAL + "spec: {model: {weights: INT4}}\n")
-    assert load_manifest(path).controller_config().desired.weights is WeightFormat.INT4
+@pytest.mark.parametrize(
+    ("word", "fmt"), [("INT4", WeightFormat.INT4), ("w8a8", WeightFormat.W8A8)]
+)
+def test_the_weight_format_travels_to_the_desired_state(tmp_path, word, fmt):
+    path = manifest_file(tmp_path, MINIMAL + f"spec: {{model: {{weights: {word}}}}}\n")
+    assert load_manifest(path).controller_config().desired.weights is fmt
 
 
 def test_the_http_api_is_on_by_default_and_null_turns_it_off(tmp_path):

@@ -25,6 +25,7 @@ QUANTIZED_CPU = cpu(
     weight_formats=(
         WeightFormatStatus(WeightFormat.INT8, True),
         WeightFormatStatus(WeightFormat.INT4, True),
+        WeightFormatStatus(WeightFormat.W8A8, True),
     )
 )
 NO_INT4_CPU = cpu(
@@ -39,6 +40,7 @@ CUDA = cuda(
     weight_formats=(
         WeightFormatStatus(WeightFormat.INT8, False, "int8 weights are implemented on CPU only"),
         WeightFormatStatus(WeightFormat.INT4, False, "int4 weights are implemented on CPU only"),
+        WeightFormatStatus(WeightFormat.W8A8, False, "w8a8 weights are implemented on CPU only"),
     )
 )
 
@@ -58,6 +60,15 @@ CUDA = cuda(
         (WeightFormat.DEQUANTIZED, cpu(), WeightFormat.DEQUANTIZED, ReasonCode.ENABLED, False),
         (WeightFormat.INT8, QUANTIZED_CPU, WeightFormat.INT8, ReasonCode.ENABLED, False),
         (WeightFormat.INT4, QUANTIZED_CPU, WeightFormat.INT4, ReasonCode.ENABLED, False),
+        (WeightFormat.W8A8, QUANTIZED_CPU, WeightFormat.W8A8, ReasonCode.ENABLED, False),
+        (
+            WeightFormat.W8A8,
+            NO_INT4_CPU,
+            WeightFormat.W8A8,
+            ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
+            True,
+        ),
+        (WeightFormat.W8A8, CUDA, WeightFormat.W8A8, ReasonCode.WEIGHT_FORMAT_UNAVAILABLE, True),
         (WeightFormat.INT8, NO_INT4_CPU, WeightFormat.INT8, ReasonCode.ENABLED, False),
         (
             WeightFormat.INT4,
@@ -99,7 +110,7 @@ def test_a_bad_word_names_the_field_and_the_allowed_values(word):
     with pytest.raises(IntentError) as error:
         WeightFormat.parse(word, "spec.model.weights")
     assert "spec.model.weights" in str(error.value)
-    assert "auto, dequantized, int8, int4" in str(error.value)
+    assert "auto, dequantized, int8, int4, w8a8" in str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,8 @@ from intentserve.worker.engine.policy_apply import apply_resolution
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
-from intentserve.worker.model.cpu_ops import enable_fused_ops
+from intentserve.worker.model.calibration import CALIBRATION_TEXT
+from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
 from intentserve.worker.model.facts import model_facts, serving_max_model_len
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
@@ -122,6 +123,7 @@ def build_engine(
         model=config.model,
         decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
         norms_and_activations=_optimize_for_cpu(config, loaded, device),
+        int8_matmuls=enable_int8_gemm(loaded.model) if device.type == "cpu" else "",
     )
     return Engine(
         tokenizer=loaded.tokenizer,
@@ -142,7 +144,10 @@ def _hold_weights(choice: WeightChoice, loaded: LoadedModel) -> None:
     if choice.format is WeightFormat.DEQUANTIZED or loaded.model is None:
         return
     try:
-        count = quantize_linears(loaded.model, choice.format)
+        calibration = None
+        if choice.format is WeightFormat.W8A8 and loaded.tokenizer is not None:
+            calibration = loaded.tokenizer.encode(CALIBRATION_TEXT)
+        count = quantize_linears(loaded.model, choice.format, calibration)
     except WeightShapeError as error:
         reason = Reason(
             ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,

@@ -13,7 +13,13 @@ from __future__ import annotations
 import logging
 
 import torch
-from intentserve.worker.attention.cpu_kernels import FusedOps, KernelUnavailable, fused_ops
+from intentserve.worker.attention.cpu_kernels import (
+    FusedOps,
+    Int8Gemm,
+    KernelUnavailable,
+    fused_ops,
+    int8_gemm_kernel,
+)
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,68 @@ def rotary_(
     return True
 
 
+def quantize_rows(
+    ops: FusedOps, x: Tensor, inv_smooth: Tensor | None, *, unsigned: bool = False
+) -> tuple[Tensor, Tensor]:
+    """x [rows, width] -> (int8 [rows, width], float32 scales [rows]), as
+    `quant_linear.quantize_rows_reference` computes them; `unsigned`: uint8 q + 128 instead (the
+    int8 GEMM kernel's operand). The caller checks `suits_w8a8`."""
+    rows, width = x.shape
+    q = torch.empty((rows, width), dtype=torch.uint8 if unsigned else torch.int8)
+    scales = torch.empty(rows, dtype=torch.float32)
+    fn = ops.quantize_rows_bf16 if x.dtype == torch.bfloat16 else ops.quantize_rows_f32
+    smooth = None if inv_smooth is None else inv_smooth.data_ptr()
+    fn(x.data_ptr(), smooth, q.data_ptr(), scales.data_ptr(), rows, width, 128 if unsigned else 0)
+    return q, scales
+
+
+def int8_gemm(
+    gemm: Int8Gemm,
+    a: Tensor,
+    packed: Tensor,
+    comp: Tensor,
+    row_scales: Tensor,
+    col_scales: Tensor,
+    dtype: torch.dtype,
+) -> Tensor:
+    """uint8 a [rows, k] (q + 128) times the packed int8 weight -> [rows, n] in `dtype`,
+    dequantized as `dequantize_rows` does; `packed` comes from `quant_linear.pack_int8`."""
+    rows, k = a.shape
+    n = comp.shape[0]
+    out = torch.empty((rows, n), dtype=dtype)
+    fn = gemm.bf16 if dtype == torch.bfloat16 else gemm.f32
+    status = fn(
+        a.data_ptr(),
+        rows,
+        k,
+        packed.data_ptr(),
+        comp.data_ptr(),
+        n,
+        row_scales.data_ptr(),
+        col_scales.data_ptr(),
+        out.data_ptr(),
+    )
+    if status != 0:
+        raise RuntimeError("the int8 GEMM kernel was built without VNNI")
+    return out
+
+
+def dequantize_rows(
+    ops: FusedOps, acc: Tensor, row_scales: Tensor, col_scales: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """int32 acc [rows, cols] -> (acc * row_scales[:, None]) * col_scales, stored in `dtype`."""
+    rows, cols = acc.shape
+    out = torch.empty((rows, cols), dtype=dtype)
+    fn = ops.dequantize_rows_bf16 if dtype == torch.bfloat16 else ops.dequantize_rows_f32
+    fn(acc.data_ptr(), row_scales.data_ptr(), col_scales.data_ptr(), out.data_ptr(), rows, cols)
+    return out
+
+
+def suits_w8a8(x: Tensor, out_features: int) -> bool:
+    """Whether a w8a8 matmul's activations and output fit the kernels' whole 16-lane rows."""
+    return x.dim() == 2 and out_features % _LANES == 0 and _suits(x.shape[1], x)
+
+
 def enable_fused_ops(model) -> str:
     """Give every RMSNorm and MLP of a CPU model the fused ops; returns what runs, in words."""
     if model.embed_tokens.weight.device.type != "cpu":
@@ -99,6 +167,21 @@ def enable_fused_ops(model) -> str:
         module.fused = ops
     # Gemma's norms (1 + w, scaled in float32) and GELU have no fused kernel.
     return "fused CPU kernels" if takers else "torch ops (none fused for this model)"
+
+
+def enable_int8_gemm(model) -> str:
+    """Move every w8a8 projection of a CPU model onto the compiled int8 GEMM (VNNI); returns
+    what runs, in words. Without the kernel they keep torch._int_mm, with the same results."""
+    takers = [module for module in model.modules() if hasattr(module, "use_int8_gemm")]
+    if not takers:
+        return ""
+    try:
+        gemm = int8_gemm_kernel()
+    except KernelUnavailable as exc:
+        log.warning("w8a8 matmuls stay on torch._int_mm: %s", exc.reason)
+        return f"torch._int_mm ({exc.reason})"
+    moved = sum(module.use_int8_gemm(gemm) for module in takers)
+    return f"int8 GEMM kernel (VNNI) for {moved} of {len(takers)} w8a8 matmuls"
 
 
 def disable_fused_ops(model) -> None:

@@ -9,6 +9,9 @@ come from Q4_1 blocks, which int4 holds exactly (logits identical), but its tied
 Q8_0 embedding table, and int4 there moved the logits by up to 4.7 (mean 0.43); int8 there by
 0.59 (mean 0.05), at the same single-row speed (~0.38 ms for 49152 x 576) for 14 MB more.
 
+w8a8 holds the head as w8a8 as well, and smooths every projection's inputs first: the ranges
+come from one pass over a fixed calibration text (calibration.py), made before quantizing.
+
 `weight_format_statuses` is the capability probe's part: which formats this device and torch
 build can run, each checked by a small self-test rather than assumed.
 """
@@ -18,11 +21,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from intentserve.policy import WeightFormat, WeightFormatStatus
+from intentserve.worker.model.calibration import input_ranges
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.quant_linear import (
     GROUP_SIZE,
     INT4_BLOCK_N,
     QUANTIZED,
+    W8A8Linear,
     WeightShapeError,
     quantize_int4,
     unpack_int4,
@@ -30,11 +35,16 @@ from intentserve.worker.model.quant_linear import (
 from torch import Tensor, nn
 
 # The format the LM head is held in, per format (see above).
-HEAD_FORMAT = {WeightFormat.INT8: WeightFormat.INT8, WeightFormat.INT4: WeightFormat.INT8}
+HEAD_FORMAT = {
+    WeightFormat.INT8: WeightFormat.INT8,
+    WeightFormat.INT4: WeightFormat.INT8,
+    WeightFormat.W8A8: WeightFormat.W8A8,
+}
 
 _KERNELS = {
     WeightFormat.INT8: ("_weight_int8pack_mm",),
     WeightFormat.INT4: ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu"),
+    WeightFormat.W8A8: ("_int_mm",),
 }
 
 
@@ -43,6 +53,8 @@ def _self_test(fmt: WeightFormat) -> str:
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(INT4_BLOCK_N * 2, GROUP_SIZE * 4, generator=generator)
     x = torch.randn(3, weight.shape[1], generator=generator)
+    if fmt is WeightFormat.W8A8:
+        return _w8a8_self_test(weight, x)
     module = QUANTIZED[fmt](weight, None, torch.float32)
     expected = F.linear(x, module.dequantize())
     if fmt is WeightFormat.INT4:
@@ -52,6 +64,19 @@ def _self_test(fmt: WeightFormat) -> str:
     got = module(x)
     if not torch.allclose(got, expected, rtol=1e-3, atol=1e-3):
         return f"the {fmt.value} kernel's result differs from the reference"
+    return ""
+
+
+def _w8a8_self_test(weight: Tensor, x: Tensor) -> str:
+    """torch._int_mm must give the exact integer products (int64 arithmetic as the reference),
+    for one row and for a batch, on the module's own transposed-view layout."""
+    module = W8A8Linear(weight, None, torch.float32, x.abs().amax(dim=0))
+    for rows in (1, x.shape[0]):
+        q = torch.round(x[:rows] * 40).clamp(-127, 127).to(torch.int8)
+        got = torch._int_mm(q, module.qweight.t())
+        expected = q.long() @ module.qweight.long().t()
+        if got.dtype != torch.int32 or not torch.equal(got.long(), expected):
+            return f"torch._int_mm's products differ from the exact ones ({rows} rows)"
     return ""
 
 
@@ -80,22 +105,26 @@ def weight_format_statuses(device: torch.device | str) -> tuple[WeightFormatStat
     return tuple(_status(fmt, device) for fmt in QUANTIZED)
 
 
-def _projections(model: LlamaModel) -> list[tuple[nn.Module, str]]:
+def _projections(model: LlamaModel) -> list[tuple[nn.Module, str, str]]:
+    """(owner, attribute, key) of every projection; the key names it in messages and ranges."""
     owners = []
-    for layer in model.layers:
+    for i, layer in enumerate(model.layers):
         owners += [
-            (layer.self_attn, "qkv_proj"),
-            (layer.self_attn, "o_proj"),
-            (layer.mlp, "gate_up_proj"),
-            (layer.mlp, "down_proj"),
+            (layer.self_attn, "qkv_proj", f"layers.{i}.qkv_proj"),
+            (layer.self_attn, "o_proj", f"layers.{i}.o_proj"),
+            (layer.mlp, "gate_up_proj", f"layers.{i}.gate_up_proj"),
+            (layer.mlp, "down_proj", f"layers.{i}.down_proj"),
         ]
     return owners
 
 
-def quantize_linears(model: LlamaModel, fmt: WeightFormat) -> int:
+def quantize_linears(
+    model: LlamaModel, fmt: WeightFormat, calibration_ids: list[int] | None = None
+) -> int:
     """Replace every projection and the LM head with `fmt` modules; returns how many.
 
     A tied LM head gets a quantized copy of the embedding table, which the lookup still needs.
+    w8a8 needs `calibration_ids` (the calibration text, tokenized) to smooth with.
     Raises WeightShapeError naming the projection whose shape the format cannot hold.
     """
     cls, head_cls = QUANTIZED[fmt], QUANTIZED[HEAD_FORMAT[fmt]]
@@ -109,17 +138,23 @@ def quantize_linears(model: LlamaModel, fmt: WeightFormat) -> int:
             f"{held.value}) by an earlier engine; load it again to hold it as {fmt.value}"
         )
     owners = _projections(model)
-    for owner, name in owners:
+    ranges: dict[str, Tensor] = {}
+    if fmt is WeightFormat.W8A8:
+        if not calibration_ids:
+            raise ValueError("weights: w8a8 needs a calibration text to smooth the inputs with")
+        ranges = input_ranges(model, calibration_ids, owners)
+    for owner, name, key in owners:
         linear = getattr(owner, name)
-        setattr(owner, name, _quantized(cls, linear.weight, linear.bias, dtype, name))
+        quantized = _quantized(cls, linear.weight, linear.bias, dtype, key, ranges.get(key))
+        setattr(owner, name, quantized)
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    model.lm_head = _quantized(head_cls, head, None, dtype, "lm_head")
+    model.lm_head = _quantized(head_cls, head, None, dtype, "lm_head", ranges.get("lm_head"))
     return len(owners) + 1
 
 
 def held_format(model: LlamaModel) -> WeightFormat:
     """What the model's projections and head really are (the realized report says this)."""
-    kinds = {_kind(getattr(owner, name)) for owner, name in _projections(model)}
+    kinds = {_kind(getattr(owner, name)) for owner, name, _ in _projections(model)}
     if len(kinds) != 1:
         raise ValueError(f"weights: the model mixes {sorted(k.value for k in kinds)} projections")
     fmt = kinds.pop()
@@ -130,14 +165,18 @@ def held_format(model: LlamaModel) -> WeightFormat:
 
 
 def _kind(module: nn.Module | None) -> WeightFormat:
-    for fmt in (WeightFormat.INT4, WeightFormat.INT8):
+    for fmt in (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.W8A8):
         if isinstance(module, QUANTIZED[fmt]):
             return fmt
     return WeightFormat.DEQUANTIZED
 
 
-def _quantized(cls, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, name: str):
+def _quantized(
+    cls, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, name: str, ranges: Tensor | None
+):
     try:
+        if cls is W8A8Linear:
+            return cls(weight, bias, dtype, ranges)
         return cls(weight, bias, dtype)
     except WeightShapeError as error:
         raise WeightShapeError(f"{name}: {error}") from None

@@ -38,6 +38,7 @@ class WeightFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WEIGHT_FORMAT_DEQUANTIZED: _ClassVar[WeightFormat]
     WEIGHT_FORMAT_INT8: _ClassVar[WeightFormat]
     WEIGHT_FORMAT_INT4: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_W8A8: _ClassVar[WeightFormat]
 
 class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -84,6 +85,7 @@ WEIGHT_FORMAT_AUTO: WeightFormat
 WEIGHT_FORMAT_DEQUANTIZED: WeightFormat
 WEIGHT_FORMAT_INT8: WeightFormat
 WEIGHT_FORMAT_INT4: WeightFormat
+WEIGHT_FORMAT_W8A8: WeightFormat
 DEVICE_KIND_UNSPECIFIED: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 DEVICE_KIND_CUDA: DeviceKind

@@ -15,12 +15,13 @@ from intentserve.policy import (
 )
 from intentserve.worker.engine.builder import EngineBuilder, _probe, build_engine
 from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.quant_linear import W8A8Linear
 from intentserve.worker.model.registry import load_model
 from intentserve.worker.model.weight_format import held_format
 
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
 
-FORMATS = [WeightFormat.DEQUANTIZED, WeightFormat.INT8, WeightFormat.INT4]
+FORMATS = [WeightFormat.DEQUANTIZED, WeightFormat.INT8, WeightFormat.INT4, WeightFormat.W8A8]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,7 @@ def test_each_format_builds_generates_and_is_reported_as_held(tiny_folder, dtype
         assert f"weights {fmt.value}" in engine.realized.describe()
     assert held == {fmt: (fmt, fmt) for fmt in FORMATS}
     assert sizes[WeightFormat.INT4] < sizes[WeightFormat.INT8] < sizes[WeightFormat.DEQUANTIZED]
+    assert sizes[WeightFormat.W8A8] < sizes[WeightFormat.DEQUANTIZED]
     assert all(len(ids) == 8 for out in outputs.values() for ids in out)
 
 
@@ -95,8 +97,22 @@ def test_a_model_whose_shapes_int4_cannot_hold_is_refused_with_the_projection(tm
 
 @pytest.mark.parametrize("word", ["q4_1", "fp8", ""])
 def test_the_builder_names_the_field_and_the_allowed_values(word):
-    with pytest.raises(IntentError, match="weights: invalid value .*auto, dequantized, int8, int4"):
+    with pytest.raises(
+        IntentError, match="weights: invalid value .*auto, dequantized, int8, int4, w8a8"
+    ):
         EngineBuilder().weights(word)
+
+
+def test_w8a8_smooths_every_projection_from_the_calibration_text_and_says_what_multiplies(
+    tiny_folder,
+):
+    loaded = load_model(str(tiny_folder), dtype="float32")
+    engine = builder("w8a8").build(loaded=loaded)
+    model = loaded.model
+    projections = [module for module in model.modules() if isinstance(module, W8A8Linear)]
+    assert len(projections) == 4 * len(model.layers) + 1  # and the head
+    assert all(module.inv_smooth is not None for module in projections)
+    assert "int8 matmuls: " in engine.realized.describe()
 
 
 def test_the_llm_front_door_takes_the_format(tiny_folder):

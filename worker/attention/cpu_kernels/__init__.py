@@ -33,7 +33,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-KERNEL_NAMES = ("paged_decode", "fused_ops")
+KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm")
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
 MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
@@ -173,6 +173,19 @@ class FusedOps:
     silu_mul_bf16: ctypes._CFuncPtr
     rotary_f32: ctypes._CFuncPtr
     rotary_bf16: ctypes._CFuncPtr
+    quantize_rows_f32: ctypes._CFuncPtr
+    quantize_rows_bf16: ctypes._CFuncPtr
+    dequantize_rows_f32: ctypes._CFuncPtr
+    dequantize_rows_bf16: ctypes._CFuncPtr
+    path: Path
+
+
+@dataclass(frozen=True)
+class Int8Gemm:
+    """The entry points of int8_gemm.c (AVX512-VNNI), by output dtype."""
+
+    f32: ctypes._CFuncPtr
+    bf16: ctypes._CFuncPtr
     path: Path
 
 
@@ -188,6 +201,9 @@ _DECODE_ARGS = [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I64
 _RMSNORM_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32]
 _SILU_MUL_ARGS = [_PTR, _PTR, _I64, _I64]
 _ROTARY_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64]
+_QUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
+_INT8_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR]
+_DEQUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64]
 
 
 def paged_decode_kernel() -> PagedDecodeKernel:
@@ -210,6 +226,28 @@ def fused_ops() -> FusedOps:
         _declare(lib.silu_mul_bf16, _SILU_MUL_ARGS),
         _declare(lib.rotary_f32, _ROTARY_ARGS),
         _declare(lib.rotary_bf16, _ROTARY_ARGS),
+        _declare(lib.quantize_rows_f32, _QUANTIZE_ARGS),
+        _declare(lib.quantize_rows_bf16, _QUANTIZE_ARGS),
+        _declare(lib.dequantize_rows_f32, _DEQUANTIZE_ARGS),
+        _declare(lib.dequantize_rows_bf16, _DEQUANTIZE_ARGS),
+        Path(lib._name),
+    )
+
+
+def int8_gemm_kernel() -> Int8Gemm:
+    """The compiled int8 matmul, or KernelUnavailable (also where this CPU has no VNNI)."""
+    lib = _load("int8_gemm")
+    if not _declare(lib.int8_gemm_vnni, [], ctypes.c_int)():
+        march = _march()
+        if march == NATIVE:
+            raise KernelUnavailable("this CPU has no AVX512-VNNI int8 dot products")
+        raise KernelUnavailable(
+            f"the kernels are built for -march={march} (INTENTSERVE_KERNEL_MARCH), "
+            "which has no AVX512-VNNI int8 dot products"
+        )
+    return Int8Gemm(
+        _declare(lib.int8_gemm_f32, _INT8_GEMM_ARGS, ctypes.c_int),
+        _declare(lib.int8_gemm_bf16, _INT8_GEMM_ARGS, ctypes.c_int),
         Path(lib._name),
     )
 

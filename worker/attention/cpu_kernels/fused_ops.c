@@ -7,6 +7,10 @@
  *   silu_mul:    y = silu(gate) * up, for rows laid out [gate | up].
  *   rotary:      the first num_heads heads of each row rotated in place (rotate-half layout):
  *                x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, for the halves x1 | x2 of a head.
+ *   quantize_rows:   the activations of a w8a8 matmul, one int8 scale per row:
+ *                xs = x * inv_smooth (float32), scale = max(max|xs|, FLT_MIN) / 127,
+ *                q = round-half-even(xs / scale); the _u8 forms store q + 128 (int8_gemm.c).
+ *   dequantize_rows: its int32 products back to the dtype: y = (acc * row_scale) * col_scale.
  *
  * They round where the torch ops they replace round (s, the normalized row and the product with
  * w are each rounded to the dtype; silu(gate) is rounded before the product), so in bfloat16 the
@@ -117,6 +121,70 @@ static inline __attribute__((always_inline)) void silu_mul(const void *gate_up, 
             store16(out, r * inter + i, round16(act * u, is_bf16), is_bf16);
         }
     }
+}
+
+/* NOTE: the w8a8 steps compute exactly what their torch forms in quant_linear.py compute (a
+ * correctly rounded divide, no contraction), so the kernel and the fallback agree bit for bit. */
+static inline __attribute__((always_inline)) __attribute__((optimize("fp-contract=off"))) void
+quantize_rows(const void *x, const float *inv_smooth, uint8_t *q, float *scales, int64_t rows,
+              int64_t width, const int offset, const int is_bf16) {
+    const v16 zero = {0}, magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds half-even */
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t base = r * width;
+        v16 peak = zero;
+        for (int64_t i = 0; i < width; i += 16) {
+            v16 xs = load16(x, base + i, is_bf16);
+            if (inv_smooth) xs *= load16(inv_smooth, i, 0);
+            const v16 a = select16((v16i)(xs < zero), -xs, xs);
+            peak = select16((v16i)(a > peak), a, peak);
+        }
+        float amax = 0.0f;
+        for (int l = 0; l < 16; ++l) amax = peak[l] > amax ? peak[l] : amax;
+        const float scale = (amax > 1.17549435e-38f ? amax : 1.17549435e-38f) / 127.0f;
+        scales[r] = scale;
+        for (int64_t i = 0; i < width; i += 16) {
+            v16 xs = load16(x, base + i, is_bf16);
+            if (inv_smooth) xs *= load16(inv_smooth, i, 0);
+            const v16 rounded = (xs / scale + magic) - magic;
+            const v16i qi = __builtin_convertvector(rounded, v16i);
+            for (int l = 0; l < 16; ++l) q[base + i + l] = (uint8_t)(qi[l] + offset);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) __attribute__((optimize("fp-contract=off"))) void
+dequantize_rows(const int32_t *acc, const float *row_scales, const float *col_scales, void *out,
+                int64_t rows, int64_t cols, const int is_bf16) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float rs = row_scales[r];
+        for (int64_t j = 0; j < cols; j += 16) {
+            v16i a;
+            memcpy(&a, acc + r * cols + j, sizeof a);
+            const v16 y = (__builtin_convertvector(a, v16) * rs) * load16(col_scales, j, 0);
+            store16(out, r * cols + j, round16(y, is_bf16), is_bf16);
+        }
+    }
+}
+
+void quantize_rows_f32(const float *x, const float *inv_smooth, uint8_t *q, float *scales,
+                       int64_t rows, int64_t width, int64_t offset) {
+    quantize_rows(x, inv_smooth, q, scales, rows, width, (int)offset, 0);
+}
+
+void quantize_rows_bf16(const uint16_t *x, const float *inv_smooth, uint8_t *q, float *scales,
+                        int64_t rows, int64_t width, int64_t offset) {
+    quantize_rows(x, inv_smooth, q, scales, rows, width, (int)offset, 1);
+}
+
+void dequantize_rows_f32(const int32_t *acc, const float *row_scales, const float *col_scales,
+                         float *out, int64_t rows, int64_t cols) {
+    dequantize_rows(acc, row_scales, col_scales, out, rows, cols, 0);
+}
+
+void dequantize_rows_bf16(const int32_t *acc, const float *row_scales, const float *col_scales,
+                          uint16_t *out, int64_t rows, int64_t cols) {
+    dequantize_rows(acc, row_scales, col_scales, out, rows, cols, 1);
 }
 
 /* NOTE: each product is rounded before the sum, as torch's separate mul and sub/add round; the

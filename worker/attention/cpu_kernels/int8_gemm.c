@@ -1,0 +1,212 @@
+/* The w8a8 projections' matmul on CPUs with AVX512-VNNI: out = dequantize(a . w^T), with
+ *
+ *   a    [m, k] uint8: a step's activations quantized per row, stored with +128 (quantize_rows_u8)
+ *   w    [n, k] int8, packed once at load as [n / 16][k / 4][16][4]: one 64-byte vector holds
+ *        4 consecutive inputs of 16 output channels, the operand layout of vpdpbusd
+ *   comp [n] int32: 128 * sum_k w[j, k], which takes the +128 back out of every sum
+ *   out  [m, n] float32 or bfloat16: ((float)(sum - comp[j]) * row_scales[i]) * col_scales[j]
+ *
+ * The integer sums are exact, so out is bit for bit what torch._int_mm followed by the torch
+ * dequantize computes (quant_linear.py), for any m. Why not torch._int_mm: it goes through
+ * oneDNN's packing-free gemm, which re-packs the weight on every call; with the weights coming
+ * from DRAM that made the projections take about twice their cache-hot time (docs/engine.md).
+ *
+ * Tiles of up to MR rows x NR blocks of 16 channels keep MR * NR accumulators in registers; the
+ * threads split the channel blocks. Built at run time like paged_decode.c; without VNNI the
+ * library still loads and int8_gemm_vnni() says 0, and the caller keeps torch._int_mm. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vec16.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define HAVE_VNNI 1
+#else
+#define HAVE_VNNI 0
+#endif
+
+#define MR 8 /* tile_8x3 is written out for these */
+#define NR 3
+#define PARALLEL_MIN_MACS (1 << 18)
+
+int int8_gemm_vnni(void) { return HAVE_VNNI; }
+
+#if HAVE_VNNI
+static inline __attribute__((always_inline)) v16 round_dtype(v16 f, const int is_bf16) {
+    if (!is_bf16) return f;
+    v16u b;
+    memcpy(&b, &f, sizeof b);
+    const v16u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    const v16u quiet = (b | 0x400000u) & 0xffff0000u;
+    const v16u is_nan = (v16u)((b & 0x7fffffffu) > 0x7f800000u);
+    const v16u r = (quiet & is_nan) | (rounded & ~is_nan);
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
+
+/* acc - comp, to float, times the row's and the channel's scale, rounded and stored. */
+static inline __attribute__((always_inline)) __attribute__((optimize("fp-contract=off"))) void
+store_tile(__m512i acc[MR][NR], const int32_t *comp, const float *row_scales,
+           const float *col_scales, void *out, int64_t n, const int mr, const int nr,
+           const int is_bf16) {
+    for (int j = 0; j < nr; ++j) {
+        const __m512i c = _mm512_loadu_si512(comp + 16 * j);
+        v16 cs;
+        memcpy(&cs, col_scales + 16 * j, sizeof cs);
+        for (int i = 0; i < mr; ++i) {
+            const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], c));
+            v16 y;
+            memcpy(&y, &sum, sizeof y);
+            y = round_dtype((y * row_scales[i]) * cs, is_bf16);
+            if (is_bf16) {
+                v16u u;
+                memcpy(&u, &y, sizeof u);
+                const v16h h = __builtin_convertvector(u >> 16, v16h);
+                memcpy((uint16_t *)out + i * n + 16 * j, &h, sizeof h);
+            } else {
+                memcpy((float *)out + i * n + 16 * j, &y, sizeof y);
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) __attribute__((optimize("fp-contract=off"))) void
+tile(const uint8_t *a, int64_t k, const int8_t *panel, int64_t k4n, const int32_t *comp,
+     const float *row_scales, const float *col_scales, void *out, int64_t n, const int mr,
+     const int nr, const int is_bf16) {
+    __m512i acc[MR][NR];
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int64_t k4 = 0; k4 < k4n; ++k4) {
+        __m512i b[NR];
+        for (int j = 0; j < nr; ++j) b[j] = _mm512_loadu_si512(panel + (j * k4n + k4) * 64);
+        for (int i = 0; i < mr; ++i) {
+            int32_t four;
+            memcpy(&four, a + i * k + 4 * k4, sizeof four);
+            const __m512i av = _mm512_set1_epi32(four);
+            for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, b[j]);
+        }
+    }
+    store_tile(acc, comp, row_scales, col_scales, out, n, mr, nr, is_bf16);
+}
+
+/* The main tile, 8 rows x 3 blocks, written out so that its 24 accumulators stay in registers
+ * (as an indexed array GCC kept them on the stack: 970 against ~1,700 GOP/s, measured). `ai` is
+ * the 8 rows interleaved, [k / 4][8][4] bytes: one step's 8 broadcasts read 32 adjacent bytes. */
+#define STEP(i)                                                                                 \
+    {                                                                                           \
+        const __m512i av = _mm512_set1_epi32(ak[i]);                                            \
+        c##i##0 = _mm512_dpbusd_epi32(c##i##0, av, b0);                                         \
+        c##i##1 = _mm512_dpbusd_epi32(c##i##1, av, b1);                                         \
+        c##i##2 = _mm512_dpbusd_epi32(c##i##2, av, b2);                                         \
+    }
+#define ZERO3(i) __m512i c##i##0 = _mm512_setzero_si512(), c##i##1 = c##i##0, c##i##2 = c##i##0;
+#define ROW3(i) {c##i##0, c##i##1, c##i##2}
+
+static inline __attribute__((always_inline)) void tile_8x3(
+    const int32_t *ai, const int8_t *panel, int64_t k4n, const int8_t *next,
+    const int32_t *comp, const float *row_scales, const float *col_scales, void *out, int64_t n,
+    const int is_bf16) {
+    ZERO3(0) ZERO3(1) ZERO3(2) ZERO3(3) ZERO3(4) ZERO3(5) ZERO3(6) ZERO3(7)
+    const int8_t *p0 = panel, *p1 = panel + k4n * 64, *p2 = panel + 2 * k4n * 64;
+    for (int64_t k4 = 0; k4 < k4n; ++k4) {
+        const __m512i b0 = _mm512_loadu_si512(p0 + k4 * 64);
+        const __m512i b1 = _mm512_loadu_si512(p1 + k4 * 64);
+        const __m512i b2 = _mm512_loadu_si512(p2 + k4 * 64);
+        const int32_t *ak = ai + k4 * 8;
+        if (next) { /* the next group's weights, 3 lines a step, while these compute */
+            _mm_prefetch((const char *)next + k4 * 192, _MM_HINT_T0);
+            _mm_prefetch((const char *)next + k4 * 192 + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)next + k4 * 192 + 128, _MM_HINT_T0);
+        }
+        STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+    }
+    __m512i acc[MR][NR] = {ROW3(0), ROW3(1), ROW3(2), ROW3(3),
+                           ROW3(4), ROW3(5), ROW3(6), ROW3(7)};
+    store_tile(acc, comp, row_scales, col_scales, out, n, 8, 3, is_bf16);
+}
+
+#define TILE(R, C)                                                                              \
+    tile(a + r0 * k, k, panel, k4n, comp + 16 * blk, row_scales + r0, col_scales + 16 * blk,    \
+         (char *)out + (r0 * n + 16 * blk) * (is_bf16 ? 2 : 4), n, R, C, is_bf16)
+
+/* A full tile of MR rows, or the rest of the rows as tiles of 4, 2 and 1 (MR >= 4). */
+#define ROWS(C)                                                                                 \
+    if (mr == MR) {                                                                             \
+        TILE(MR, C);                                                                            \
+    } else {                                                                                    \
+        const int64_t end = r0 + mr;                                                            \
+        for (; r0 + 4 <= end; r0 += 4) TILE(4, C);                                              \
+        for (; r0 + 2 <= end; r0 += 2) TILE(2, C);                                              \
+        for (; r0 < end; r0 += 1) TILE(1, C);                                                   \
+    }
+
+static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t m, int64_t k,
+                                                       const int8_t *packed, const int32_t *comp,
+                                                       int64_t n, const float *row_scales,
+                                                       const float *col_scales, void *out,
+                                                       const int is_bf16) {
+    const int64_t blocks = n / 16, k4n = k / 4, groups = (blocks + NR - 1) / NR;
+    const int64_t full_rows = m / MR * MR;
+    /* Rows of the full 8-row tiles interleaved 4 bytes at a time (tile_8x3's operand). */
+    int32_t *interleaved = full_rows ? malloc(full_rows * k) : NULL;
+    if (full_rows && !interleaved) return -1;
+    for (int64_t r = 0; r < full_rows; ++r)
+        for (int64_t k4 = 0; k4 < k4n; ++k4)
+            memcpy(interleaved + (r / MR) * k4n * MR + k4 * MR + r % MR, a + r * k + 4 * k4, 4);
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
+        /* A whole group of NR blocks at once; a short last group block by block. */
+        for (int64_t blk = first; blk < last; blk += (last - first == NR ? NR : 1)) {
+            const int8_t *panel = packed + blk * k4n * 64;
+            int64_t r0 = 0;
+            if (last - first == NR) {
+                /* Weights come from DRAM once a step: without the prefetch, 32 rows ran at
+                 * 128 us cold against 79 us cache-hot (576 x 3072). */
+                const int8_t *next = blk + 2 * NR <= blocks ? panel + NR * k4n * 64 : NULL;
+                for (; r0 < full_rows; r0 += MR)
+                    tile_8x3(interleaved + r0 * k4n, panel, k4n, r0 ? NULL : next, comp + 16 * blk,
+                             row_scales + r0,
+                             col_scales + 16 * blk,
+                             (char *)out + (r0 * n + 16 * blk) * (is_bf16 ? 2 : 4), n, is_bf16);
+            }
+            for (int64_t next = r0; next < m; next += MR) {
+                r0 = next;
+                const int mr = m - r0 < MR ? (int)(m - r0) : MR;
+                if (last - first == NR) {
+                    ROWS(NR)
+                } else {
+                    ROWS(1)
+                }
+            }
+        }
+    }
+    free(interleaved);
+    return 0;
+}
+#endif
+
+/* Returns 0, or -1 (nothing written) where this build has no VNNI or memory ran out;
+ * k % 4 == 0, n % 16 == 0. */
+int int8_gemm_f32(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed,
+                  const int32_t *comp, int64_t n, const float *row_scales,
+                  const float *col_scales, float *out) {
+#if HAVE_VNNI
+    return gemm(a, m, k, packed, comp, n, row_scales, col_scales, out, 0);
+#else
+    return -1;
+#endif
+}
+
+int int8_gemm_bf16(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed,
+                   const int32_t *comp, int64_t n, const float *row_scales,
+                   const float *col_scales, uint16_t *out) {
+#if HAVE_VNNI
+    return gemm(a, m, k, packed, comp, n, row_scales, col_scales, out, 1);
+#else
+    return -1;
+#endif
+}
