@@ -133,7 +133,37 @@ def int8_gemm(
         out.data_ptr(),
     )
     if status != 0:
-        raise RuntimeError("the int8 GEMM kernel was built without VNNI")
+        raise RuntimeError("the int8 GEMM kernel was built without VNNI or ran out of memory")
+    return out
+
+
+def w8a8_linear(
+    gemm: Int8Gemm,
+    x: Tensor,
+    inv_smooth: Tensor | None,
+    packed: Tensor,
+    comp: Tensor,
+    col_scales: Tensor,
+) -> Tensor:
+    """x [rows, k] -> [rows, n] in x's dtype: `quantize_rows` (unsigned) and `int8_gemm` in one
+    call, the same bits. The caller checks `suits_w8a8`."""
+    rows, k = x.shape
+    n = comp.shape[0]
+    out = torch.empty((rows, n), dtype=x.dtype)
+    fn = gemm.linear_bf16 if x.dtype == torch.bfloat16 else gemm.linear_f32
+    status = fn(
+        x.data_ptr(),
+        None if inv_smooth is None else inv_smooth.data_ptr(),
+        rows,
+        k,
+        packed.data_ptr(),
+        comp.data_ptr(),
+        n,
+        col_scales.data_ptr(),
+        out.data_ptr(),
+    )
+    if status != 0:
+        raise RuntimeError("the int8 GEMM kernel was built without VNNI or ran out of memory")
     return out
 
 

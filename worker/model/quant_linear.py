@@ -219,13 +219,13 @@ class W8A8Linear(nn.Module):
         return w.to(self.dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        ops = self.fused if cpu_ops.suits_w8a8(x, self.out_features) else None
-        if ops is not None and self.gemm is not None:
-            a, row_scales = cpu_ops.quantize_rows(ops, x, self.inv_smooth, unsigned=True)
-            out = cpu_ops.int8_gemm(
-                self.gemm, a, self.packed, self.comp, row_scales, self.scales, x.dtype
+        suits = cpu_ops.suits_w8a8(x, self.out_features)
+        if suits and self.gemm is not None:
+            out = cpu_ops.w8a8_linear(
+                self.gemm, x, self.inv_smooth, self.packed, self.comp, self.scales
             )
             return out if self.bias is None else out + self.bias
+        ops = self.fused if suits else None
         if ops is not None:
             q, row_scales = cpu_ops.quantize_rows(ops, x, self.inv_smooth)
         else:

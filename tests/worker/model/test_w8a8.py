@@ -196,3 +196,23 @@ def test_without_the_int8_gemm_the_projections_stay_on_int_mm_and_the_reason_is_
     assert held and all(m.gemm is None and m.qweight is not None for m in held)
     ids = torch.tensor([5, 6, 7])
     assert torch.isfinite(tiny_llama(ids, torch.arange(3), CausalAttention(), None)).all()
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 11, 40])
+def test_the_one_call_matmul_is_quantize_then_the_gemm(dtype, rows):
+    gemm = gemm_or_skip()
+    w = weight(96, 576)
+    ranges = activations(64, 576, torch.float32, seed=5).abs().amax(dim=0)
+    module = W8A8Linear(w, None, dtype, ranges)
+    module.use_int8_gemm(gemm)
+    x = activations(rows, 576, dtype, seed=rows)
+    a, row_scales = cpu_ops.quantize_rows(fused_ops(), x, module.inv_smooth, unsigned=True)
+    two_calls = cpu_ops.int8_gemm(
+        gemm, a, module.packed, module.comp, row_scales, module.scales, dtype
+    )
+    one_call = cpu_ops.w8a8_linear(
+        gemm, x, module.inv_smooth, module.packed, module.comp, module.scales
+    )
+    assert torch.equal(one_call, two_calls) and torch.equal(module(x), one_call)

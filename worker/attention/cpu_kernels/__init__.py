@@ -182,10 +182,13 @@ class FusedOps:
 
 @dataclass(frozen=True)
 class Int8Gemm:
-    """The entry points of int8_gemm.c (AVX512-VNNI), by output dtype."""
+    """The entry points of int8_gemm.c (AVX512-VNNI), by output dtype: the GEMM on quantized
+    activations, and the whole w8a8 matmul (quantize, then the GEMM) in one call."""
 
     f32: ctypes._CFuncPtr
     bf16: ctypes._CFuncPtr
+    linear_f32: ctypes._CFuncPtr
+    linear_bf16: ctypes._CFuncPtr
     path: Path
 
 
@@ -203,6 +206,7 @@ _SILU_MUL_ARGS = [_PTR, _PTR, _I64, _I64]
 _ROTARY_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64]
 _QUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
 _INT8_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR]
+_W8A8_LINEAR_ARGS = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR]
 _DEQUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64]
 
 
@@ -248,6 +252,8 @@ def int8_gemm_kernel() -> Int8Gemm:
     return Int8Gemm(
         _declare(lib.int8_gemm_f32, _INT8_GEMM_ARGS, ctypes.c_int),
         _declare(lib.int8_gemm_bf16, _INT8_GEMM_ARGS, ctypes.c_int),
+        _declare(lib.w8a8_linear_f32, _W8A8_LINEAR_ARGS, ctypes.c_int),
+        _declare(lib.w8a8_linear_bf16, _W8A8_LINEAR_ARGS, ctypes.c_int),
         Path(lib._name),
     )
 

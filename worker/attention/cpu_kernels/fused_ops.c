@@ -23,43 +23,7 @@
 #include <string.h>
 
 #include "vec16.h"
-
-static inline v16 select16(v16i mask, v16 yes, v16 no) {
-    v16i a, b;
-    memcpy(&a, &yes, sizeof a);
-    memcpy(&b, &no, sizeof b);
-    const v16i r = (a & mask) | (b & ~mask);
-    v16 out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-}
-
-/* The value each lane has once stored in the dtype (round to nearest even; NaN stays NaN). */
-static inline __attribute__((always_inline)) v16 round16(v16 f, const int is_bf16) {
-    if (!is_bf16) return f;
-    v16u b;
-    memcpy(&b, &f, sizeof b);
-    const v16u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    const v16i is_nan = (v16i)((b & 0x7fffffffu) > 0x7f800000u);
-    v16 r, q;
-    const v16u quiet = (b | 0x400000u) & 0xffff0000u;
-    memcpy(&r, &rounded, sizeof r);
-    memcpy(&q, &quiet, sizeof q);
-    return select16(is_nan, q, r);
-}
-
-/* f must already be rounded to the dtype (round16). */
-static inline __attribute__((always_inline)) void store16(void *base, int64_t i, v16 f,
-                                                          const int is_bf16) {
-    if (is_bf16) {
-        v16u u;
-        memcpy(&u, &f, sizeof u);
-        const v16h h = __builtin_convertvector(u >> 16, v16h);
-        memcpy((uint16_t *)base + i, &h, sizeof h);
-    } else {
-        memcpy((float *)base + i, &f, sizeof f);
-    }
-}
+#include "w8a8.h"
 
 /* exp over the float range, 16 lanes: 2^n * p(r), r = x - n ln 2; relative error ~2e-7. */
 static inline v16 exp16(v16 x) {
@@ -119,35 +83,6 @@ static inline __attribute__((always_inline)) void silu_mul(const void *gate_up, 
             const v16 u = load16(gate_up, r * 2 * inter + inter + i, is_bf16);
             const v16 act = round16(g / (1.0f + exp16(-g)), is_bf16);
             store16(out, r * inter + i, round16(act * u, is_bf16), is_bf16);
-        }
-    }
-}
-
-/* NOTE: the w8a8 steps compute exactly what their torch forms in quant_linear.py compute (a
- * correctly rounded divide, no contraction), so the kernel and the fallback agree bit for bit. */
-static inline __attribute__((always_inline)) __attribute__((optimize("fp-contract=off"))) void
-quantize_rows(const void *x, const float *inv_smooth, uint8_t *q, float *scales, int64_t rows,
-              int64_t width, const int offset, const int is_bf16) {
-    const v16 zero = {0}, magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds half-even */
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t base = r * width;
-        v16 peak = zero;
-        for (int64_t i = 0; i < width; i += 16) {
-            v16 xs = load16(x, base + i, is_bf16);
-            if (inv_smooth) xs *= load16(inv_smooth, i, 0);
-            const v16 a = select16((v16i)(xs < zero), -xs, xs);
-            peak = select16((v16i)(a > peak), a, peak);
-        }
-        float amax = 0.0f;
-        for (int l = 0; l < 16; ++l) amax = peak[l] > amax ? peak[l] : amax;
-        const float scale = (amax > 1.17549435e-38f ? amax : 1.17549435e-38f) / 127.0f;
-        scales[r] = scale;
-        for (int64_t i = 0; i < width; i += 16) {
-            v16 xs = load16(x, base + i, is_bf16);
-            if (inv_smooth) xs *= load16(inv_smooth, i, 0);
-            const v16 rounded = (xs / scale + magic) - magic;
-            const v16i qi = __builtin_convertvector(rounded, v16i);
-            for (int l = 0; l < 16; ++l) q[base + i + l] = (uint8_t)(qi[l] + offset);
         }
     }
 }

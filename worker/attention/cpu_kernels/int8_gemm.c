@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "vec16.h"
+#include "w8a8.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -34,18 +35,6 @@
 int int8_gemm_vnni(void) { return HAVE_VNNI; }
 
 #if HAVE_VNNI
-static inline __attribute__((always_inline)) v16 round_dtype(v16 f, const int is_bf16) {
-    if (!is_bf16) return f;
-    v16u b;
-    memcpy(&b, &f, sizeof b);
-    const v16u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    const v16u quiet = (b | 0x400000u) & 0xffff0000u;
-    const v16u is_nan = (v16u)((b & 0x7fffffffu) > 0x7f800000u);
-    const v16u r = (quiet & is_nan) | (rounded & ~is_nan);
-    memcpy(&f, &r, sizeof f);
-    return f;
-}
-
 /* acc - comp, to float, times the row's and the channel's scale, rounded and stored. */
 static inline __attribute__((always_inline)) __attribute__((optimize("fp-contract=off"))) void
 store_tile(__m512i acc[MR][NR], const int32_t *comp, const float *row_scales,
@@ -59,15 +48,7 @@ store_tile(__m512i acc[MR][NR], const int32_t *comp, const float *row_scales,
             const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], c));
             v16 y;
             memcpy(&y, &sum, sizeof y);
-            y = round_dtype((y * row_scales[i]) * cs, is_bf16);
-            if (is_bf16) {
-                v16u u;
-                memcpy(&u, &y, sizeof u);
-                const v16h h = __builtin_convertvector(u >> 16, v16h);
-                memcpy((uint16_t *)out + i * n + 16 * j, &h, sizeof h);
-            } else {
-                memcpy((float *)out + i * n + 16 * j, &y, sizeof y);
-            }
+            store16(out, i * n + 16 * j, round16((y * row_scales[i]) * cs, is_bf16), is_bf16);
         }
     }
 }
@@ -188,6 +169,38 @@ static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t 
     return 0;
 }
 #endif
+
+/* The whole w8a8 matmul in one call: x [m, k] (float32 or bfloat16) quantized per row into a
+ * scratch buffer, then the GEMM into out [m, n] in x's dtype. */
+static inline __attribute__((always_inline)) int linear(const void *x, const float *inv_smooth,
+                                                        int64_t m, int64_t k, const int8_t *packed,
+                                                        const int32_t *comp, int64_t n,
+                                                        const float *col_scales, void *out,
+                                                        const int is_bf16) {
+#if HAVE_VNNI
+    uint8_t *a = malloc(m * k + m * sizeof(float));
+    if (!a) return -1;
+    float *row_scales = (float *)(a + m * k); /* k % 4 == 0: aligned for float */
+    quantize_rows(x, inv_smooth, a, row_scales, m, k, 128, is_bf16);
+    const int status = gemm(a, m, k, packed, comp, n, row_scales, col_scales, out, is_bf16);
+    free(a);
+    return status;
+#else
+    return -1;
+#endif
+}
+
+int w8a8_linear_f32(const float *x, const float *inv_smooth, int64_t m, int64_t k,
+                    const int8_t *packed, const int32_t *comp, int64_t n, const float *col_scales,
+                    float *out) {
+    return linear(x, inv_smooth, m, k, packed, comp, n, col_scales, out, 0);
+}
+
+int w8a8_linear_bf16(const uint16_t *x, const float *inv_smooth, int64_t m, int64_t k,
+                     const int8_t *packed, const int32_t *comp, int64_t n,
+                     const float *col_scales, uint16_t *out) {
+    return linear(x, inv_smooth, m, k, packed, comp, n, col_scales, out, 1);
+}
 
 /* Returns 0, or -1 (nothing written) where this build has no VNNI or memory ran out;
  * k % 4 == 0, n % 16 == 0. */

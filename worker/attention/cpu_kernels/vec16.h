@@ -1,6 +1,7 @@
 /* What the CPU kernels share: 16 float32 lanes as GCC vector extensions (the compiler picks the
  * host's widest registers under -march=native, without intrinsics; aligned(4), so any row address
- * works), loads that widen float32 or bfloat16 storage, and a horizontal sum. */
+ * works), loads that widen float32 or bfloat16 storage, a horizontal sum, a select, and rounding
+ * and storing to the storage dtype. */
 #ifndef INTENTSERVE_VEC16_H
 #define INTENTSERVE_VEC16_H
 
@@ -34,6 +35,44 @@ static inline float hsum16(v16 v) {
     memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
     const v8 s = lo + hi;
     return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+/* Lane by lane: yes where mask is set, else no. */
+static inline v16 select16(v16i mask, v16 yes, v16 no) {
+    v16i a, b;
+    memcpy(&a, &yes, sizeof a);
+    memcpy(&b, &no, sizeof b);
+    const v16i r = (a & mask) | (b & ~mask);
+    v16 out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* The value each lane has once stored in the dtype (round to nearest even; NaN stays NaN). */
+static inline __attribute__((always_inline)) v16 round16(v16 f, const int is_bf16) {
+    if (!is_bf16) return f;
+    v16u b;
+    memcpy(&b, &f, sizeof b);
+    const v16u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    const v16i is_nan = (v16i)((b & 0x7fffffffu) > 0x7f800000u);
+    v16 r, q;
+    const v16u quiet = (b | 0x400000u) & 0xffff0000u;
+    memcpy(&r, &rounded, sizeof r);
+    memcpy(&q, &quiet, sizeof q);
+    return select16(is_nan, q, r);
+}
+
+/* f must already be rounded to the dtype (round16). */
+static inline __attribute__((always_inline)) void store16(void *base, int64_t i, v16 f,
+                                                          const int is_bf16) {
+    if (is_bf16) {
+        v16u u;
+        memcpy(&u, &f, sizeof u);
+        const v16h h = __builtin_convertvector(u >> 16, v16h);
+        memcpy((uint16_t *)base + i, &h, sizeof h);
+    } else {
+        memcpy((float *)base + i, &f, sizeof f);
+    }
 }
 
 #endif
