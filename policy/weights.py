@@ -1,17 +1,19 @@
 """The weight format intent (`spec.model.weights`): resolved against a worker's capability, and
 checked again on what the worker reports it holds.
 
-    explicit (dequantized, int8, int4)  realized as asked, or the worker is rejected
-                                        (`weight_format_unavailable`); never a silent fallback
+    explicit (dequantized, int8,        realized as asked, or the worker is rejected
+              int4, w8a8)               (`weight_format_unavailable`); never a silent fallback
     auto                                the rule below; the choice and why travel to the worker,
                                         its realized report and `explain`
 
 The rule for `auto` (measured with bench/weights.py; numbers in docs/engine.md): on this
 project's CPUs torch's int8/int4 matmuls beat the oneDNN-packed bf16 projections only while a
 step has a few rows (one to eight sequences decoding) and lose from about sixteen rows on, where
-a serving worker spends its time. So `auto` keeps the weights dequantized on every device; a
-deployment that wants the memory (SmolLM2: 313 MiB dequantized bf16, 185 int8, 146 int4) or
-single-stream speed names int8 or int4.
+a serving worker spends its time. w8a8 (int8 activations as well, int8 dot products) is faster
+than dequantized at every batch size on CPUs with VNNI, but it changes the activations'
+numerics (SmolLM2's perplexity +2.3%). So `auto` keeps the weights dequantized on every device; a
+deployment that wants the memory (SmolLM2: 313 MiB dequantized bf16, 185 int8, 146 int4, 186
+w8a8) or the speed names the format.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ AUTO_WEIGHT_FORMAT = WeightFormat.DEQUANTIZED
 
 _AUTO_WHY = (
     "auto keeps the weights dequantized: the int8/int4 matmuls are faster only for steps of a "
-    "few rows and slower for batches (bench/weights.py); ask for int8 or int4 to trade batch "
-    "speed for less weight memory"
+    "few rows and slower for batches, and w8a8, faster at every size, also quantizes the "
+    "activations (bench/weights.py); ask for int8, int4 or w8a8 to make that trade"
 )
 
 
