@@ -122,8 +122,8 @@ def build_engine(
         ),
         model=config.model,
         decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
-        norms_and_activations=_optimize_for_cpu(config, loaded, device),
-        int8_matmuls=enable_int8_gemm(loaded.model) if device.type == "cpu" else "",
+        matmuls=_pack_for_cpu(config, loaded, device),
+        norms_and_activations=enable_fused_ops(loaded.model) if device.type == "cpu" else "",
     )
     return Engine(
         tokenizer=loaded.tokenizer,
@@ -191,17 +191,22 @@ def _require_one_device(capability: Capability) -> None:
         )
 
 
-def _optimize_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> str:
-    """oneDNN-packed projections and the fused C norms/activations on CPU; says which run."""
-    if device.type != "cpu":
+def _pack_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> str:
+    """The projections' weights packed for the CPU matmul that runs them; says which runs."""
+    if device.type != "cpu" or loaded.model is None:
         return ""
-    if config.cpu_prepack and _held_format(loaded) is WeightFormat.DEQUANTIZED:
-        available, why = prepack_available()
-        if available:
-            prepack_linears(loaded.model)
-        else:
-            log.info("projection weights stay unpacked: %s", why)
-    return enable_fused_ops(loaded.model)
+    held = _held_format(loaded)
+    if held is WeightFormat.W8A8:
+        return enable_int8_gemm(loaded.model)
+    if held is not WeightFormat.DEQUANTIZED:
+        return f"torch's {held.value} kernels"
+    if not config.cpu_prepack:
+        return "torch F.linear (packing turned off)"
+    available, why = prepack_available()
+    if not available:
+        log.info("projection weights stay unpacked: %s", why)
+        return f"torch F.linear ({why})"
+    return prepack_linears(loaded.model)
 
 
 class EngineBuilder:

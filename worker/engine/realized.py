@@ -14,8 +14,8 @@ class RealizedReport:
     # What computes decode attention (e.g. "compiled CPU kernel", or the gather path and why):
     # an implementation detail, not policy, so it is logged but not sent to the controller.
     decode_attention: str = ""
+    matmuls: str = ""  # the same for the projections: which kernel runs them, and why
     norms_and_activations: str = ""  # the same for RMSNorm and SiLU: fused CPU kernels or torch
-    int8_matmuls: str = ""  # w8a8 weights: the compiled int8 GEMM or torch._int_mm, and why
 
     @property
     def dtype(self) -> str:
@@ -40,9 +40,9 @@ class RealizedReport:
             lines.append(c.describe_window())
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")
+        if self.matmuls:
+            lines.append(f"projections: {self.matmuls}")
         if self.norms_and_activations:
             lines.append(f"norms and activations: {self.norms_and_activations}")
-        if self.int8_matmuls:
-            lines.append(f"int8 matmuls: {self.int8_matmuls}")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

@@ -33,7 +33,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm")
+KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm", "bf16_gemm")
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
 MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
@@ -192,6 +192,14 @@ class Int8Gemm:
     path: Path
 
 
+@dataclass(frozen=True)
+class Bf16Gemm:
+    """The entry point of bf16_gemm.c (AVX512-BF16)."""
+
+    gemm: ctypes._CFuncPtr
+    path: Path
+
+
 def _declare(fn: ctypes._CFuncPtr, argtypes: list, restype=None) -> ctypes._CFuncPtr:
     fn.argtypes = argtypes
     fn.restype = restype
@@ -206,6 +214,7 @@ _SILU_MUL_ARGS = [_PTR, _PTR, _I64, _I64]
 _ROTARY_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64]
 _QUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
 _INT8_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR]
+_BF16_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR]
 _W8A8_LINEAR_ARGS = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR]
 _DEQUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64]
 
@@ -238,17 +247,28 @@ def fused_ops() -> FusedOps:
     )
 
 
+def _missing_isa(what: str) -> KernelUnavailable:
+    march = _march()
+    if march == NATIVE:
+        return KernelUnavailable(f"this CPU has no {what}")
+    return KernelUnavailable(
+        f"the kernels are built for -march={march} (INTENTSERVE_KERNEL_MARCH), which has no {what}"
+    )
+
+
+def bf16_gemm_kernel() -> Bf16Gemm:
+    """The compiled bf16 matmul, or KernelUnavailable (also where this CPU has no AVX512-BF16)."""
+    lib = _load("bf16_gemm")
+    if not _declare(lib.bf16_gemm_available, [], ctypes.c_int)():
+        raise _missing_isa("AVX512-BF16 dot products")
+    return Bf16Gemm(_declare(lib.bf16_gemm, _BF16_GEMM_ARGS, ctypes.c_int), Path(lib._name))
+
+
 def int8_gemm_kernel() -> Int8Gemm:
     """The compiled int8 matmul, or KernelUnavailable (also where this CPU has no VNNI)."""
     lib = _load("int8_gemm")
     if not _declare(lib.int8_gemm_vnni, [], ctypes.c_int)():
-        march = _march()
-        if march == NATIVE:
-            raise KernelUnavailable("this CPU has no AVX512-VNNI int8 dot products")
-        raise KernelUnavailable(
-            f"the kernels are built for -march={march} (INTENTSERVE_KERNEL_MARCH), "
-            "which has no AVX512-VNNI int8 dot products"
-        )
+        raise _missing_isa("AVX512-VNNI int8 dot products")
     return Int8Gemm(
         _declare(lib.int8_gemm_f32, _INT8_GEMM_ARGS, ctypes.c_int),
         _declare(lib.int8_gemm_bf16, _INT8_GEMM_ARGS, ctypes.c_int),

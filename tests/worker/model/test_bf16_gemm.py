@@ -1,0 +1,101 @@
+"""The bf16 projections' kernel (bf16_gemm.c, AVX512-BF16): as close to the float32 matmul as one
+bfloat16 rounding allows, a row's result the same whatever else is in its batch, a bias added
+before the rounding; and prepack_linears puts every projection on it, or says why not."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from intentserve.worker.attention.cpu_kernels import KernelUnavailable, bf16_gemm_kernel
+from intentserve.worker.model import packed_linear
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.packed_linear import Bf16Linear, PackedLinear, prepack_linears
+
+from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
+
+HAVE_CC = any(shutil.which(n) for n in ("cc", "gcc", "clang"))
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    if not HAVE_CC:
+        pytest.skip("no C compiler (cc, gcc or clang) to build the bf16 GEMM kernel")
+    try:
+        return bf16_gemm_kernel()
+    except KernelUnavailable as error:  # a CPU without AVX512-BF16
+        pytest.skip(f"the bf16 GEMM kernel is unavailable here: {error.reason}")
+
+
+def operands(rows, out_features, in_features, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
+    w = (torch.randn(out_features, in_features, generator=gen) * 0.05).bfloat16()
+    bias = torch.randn(out_features, generator=gen)
+    return x, w, bias
+
+
+# rows: one stream, tails of 4/2/1, whole 8-row tiles and mixes; channels in groups of 3 blocks
+# of 16, with and without a short last group; SmolLM2's widths and small ones
+@pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 32, 64])
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 34)])
+def test_the_kernel_is_the_float32_matmul_rounded_once_to_bfloat16(
+    gemm, rows, out_features, in_features
+):
+    x, w, bias = operands(rows, out_features, in_features)
+    got = Bf16Linear(w, bias, gemm)(x)
+    exact = F.linear(x.float(), w.float(), bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    # float32 sums in another order than torch's, then one rounding: within one bf16 step
+    step = exact.abs().clamp(min=2**-20) * 2**-7
+    assert ((got.float() - exact).abs() <= step + 1e-5).all()
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536)])
+def test_a_rows_result_does_not_depend_on_the_rest_of_its_batch(gemm, out_features, in_features):
+    x, w, bias = operands(64, out_features, in_features, seed=3)
+    module = Bf16Linear(w, bias, gemm)
+    together = module(x)
+    for start, stop in ((0, 1), (5, 6), (8, 16), (13, 37), (63, 64)):
+        assert torch.equal(module(x[start:stop]), together[start:stop])
+
+
+def test_the_packed_weight_unpacks_to_the_weight_and_other_inputs_still_get_the_right_answer(
+    gemm,
+):
+    x, w, bias = operands(5, 96, 64)
+    module = Bf16Linear(w, bias, gemm)
+    assert torch.equal(module.weight(), w)
+    as_float = module(x.float())  # float32 input: the torch fallback, in float32
+    torch.testing.assert_close(as_float, F.linear(x.float(), w.float(), bias), rtol=0, atol=1e-4)
+
+
+def tiny(dtype):
+    config = tiny_config()
+    return LlamaModel.from_hf_weights(config, random_hf_weights(config), dtype)
+
+
+def test_prepack_puts_every_bf16_projection_and_the_head_on_the_kernel(gemm):
+    model = tiny(torch.bfloat16)
+    said = prepack_linears(model)
+    projections = [m for m in model.modules() if isinstance(m, Bf16Linear)]
+    assert said == f"bf16 GEMM kernel (AVX512-BF16), all {len(projections)}"
+    assert len(projections) == 4 * len(model.layers) + 1
+    assert prepack_linears(model) == said  # idempotent
+
+
+def test_prepack_keeps_onednn_for_float32_when_turned_off_and_where_the_kernel_is_missing(
+    monkeypatch,
+):
+    assert prepack_linears(tiny(torch.float32)) == "oneDNN packed (float32 weights)"
+    model = tiny(torch.bfloat16)
+    assert "turned off" in prepack_linears(model, bf16_kernel=False)
+    assert not any(isinstance(m, Bf16Linear) for m in model.modules())
+
+    def unavailable():
+        raise KernelUnavailable("this CPU has no AVX512-BF16 dot products")
+
+    monkeypatch.setattr(packed_linear, "bf16_gemm_kernel", unavailable)
+    model = tiny(torch.bfloat16)
+    assert prepack_linears(model) == "oneDNN packed (this CPU has no AVX512-BF16 dot products)"
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 4 * len(model.layers) + 1

@@ -1,0 +1,167 @@
+/* The bfloat16 projections' matmul on CPUs with AVX512-BF16: out = x . w^T (+ bias), with
+ *
+ *   x    [m, k] bfloat16, a step's activations
+ *   w    [n, k] bfloat16, packed once at load as [n / 16][k / 2][16][2]: one 64-byte vector holds
+ *        2 consecutive inputs of 16 output channels, the operand layout of vdpbf16ps
+ *   bias [n] float32 or NULL
+ *   out  [m, n] bfloat16: the float32 sums (+ bias) rounded to nearest even
+ *
+ * The same tiling as int8_gemm.c (8 rows x 3 blocks of 16 channels in registers, the threads
+ * splitting the channels, the next group's weights prefetched while a tile computes), with pairs
+ * of bfloat16 in place of quadruples of bytes. Every output element is summed over k in the same
+ * order whatever m is, so a row's result does not depend on the rest of its batch. Built at run
+ * time like paged_decode.c; without AVX512-BF16 the library loads and bf16_gemm_available()
+ * says 0, and the caller keeps oneDNN's packed matmul. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vec16.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define HAVE_BF16 1
+#else
+#define HAVE_BF16 0
+#endif
+
+#define MR 8 /* tile_8x3 is written out for these */
+#define NR 3
+#define PARALLEL_MIN_MACS (1 << 18)
+
+int bf16_gemm_available(void) { return HAVE_BF16; }
+
+#if HAVE_BF16
+/* NOTE: not inlined: inlined into the tile loops, its rounding constants were hoisted into
+ * vector registers, and the 8x3 tile had to keep one of its accumulators on the stack. */
+static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR],
+                                                             const float *bias, uint16_t *out,
+                                                             int64_t n, const int mr,
+                                                             const int nr) {
+    for (int j = 0; j < nr; ++j) {
+        v16 b = {0};
+        if (bias) memcpy(&b, bias + 16 * j, sizeof b);
+        for (int i = 0; i < mr; ++i) {
+            v16 y;
+            memcpy(&y, &acc[i][j], sizeof y);
+            store16(out, i * n + 16 * j, round16(bias ? y + b : y, 1), 1);
+        }
+    }
+}
+
+/* Any tile up to MR x NR, rows read in place (row stride k). */
+static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t k,
+                                                       const uint16_t *panel, int64_t k2n,
+                                                       const uint16_t *next, const float *bias,
+                                                       uint16_t *out, int64_t n, const int mr,
+                                                       const int nr) {
+    __m512 acc[MR][NR];
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t k2 = 0; k2 < k2n; ++k2) {
+        __m512bh b[NR];
+        for (int j = 0; j < nr; ++j)
+            b[j] = (__m512bh)_mm512_loadu_si512(panel + (j * k2n + k2) * 32);
+        if (next)
+            for (int j = 0; j < nr; ++j)
+                _mm_prefetch((const char *)(next + (j * k2n + k2) * 32), _MM_HINT_T0);
+        for (int i = 0; i < mr; ++i) {
+            int32_t pair;
+            memcpy(&pair, x + i * k + 2 * k2, sizeof pair);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, b[j]);
+        }
+    }
+    store_tile(acc, bias, out, n, mr, nr);
+}
+
+/* The main tile, written out so its 24 accumulators stay in registers; `xi` is the 8 rows
+ * interleaved, [k / 2][8][2] bfloat16: one step's 8 broadcasts read 32 adjacent bytes. */
+#define STEP(i)                                                                                 \
+    {                                                                                           \
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(xk[i]);                                 \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, xv, b0);                                            \
+        c##i##1 = _mm512_dpbf16_ps(c##i##1, xv, b1);                                            \
+        c##i##2 = _mm512_dpbf16_ps(c##i##2, xv, b2);                                            \
+    }
+#define ZERO3(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps(), c##i##2 = _mm512_setzero_ps();
+#define ROW3(i) {c##i##0, c##i##1, c##i##2}
+
+static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
+                                                           const uint16_t *panel, int64_t k2n,
+                                                           const uint16_t *next,
+                                                           const float *bias, uint16_t *out,
+                                                           int64_t n) {
+    ZERO3(0) ZERO3(1) ZERO3(2) ZERO3(3) ZERO3(4) ZERO3(5) ZERO3(6) ZERO3(7)
+    const uint16_t *p0 = panel, *p1 = panel + k2n * 32, *p2 = panel + 2 * k2n * 32;
+    /* NOTE: no branch in the loop (with one, GCC spilled the accumulators on one path and the
+     * tile ran ~20% slower): with nothing to fetch ahead, it prefetches its own lines. */
+    if (!next) next = panel;
+    for (int64_t k2 = 0; k2 < k2n; ++k2) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(p0 + k2 * 32);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(p1 + k2 * 32);
+        const __m512bh b2 = (__m512bh)_mm512_loadu_si512(p2 + k2 * 32);
+        const int32_t *xk = xi + k2 * 8;
+        /* the next group's weights, 3 lines a step, while these compute */
+        _mm_prefetch((const char *)(next + k2 * 96), _MM_HINT_T0);
+        _mm_prefetch((const char *)(next + k2 * 96 + 32), _MM_HINT_T0);
+        _mm_prefetch((const char *)(next + k2 * 96 + 64), _MM_HINT_T0);
+        STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+    }
+    __m512 acc[MR][NR] = {ROW3(0), ROW3(1), ROW3(2), ROW3(3),
+                          ROW3(4), ROW3(5), ROW3(6), ROW3(7)};
+    store_tile(acc, bias, out, n, 8, 3);
+}
+
+#define TILE(R, C)                                                                              \
+    tile(x + r0 * k, k, panel, k2n, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,            \
+         out + r0 * n + 16 * blk, n, R, C)
+
+/* The rows left after the full 8-row tiles, as tiles of 4, 2 and 1. */
+#define REST(C)                                                                                 \
+    for (; r0 + 4 <= m; r0 += 4) TILE(4, C);                                                    \
+    for (; r0 + 2 <= m; r0 += 2) TILE(2, C);                                                    \
+    for (; r0 < m; r0 += 1) TILE(1, C);
+
+static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
+                const float *bias, int64_t n, uint16_t *out) {
+    const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + NR - 1) / NR;
+    const int64_t full_rows = m / MR * MR;
+    int32_t *interleaved = full_rows ? malloc(full_rows * k * 2) : NULL;
+    if (full_rows && !interleaved) return -1;
+    for (int64_t r = 0; r < full_rows; ++r)
+        for (int64_t k2 = 0; k2 < k2n; ++k2)
+            memcpy(interleaved + (r / MR) * k2n * MR + k2 * MR + r % MR, x + r * k + 2 * k2, 4);
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
+        /* A whole group of NR blocks at once; a short last group block by block. */
+        for (int64_t blk = first; blk < last; blk += (last - first == NR ? NR : 1)) {
+            const uint16_t *panel = packed + blk * k2n * 32;
+            const uint16_t *next = blk + 2 * NR <= blocks ? panel + NR * k2n * 32 : NULL;
+            int64_t r0 = 0;
+            if (last - first == NR) {
+                for (; r0 < full_rows; r0 += MR)
+                    tile_8x3(interleaved + r0 * k2n, panel, k2n, r0 ? NULL : next,
+                             bias ? bias + 16 * blk : NULL, out + r0 * n + 16 * blk, n);
+                REST(NR)
+            } else {
+                REST(1)
+            }
+        }
+    }
+    free(interleaved);
+    return 0;
+}
+#endif
+
+/* Returns 0, or -1 (nothing written) where this build has no AVX512-BF16 or memory ran out;
+ * k % 2 == 0, n % 16 == 0. */
+int bf16_gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed, const float *bias,
+              int64_t n, uint16_t *out) {
+#if HAVE_BF16
+    return gemm(x, m, k, packed, bias, n, out);
+#else
+    return -1;
+#endif
+}
