@@ -50,10 +50,21 @@ class PackedLinear(nn.Module):
 
 class Bf16Linear(nn.Module):
     """A bfloat16 projection on bf16_gemm.c: the weight packed as [out/16][in/2][16][2], a float32
-    bias added to the float32 sums before their one rounding to bfloat16."""
+    bias added to the float32 sums before their one rounding to bfloat16. `out_dtype=float32`
+    keeps the sums unrounded (the LM head: logits are wanted in float32 anyway, and the kernel
+    writing them saves a conversion pass over [rows, vocab])."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, gemm: Bf16Gemm) -> None:
+    def __init__(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        gemm: Bf16Gemm,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
         super().__init__()
+        if out_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"out_dtype: {out_dtype} is not one of bfloat16, float32")
+        self.out_dtype = out_dtype
         self.out_features, self.in_features = weight.shape
         w = weight.detach().to(torch.bfloat16)
         blocks = w.reshape(self.out_features // 16, 16, self.in_features // 2, 2)
@@ -73,7 +84,7 @@ class Bf16Linear(nn.Module):
         if x.dtype != torch.bfloat16 or x.dim() != 2:  # not what the model sends; still right
             return F.linear(x, self.weight().to(x.dtype), self.bias)
         x = x.contiguous()
-        out = torch.empty((x.shape[0], self.out_features), dtype=torch.bfloat16)
+        out = torch.empty((x.shape[0], self.out_features), dtype=self.out_dtype)
         status = self.gemm.gemm(
             x.data_ptr(),
             x.shape[0],
@@ -82,6 +93,7 @@ class Bf16Linear(nn.Module):
             None if self.bias is None else self.bias.data_ptr(),
             self.out_features,
             out.data_ptr(),
+            self.out_dtype == torch.float32,
         )
         if status != 0:
             raise RuntimeError("the bf16 GEMM kernel has no AVX512-BF16 or ran out of memory")
@@ -126,7 +138,9 @@ def prepack_linears(model: LlamaModel, *, bf16_kernel: bool = True) -> str:
         else:
             weight, bias = linear.weight, linear.bias
         if gemm is not None and Bf16Linear.fits(weight):
-            setattr(owner, name, Bf16Linear(weight, bias, gemm))
+            # The head's logits go to the sampler in float32: written so, not rounded first.
+            out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
+            setattr(owner, name, Bf16Linear(weight, bias, gemm, out_dtype))
         else:
             setattr(owner, name, PackedLinear(weight, bias))
     on_kernel = sum(isinstance(getattr(owner, name), Bf16Linear) for owner, name in owners)

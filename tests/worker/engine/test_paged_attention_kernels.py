@@ -395,3 +395,30 @@ def test_step_batch_addresses_each_new_token_through_its_table():
     batch = build_step_batch(slots, 32, torch.device("cpu"))
     assert batch.positions.tolist() == [10, 0, 1]
     assert batch.slot_mapping.tolist() == [3 * 32 + 10, 0, 1]
+
+
+@requires_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_kv_store_writes_what_index_copy_writes(dtype):
+    """The new rows come as strided views of the fused q|k|v projection, as the model sends."""
+
+    def pool_and_backend():
+        pool = KvPool(CacheKind.PAGED, KvGeometry(1, HKV, D, dtype), 32, BS, torch.device("cpu"))
+        for cache in pool.flat(0):
+            cache.zero_()  # allocated uninitialized: rows nobody writes must compare equal
+        return pool, TorchPagedAttention(pool, use_kernel=True)
+
+    qkv = torch.randn(5, (H + 2 * HKV) * D).to(dtype)
+    k = qkv[:, H * D : (H + HKV) * D].view(5, HKV, D)
+    v = qkv[:, (H + HKV) * D :].view(5, HKV, D)
+    slots = torch.tensor([7, 0, 31, 12, 13])
+    pool, backend = pool_and_backend()
+    k_cache, v_cache = pool.flat(0)
+    assert backend._store_in_c(k, v, k_cache, v_cache, slots)
+    expected_pool, _ = pool_and_backend()
+    k_expected, v_expected = expected_pool.flat(0)
+    k_expected.index_copy_(0, slots, k)
+    v_expected.index_copy_(0, slots, v)
+    assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
+    # A layout the kernel does not read (heads not adjacent) is left to index_copy_.
+    assert not backend._store_in_c(k.transpose(1, 2), v.transpose(1, 2), k_cache, v_cache, slots)

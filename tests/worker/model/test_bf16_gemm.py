@@ -99,3 +99,28 @@ def test_prepack_keeps_onednn_for_float32_when_turned_off_and_where_the_kernel_i
     model = tiny(torch.bfloat16)
     assert prepack_linears(model) == "oneDNN packed (this CPU has no AVX512-BF16 dot products)"
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 4 * len(model.layers) + 1
+
+
+@pytest.mark.parametrize("rows", [1, 8, 13])
+def test_float32_output_keeps_the_sums_unrounded(gemm, rows):
+    x, w, bias = operands(rows, 96, 576, seed=7)
+    rounded = Bf16Linear(w, bias, gemm)(x)
+    exact = Bf16Linear(w, bias, gemm, out_dtype=torch.float32)(x)
+    reference = F.linear(x.float(), w.float(), bias)
+    assert exact.dtype == torch.float32
+    torch.testing.assert_close(exact, reference, rtol=1e-5, atol=1e-5)  # summation order only
+    assert torch.equal(exact.bfloat16(), rounded)  # the same sums, rounded once
+
+
+def test_an_output_dtype_the_kernel_cannot_write_is_refused(gemm):
+    with pytest.raises(ValueError, match="out_dtype: torch.float16 is not one of"):
+        Bf16Linear(torch.zeros(16, 16, dtype=torch.bfloat16), None, gemm, torch.float16)
+
+
+def test_the_packed_head_hands_float32_logits_to_the_sampler(gemm):
+    model = tiny(torch.bfloat16)
+    prepack_linears(model)
+    assert model.lm_head.out_dtype == torch.float32
+    assert all(layer.mlp.down_proj.out_dtype == torch.bfloat16 for layer in model.layers)
+    hidden = torch.randn(3, model.config.hidden_size).bfloat16()
+    assert model.compute_logits(hidden).dtype == torch.float32

@@ -156,10 +156,11 @@ def build(name: str) -> Path:
 
 @dataclass(frozen=True)
 class PagedDecodeKernel:
-    """The two entry points of paged_decode.c, by storage dtype."""
+    """The entry points of paged_decode.c: decode attention by storage dtype, and the KV store."""
 
     f32: ctypes._CFuncPtr
     bf16: ctypes._CFuncPtr
+    kv_store: ctypes._CFuncPtr
     path: Path
 
 
@@ -214,7 +215,7 @@ _SILU_MUL_ARGS = [_PTR, _PTR, _I64, _I64]
 _ROTARY_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64]
 _QUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
 _INT8_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR]
-_BF16_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR]
+_BF16_GEMM_ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
 _W8A8_LINEAR_ARGS = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR]
 _DEQUANTIZE_ARGS = [_PTR, _PTR, _PTR, _PTR, _I64, _I64]
 
@@ -225,6 +226,7 @@ def paged_decode_kernel() -> PagedDecodeKernel:
     return PagedDecodeKernel(
         _declare(lib.paged_decode_f32, _DECODE_ARGS, ctypes.c_int),
         _declare(lib.paged_decode_bf16, _DECODE_ARGS, ctypes.c_int),
+        _declare(lib.kv_store, [_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64]),
         Path(lib._name),
     )
 

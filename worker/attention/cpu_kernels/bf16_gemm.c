@@ -4,7 +4,8 @@
  *   w    [n, k] bfloat16, packed once at load as [n / 16][k / 2][16][2]: one 64-byte vector holds
  *        2 consecutive inputs of 16 output channels, the operand layout of vdpbf16ps
  *   bias [n] float32 or NULL
- *   out  [m, n] bfloat16: the float32 sums (+ bias) rounded to nearest even
+ *   out  [m, n] bfloat16: the float32 sums (+ bias) rounded to nearest even; or float32, the
+ *        sums as they are (an LM head's logits: no rounding, and no conversion pass after)
  *
  * The same tiling as int8_gemm.c (8 rows x 3 blocks of 16 channels in registers, the threads
  * splitting the channels, the next group's weights prefetched while a tile computes), with pairs
@@ -34,17 +35,17 @@ int bf16_gemm_available(void) { return HAVE_BF16; }
 #if HAVE_BF16
 /* NOTE: not inlined: inlined into the tile loops, its rounding constants were hoisted into
  * vector registers, and the 8x3 tile had to keep one of its accumulators on the stack. */
-static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR],
-                                                             const float *bias, uint16_t *out,
-                                                             int64_t n, const int mr,
-                                                             const int nr) {
+static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR], const float *bias,
+                                                  void *out, int64_t n, const int mr,
+                                                  const int nr, const int out_f32) {
     for (int j = 0; j < nr; ++j) {
         v16 b = {0};
         if (bias) memcpy(&b, bias + 16 * j, sizeof b);
         for (int i = 0; i < mr; ++i) {
             v16 y;
             memcpy(&y, &acc[i][j], sizeof y);
-            store16(out, i * n + 16 * j, round16(bias ? y + b : y, 1), 1);
+            if (bias) y += b;
+            store16(out, i * n + 16 * j, round16(y, !out_f32), !out_f32);
         }
     }
 }
@@ -53,8 +54,8 @@ static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR],
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t k,
                                                        const uint16_t *panel, int64_t k2n,
                                                        const uint16_t *next, const float *bias,
-                                                       uint16_t *out, int64_t n, const int mr,
-                                                       const int nr) {
+                                                       void *out, int64_t n, const int mr,
+                                                       const int nr, const int out_f32) {
     __m512 acc[MR][NR];
     for (int i = 0; i < mr; ++i)
         for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -72,7 +73,7 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
             for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, b[j]);
         }
     }
-    store_tile(acc, bias, out, n, mr, nr);
+    store_tile(acc, bias, out, n, mr, nr, out_f32);
 }
 
 /* The main tile, written out so its 24 accumulators stay in registers; `xi` is the 8 rows
@@ -84,14 +85,16 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
         c##i##1 = _mm512_dpbf16_ps(c##i##1, xv, b1);                                            \
         c##i##2 = _mm512_dpbf16_ps(c##i##2, xv, b2);                                            \
     }
-#define ZERO3(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps(), c##i##2 = _mm512_setzero_ps();
+#define ZERO3(i)                                                                                \
+    __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps(),                        \
+           c##i##2 = _mm512_setzero_ps();
 #define ROW3(i) {c##i##0, c##i##1, c##i##2}
 
 static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
                                                            const uint16_t *panel, int64_t k2n,
                                                            const uint16_t *next,
-                                                           const float *bias, uint16_t *out,
-                                                           int64_t n) {
+                                                           const float *bias, void *out,
+                                                           int64_t n, const int out_f32) {
     ZERO3(0) ZERO3(1) ZERO3(2) ZERO3(3) ZERO3(4) ZERO3(5) ZERO3(6) ZERO3(7)
     const uint16_t *p0 = panel, *p1 = panel + k2n * 32, *p2 = panel + 2 * k2n * 32;
     /* NOTE: no branch in the loop (with one, GCC spilled the accumulators on one path and the
@@ -110,12 +113,12 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
     }
     __m512 acc[MR][NR] = {ROW3(0), ROW3(1), ROW3(2), ROW3(3),
                           ROW3(4), ROW3(5), ROW3(6), ROW3(7)};
-    store_tile(acc, bias, out, n, 8, 3);
+    store_tile(acc, bias, out, n, 8, 3, out_f32);
 }
 
 #define TILE(R, C)                                                                              \
     tile(x + r0 * k, k, panel, k2n, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,            \
-         out + r0 * n + 16 * blk, n, R, C)
+         (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, R, C, out_f32)
 
 /* The rows left after the full 8-row tiles, as tiles of 4, 2 and 1. */
 #define REST(C)                                                                                 \
@@ -124,7 +127,7 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
     for (; r0 < m; r0 += 1) TILE(1, C);
 
 static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
-                const float *bias, int64_t n, uint16_t *out) {
+                const float *bias, int64_t n, void *out, const int out_f32) {
     const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + NR - 1) / NR;
     const int64_t full_rows = m / MR * MR;
     int32_t *interleaved = full_rows ? malloc(full_rows * k * 2) : NULL;
@@ -143,7 +146,8 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
             if (last - first == NR) {
                 for (; r0 < full_rows; r0 += MR)
                     tile_8x3(interleaved + r0 * k2n, panel, k2n, r0 ? NULL : next,
-                             bias ? bias + 16 * blk : NULL, out + r0 * n + 16 * blk, n);
+                             bias ? bias + 16 * blk : NULL,
+                             (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, out_f32);
                 REST(NR)
             } else {
                 REST(1)
@@ -158,9 +162,9 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
 /* Returns 0, or -1 (nothing written) where this build has no AVX512-BF16 or memory ran out;
  * k % 2 == 0, n % 16 == 0. */
 int bf16_gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed, const float *bias,
-              int64_t n, uint16_t *out) {
+              int64_t n, void *out, int64_t out_f32) {
 #if HAVE_BF16
-    return gemm(x, m, k, packed, bias, n, out);
+    return gemm(x, m, k, packed, bias, n, out, (int)out_f32);
 #else
     return -1;
 #endif

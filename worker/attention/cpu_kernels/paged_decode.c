@@ -237,3 +237,14 @@ int paged_decode_bf16(const uint16_t *q, int64_t q_seq_stride, const uint16_t *k
     return decode(q, q_seq_stride, k_cache, v_cache, block_tables, table_width, context_lens,
                   num_seqs, num_heads, num_kv_heads, head_dim, block_size, window, scale, out, 1);
 }
+
+/* A step's new K and V rows written into the cache at their slots (what two index_copy_ calls
+ * did, in one call): row r of k and v (src_stride elements apart, row_bytes long) to row
+ * slots[r] of k_cache and v_cache. The caller checks dtypes and layouts. */
+void kv_store(const char *k, const char *v, int64_t src_stride_bytes, char *k_cache,
+              char *v_cache, const int64_t *slots, int64_t rows, int64_t row_bytes) {
+    for (int64_t r = 0; r < rows; ++r) {
+        memcpy(k_cache + slots[r] * row_bytes, k + r * src_stride_bytes, row_bytes);
+        memcpy(v_cache + slots[r] * row_bytes, v + r * src_stride_bytes, row_bytes);
+    }
+}
