@@ -48,6 +48,7 @@ from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
 from intentserve.worker.model.calibration import CALIBRATION_TEXT
 from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
+from intentserve.worker.model.decode_layers import CompiledDecode
 from intentserve.worker.model.facts import model_facts, serving_max_model_len
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
@@ -114,6 +115,9 @@ def build_engine(
     else:
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
         runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
+    # Packed before the weights are counted: a tied head's packed copy is resident too.
+    matmuls = _pack_for_cpu(config, loaded, device)
+    norms = enable_fused_ops(loaded.model) if device.type == "cpu" else ""
     realized = RealizedReport(
         cache=dataclasses.replace(
             kv.cache,
@@ -122,8 +126,9 @@ def build_engine(
         ),
         model=config.model,
         decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
-        matmuls=_pack_for_cpu(config, loaded, device),
-        norms_and_activations=enable_fused_ops(loaded.model) if device.type == "cpu" else "",
+        matmuls=matmuls,
+        norms_and_activations=norms,
+        decode_layers=_compile_decode(loaded, kv.attention, device),
     )
     return Engine(
         tokenizer=loaded.tokenizer,
@@ -189,6 +194,15 @@ def _require_one_device(capability: Capability) -> None:
             f"({', '.join(sorted(d.value for d in capability.devices))}) are not supported by "
             "this engine; place every layer on one device"
         )
+
+
+def _compile_decode(loaded: LoadedModel, attention, device: torch.device) -> str:
+    """Every layer of a decode step in one compiled call, where the model allows; says which."""
+    if device.type != "cpu" or attention is None or not hasattr(loaded.model, "compiled_decode"):
+        return ""
+    compiled, why = CompiledDecode.build(loaded.model, attention)
+    loaded.model.compiled_decode = compiled
+    return "one compiled call per step" if compiled else f"per-layer Python ({why})"
 
 
 def _pack_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> str:

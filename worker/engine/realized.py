@@ -16,6 +16,7 @@ class RealizedReport:
     decode_attention: str = ""
     matmuls: str = ""  # the same for the projections: which kernel runs them, and why
     norms_and_activations: str = ""  # the same for RMSNorm and SiLU: fused CPU kernels or torch
+    decode_layers: str = ""  # decode steps: every layer in one compiled call, or why not
 
     @property
     def dtype(self) -> str:
@@ -44,5 +45,7 @@ class RealizedReport:
             lines.append(f"projections: {self.matmuls}")
         if self.norms_and_activations:
             lines.append(f"norms and activations: {self.norms_and_activations}")
+        if self.decode_layers:
+            lines.append(f"decode layers: {self.decode_layers}")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

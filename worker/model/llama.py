@@ -187,6 +187,9 @@ class LlamaModel(DecoderBase):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(config)
+        # Every layer of a decode-only step in one compiled call (decode_layers.py), set by the
+        # engine builder where the model and its attention backend allow it.
+        self.compiled_decode = None
 
     @torch.inference_mode()
     def forward(
@@ -195,6 +198,10 @@ class LlamaModel(DecoderBase):
         """input_ids, positions: [T] int64 -> final-normed hidden states [T, hidden_size]."""
         x = self.embed_tokens(input_ids)  # [T, hidden_size]
         cos_sin = self.rotary(positions, x.dtype)
+        if self.compiled_decode is not None:
+            done = self.compiled_decode.run(x, cos_sin, attn, meta)
+            if done is not None:
+                return self.norm.add_forward(*done)[0]
         residual = None
         for layer in self.layers:
             x, residual = layer.forward(x, residual, cos_sin, attn, meta)

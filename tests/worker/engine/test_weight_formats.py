@@ -17,7 +17,7 @@ from intentserve.worker.engine.builder import EngineBuilder, _probe, build_engin
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.quant_linear import W8A8Linear
 from intentserve.worker.model.registry import load_model
-from intentserve.worker.model.weight_format import held_format
+from intentserve.worker.model.weight_format import held_format, resident_weight_bytes
 
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
 
@@ -128,3 +128,20 @@ def test_the_llm_front_door_takes_the_format(tiny_folder):
     )
     assert llm.realized.cache.weight_format is WeightFormat.INT8
     assert torch.is_tensor(llm.engine.runner.model.lm_head.qweight)
+
+
+@pytest.mark.parametrize("fmt", ["dequantized", "w8a8"])
+def test_the_reported_weight_bytes_are_what_is_resident_once_the_weights_are_packed(
+    tiny_folder, fmt
+):
+    # A tied head gets a packed copy of the embedding table; counted before packing, a fresh
+    # worker under-reported its weights by that copy.
+    config = tiny_config(tie_word_embeddings=True)
+    loaded = load_model(
+        str(write_hf_folder(tiny_folder.parent / f"tied-{fmt}", config, random_hf_weights(config))),
+        dtype="bfloat16",
+    )
+    engine = builder(fmt).build(loaded=loaded)
+    assert engine.realized.cache.weight_bytes == resident_weight_bytes(loaded.model)
+    embedding = loaded.model.embed_tokens.weight
+    assert engine.realized.cache.weight_bytes > embedding.numel() * embedding.element_size()

@@ -33,7 +33,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm", "bf16_gemm")
+KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm", "bf16_gemm", "decode_layers")
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
 MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
@@ -247,6 +247,14 @@ def fused_ops() -> FusedOps:
         _declare(lib.dequantize_rows_bf16, _DEQUANTIZE_ARGS),
         Path(lib._name),
     )
+
+
+def decode_layers_kernel() -> ctypes._CFuncPtr:
+    """decode_layers.c's entry point (every layer of a decode step in one call), or
+    KernelUnavailable; the caller passes the other kernels to it as function pointers."""
+    lib = _load("decode_layers")
+    args = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR]
+    return _declare(lib.decode_layers, args, ctypes.c_int)
 
 
 def _missing_isa(what: str) -> KernelUnavailable:

@@ -1,0 +1,110 @@
+"""Every layer of a decode step in one compiled call (decode_layers.c): the same hidden states,
+bit for bit, as the Python layers on the same kernels; the same greedy text; and the Python path
+wherever the call does not apply, with the reason in the realized report."""
+
+import shutil
+
+import pytest
+import torch
+from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.registry import load_model
+
+from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
+
+pytestmark = pytest.mark.skipif(
+    not any(shutil.which(n) for n in ("cc", "gcc", "clang")),
+    reason="no C compiler (cc, gcc or clang) to build the CPU kernels",
+)
+PROMPTS = ["def add(a, b):", "hello there", "the cat sat on", "x = 1\ny ="]
+
+
+def folder(tmp_path, **overrides):
+    config = tiny_config(head_dim=32, **overrides)  # rotary's kernel takes 16-lane half heads
+    return write_hf_folder(tmp_path, config, random_hf_weights(config))
+
+
+def engine(path, dtype="bfloat16", max_num_seqs=4):
+    return (
+        EngineBuilder()
+        .paged_attention("on")
+        .kv_cache_memory(bytes=1 << 20)
+        .scheduler(max_model_len=64, max_num_seqs=max_num_seqs)
+        .build(loaded=load_model(str(path), dtype=dtype))
+    )
+
+
+def compiled_or_skip(eng):
+    said = eng.realized.describe()
+    if "decode layers: one compiled call per step" not in said:
+        pytest.skip(f"the compiled decode does not run on this host: {said.splitlines()[-1]}")
+    return eng.runner.model
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])  # qwen2: q|k|v with a bias
+def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
+    tmp_path, monkeypatch, architecture
+):
+    eng = engine(folder(tmp_path, architecture=architecture))
+    model = compiled_or_skip(eng)
+    compared, ran = [], []
+    forward, run = LlamaModel.forward, model.compiled_decode.run
+
+    def tracking_run(*args):
+        result = run(*args)
+        ran.append(result is not None)
+        return result
+
+    def both_ways(self, input_ids, positions, attn, meta):
+        compiled, self.compiled_decode = self.compiled_decode, None
+        python = forward(self, input_ids, positions, attn, meta)  # writes this step's K/V
+        self.compiled_decode = compiled
+        got = forward(self, input_ids, positions, attn, meta)  # writes the same K/V again
+        if ran.pop():  # the compiled call ran this step
+            compared.append((len(input_ids), torch.equal(got, python)))
+        return got
+
+    model.compiled_decode.run = tracking_run
+    monkeypatch.setattr(LlamaModel, "forward", both_ways)
+    eng.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert compared and all(same for _, same in compared), compared
+    assert any(rows == len(PROMPTS) for rows, _ in compared)  # decode steps of every sequence
+
+
+def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path):
+    eng = engine(folder(tmp_path))
+    model = compiled_or_skip(eng)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    fast = [out.new_token_ids for out in eng.generate(PROMPTS, params)]
+    compiled, model.compiled_decode = model.compiled_decode, None
+    slow = [out.new_token_ids for out in eng.generate(PROMPTS, params)]
+    model.compiled_decode = compiled
+    assert fast == slow
+
+
+def test_where_the_call_does_not_apply_the_python_layers_run_and_the_report_says_why(tmp_path):
+    path = folder(tmp_path)
+    fp32 = engine(path, dtype="float32")
+    assert "decode layers: per-layer Python (the model is not bfloat16)" in (
+        fp32.realized.describe()
+    )
+    assert fp32.runner.model.compiled_decode is None
+    out = fp32.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(out[0].new_token_ids) == 3
+
+
+def test_a_prefill_step_is_left_to_the_python_layers(tmp_path):
+    eng = engine(folder(tmp_path))
+    model = compiled_or_skip(eng)
+    runs = []
+    run = model.compiled_decode.run
+
+    def counting(*args):
+        result = run(*args)
+        runs.append(result is not None)
+        return result
+
+    model.compiled_decode.run = counting
+    eng.generate(["a longer prompt than one token"], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert runs[0] is False and all(runs[1:]) and len(runs) == 3  # prefill, then 2 decodes

@@ -1,0 +1,93 @@
+/* Every decoder layer of a bfloat16 Llama-family model for one decode step, in one call.
+ *
+ * A decode step (every sequence adds one token) runs the same ten kernels per layer: add +
+ * RMSNorm, the q|k|v matmul, rotary, the K/V store, paged decode attention, the o matmul,
+ * add + RMSNorm, the gate|up matmul, SiLU * up, the down matmul. From Python each is a module
+ * call, a ctypes call and a few tensors, ~2.5 ms of a ~10 ms one-stream step on SmolLM2
+ * (docs/engine.md). Here the same kernels run in the same order on the same buffers: the
+ * result is bit for bit the Python path's (tested). The kernels stay in their own libraries and
+ * come as function pointers, so this file holds only the order. */
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef void (*add_rmsnorm_fn)(const uint16_t *x, uint16_t *residual, const uint16_t *weight,
+                               uint16_t *out, int64_t rows, int64_t hidden, float eps);
+typedef int (*gemm_fn)(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
+                       const float *bias, int64_t n, void *out, int64_t out_f32);
+typedef void (*rotary_fn)(uint16_t *qkv, int64_t row_stride, const uint16_t *cos,
+                          const uint16_t *sin, int64_t rows, int64_t num_heads,
+                          int64_t head_dim);
+typedef void (*kv_store_fn)(const char *k, const char *v, int64_t src_stride_bytes,
+                            char *k_cache, char *v_cache, const int64_t *slots, int64_t rows,
+                            int64_t row_bytes);
+typedef int (*decode_fn)(const uint16_t *q, int64_t q_seq_stride, const uint16_t *k_cache,
+                         const uint16_t *v_cache, const int64_t *block_tables,
+                         int64_t table_width, const int64_t *context_lens, int64_t num_seqs,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t block_size, int64_t window, float scale, uint16_t *out);
+typedef void (*silu_mul_fn)(const uint16_t *gate_up, uint16_t *out, int64_t rows,
+                            int64_t inter);
+
+/* Filled by worker/model/decode_layers.py (ctypes.Structure of the same layout). */
+struct kernels {
+    add_rmsnorm_fn add_rmsnorm;
+    gemm_fn gemm;
+    rotary_fn rotary;
+    kv_store_fn kv_store;
+    decode_fn decode;
+    silu_mul_fn silu_mul;
+};
+
+struct dims {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    float eps, scale;
+};
+
+struct layer {
+    const uint16_t *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
+    const float *qkv_bias;
+    uint16_t *k_cache, *v_cache;
+    int64_t window;
+};
+
+/* x [m, hidden]: the step's embeddings, used as the residual stream (overwritten); out
+ * [m, hidden]: the final hidden states before the model's last norm, with residual holding
+ * the stream they are to be added to (the caller's model.norm.add_forward does that step).
+ * Returns 0, or the first failing kernel's code (nonzero), or -1 when memory ran out. */
+int decode_layers(const struct kernels *kern, const struct dims *d, const struct layer *layers,
+                  int64_t num_layers, uint16_t *x, int64_t m, const uint16_t *cos,
+                  const uint16_t *sin, const int64_t *slots, const int64_t *tables,
+                  int64_t table_width, const int64_t *context_lens, uint16_t *out) {
+    const int64_t q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
+    const int64_t width = q_size + 2 * kv_size, inter = d->intermediate, hidden = d->hidden;
+    /* h | qkv | attention out | gate|up | act, one allocation */
+    const int64_t elems = m * (hidden + width + q_size + 2 * inter + inter);
+    uint16_t *h = malloc(elems * sizeof(uint16_t));
+    if (!h) return -1;
+    uint16_t *qkv = h + m * hidden, *att = qkv + m * width, *gate_up = att + m * q_size;
+    uint16_t *act = gate_up + m * 2 * inter;
+    uint16_t *residual = x, *mlp_out = out;
+    int code = 0;
+    for (int64_t i = 0; i < num_layers && !code; ++i) {
+        const struct layer *l = &layers[i];
+        /* layer 0: norm(x), the residual stream is x; then norm(mlp_out + residual) */
+        kern->add_rmsnorm(i ? mlp_out : x, i ? residual : NULL, l->input_norm, h, m, hidden,
+                          d->eps);
+        if ((code = kern->gemm(h, m, hidden, l->qkv, l->qkv_bias, width, qkv, 0))) break;
+        kern->rotary(qkv, width, cos, sin, m, d->num_heads + d->num_kv_heads, d->head_dim);
+        kern->kv_store((const char *)(qkv + q_size), (const char *)(qkv + q_size + kv_size),
+                       width * 2, (char *)l->k_cache, (char *)l->v_cache, slots, m, kv_size * 2);
+        if ((code = kern->decode(qkv, width, l->k_cache, l->v_cache, tables, table_width,
+                                 context_lens, m, d->num_heads, d->num_kv_heads, d->head_dim,
+                                 d->block_size, l->window, d->scale, att)))
+            break;
+        /* o_proj's output goes through the norm with the residual: mlp_out is free here */
+        if ((code = kern->gemm(att, m, q_size, l->o, NULL, hidden, mlp_out, 0))) break;
+        kern->add_rmsnorm(mlp_out, residual, l->post_norm, h, m, hidden, d->eps);
+        if ((code = kern->gemm(h, m, hidden, l->gate_up, NULL, 2 * inter, gate_up, 0))) break;
+        kern->silu_mul(gate_up, act, m, inter);
+        if ((code = kern->gemm(act, m, inter, l->down, NULL, hidden, mlp_out, 0))) break;
+    }
+    free(h);
+    return code;
+}

@@ -1,0 +1,182 @@
+"""Every decoder layer of a decode step in one compiled call (decode_layers.c), for bfloat16
+Llama-family models on the CPU whose parts all run on the compiled kernels.
+
+The call runs the kernels the Python layers call, in the same order, on the same kind of
+buffers, so its hidden states are bit for bit the Python path's (tests/worker/model/
+test_decode_layers.py); what it removes is ~30 module calls, ~300 ctypes calls and ~500 small
+tensors a step. A step that is not decode-only (a prefill chunk in it, or a sliding window), or
+a model with a part the kernels do not cover, keeps the Python path; `CompiledDecode.build`
+says why not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from intentserve.worker.attention.cpu_kernels import (
+    KernelUnavailable,
+    bf16_gemm_kernel,
+    decode_layers_kernel,
+    fused_ops,
+    paged_decode_kernel,
+)
+from intentserve.worker.model.packed_linear import Bf16Linear
+from torch import Tensor
+
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("add_rmsnorm", "gemm", "rotary", "kv_store", "decode")]
+    _fields_ += [("silu_mul", _P)]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [
+        *((name, _I64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim")),
+        ("intermediate", _I64),
+        ("block_size", _I64),
+        ("eps", _F32),
+        ("scale", _F32),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        *((name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down")),
+        ("qkv_bias", _P),
+        ("k_cache", _P),
+        ("v_cache", _P),
+        ("window", _I64),
+    ]
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, _P).value
+
+
+def _why_not(model, attention) -> str:
+    """ "" when every part of the model runs on the kernels decode_layers.c calls, else why."""
+    config = model.config
+    if model.embed_tokens.weight.dtype != torch.bfloat16:
+        return "the model is not bfloat16"
+    if type(model).__name__ != "LlamaModel":
+        return f"{type(model).__name__} layers differ from the Llama layer the call runs"
+    if getattr(attention, "kernel", None) is None:
+        return "the decode attention is not the compiled kernel"
+    if any(w is not None for w in attention.layer_windows):
+        return "sliding-window layers"
+    if attention.pool.k[0].dtype != torch.bfloat16:
+        return "the KV cache is not bfloat16"
+    if config.head_dim % 32 or config.hidden_size % 16 or config.intermediate_size % 16:
+        return "widths the fused kernels do not take"
+    for layer in model.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        parts = (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not all(isinstance(p, Bf16Linear) and p.out_dtype == torch.bfloat16 for p in parts):
+            return "a projection is not on the bf16 GEMM kernel"
+        if a.q_norm is not None:
+            return "per-head q/k norms"
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if a.fused is None or mlp.fused is None or any(n.fused is None for n in norms):
+            return "the fused norms and activations are not on"
+        if any(n.eps != config.rms_norm_eps for n in norms):
+            return "norms with different epsilons"
+        if a.o_proj.bias is not None or mlp.gate_up_proj.bias is not None:
+            return "biases the call does not add"
+        if mlp.down_proj.bias is not None:
+            return "biases the call does not add"
+    return ""
+
+
+class CompiledDecode:
+    """Built once per engine (weights and caches do not move); `run` per step."""
+
+    def __init__(self, model, attention, fn) -> None:
+        config = model.config
+        ops, gemm, decode = fused_ops(), bf16_gemm_kernel(), paged_decode_kernel()
+        self.fn, self.attention = fn, attention
+        self.kernels = _Kernels(
+            _address(ops.add_rmsnorm_bf16),
+            _address(gemm.gemm),
+            _address(ops.rotary_bf16),
+            _address(decode.kv_store),
+            _address(decode.bf16),
+            _address(ops.silu_mul_bf16),
+        )
+        self.dims = _Dims(
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.intermediate_size,
+            attention.pool.block_size,
+            config.rms_norm_eps,
+            config.head_dim**-0.5,
+        )
+        layers = []
+        for i, layer in enumerate(model.layers):
+            a, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = attention.pool.flat(i)
+            layers.append(
+                _Layer(
+                    layer.input_layernorm.weight.data_ptr(),
+                    a.qkv_proj.packed.data_ptr(),
+                    a.o_proj.packed.data_ptr(),
+                    layer.post_attention_layernorm.weight.data_ptr(),
+                    mlp.gate_up_proj.packed.data_ptr(),
+                    mlp.down_proj.packed.data_ptr(),
+                    None if a.qkv_proj.bias is None else a.qkv_proj.bias.data_ptr(),
+                    k_cache.data_ptr(),
+                    v_cache.data_ptr(),
+                    0,
+                )
+            )
+        self.layers = (_Layer * len(layers))(*layers)
+        # NOTE: the buffers the pointers above point into must outlive this object.
+        self._keep = (model, attention)
+
+    @classmethod
+    def build(cls, model, attention) -> tuple[CompiledDecode | None, str]:
+        """(the compiled step, "") or (None, why the Python layers stay)."""
+        why = _why_not(model, attention)
+        if why:
+            return None, why
+        try:
+            return cls(model, attention, decode_layers_kernel()), ""
+        except KernelUnavailable as exc:
+            return None, exc.reason
+
+    def run(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], attention, meta) -> tuple | None:
+        """(the last layer's MLP output, the residual stream) for a decode-only step, as the
+        Python layers return them; None (nothing run) for any other step."""
+        if attention is not self.attention or set(meta.plans) != {None}:
+            return None
+        plan = meta.plans[None]
+        d = plan.decode
+        if plan.prefills or d is None or d.tables is None or d.rows is not None:
+            return None
+        rows = x.shape[0]
+        if d.context_lens.shape[0] != rows or not x.is_contiguous():
+            return None
+        cos, sin = cos_sin
+        out = torch.empty_like(x)
+        code = self.fn(
+            ctypes.byref(self.kernels),
+            ctypes.byref(self.dims),
+            self.layers,
+            len(self.layers),
+            x.data_ptr(),
+            rows,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            d.tables.data_ptr(),
+            d.tables.shape[1],
+            d.context_lens.data_ptr(),
+            out.data_ptr(),
+        )
+        if code != 0:
+            raise RuntimeError(f"the compiled decode layers failed (code {code})")
+        return out, x
