@@ -1,5 +1,6 @@
 """Every decoder layer of a decode step in one compiled call (decode_layers.c), for bfloat16
-Llama-family models on the CPU whose parts all run on the compiled kernels.
+Llama-family models on the CPU whose parts all run on the compiled kernels: the projections on
+the bf16 GEMM (dequantized weights) or on the int8 GEMM (w8a8).
 
 The call runs the kernels the Python layers call, in the same order, on the same kind of
 buffers, so its hidden states are bit for bit the Python path's (tests/worker/model/
@@ -19,9 +20,11 @@ from intentserve.worker.attention.cpu_kernels import (
     bf16_gemm_kernel,
     decode_layers_kernel,
     fused_ops,
+    int8_gemm_kernel,
     paged_decode_kernel,
 )
 from intentserve.worker.model.packed_linear import Bf16Linear
+from intentserve.worker.model.quant_linear import W8A8Linear
 from torch import Tensor
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -29,7 +32,7 @@ _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 class _Kernels(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("add_rmsnorm", "gemm", "rotary", "kv_store", "decode")]
-    _fields_ += [("silu_mul", _P)]
+    _fields_ += [("silu_mul", _P), ("w8a8_linear", _P)]
 
 
 class _Dims(ctypes.Structure):
@@ -39,17 +42,47 @@ class _Dims(ctypes.Structure):
         ("block_size", _I64),
         ("eps", _F32),
         ("scale", _F32),
+        ("w8a8", _I64),
     ]
+
+
+class _Proj(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("weight", "bias_or_comp", "scales", "inv_smooth")]
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [
-        *((name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down")),
-        ("qkv_bias", _P),
+        ("input_norm", _P),
+        ("post_norm", _P),
+        *((name, _Proj) for name in ("qkv", "o", "gate_up", "down")),
         ("k_cache", _P),
         ("v_cache", _P),
         ("window", _I64),
     ]
+
+
+def _ptr(tensor: Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _proj(module) -> _Proj:
+    if isinstance(module, W8A8Linear):
+        return _Proj(
+            module.packed.data_ptr(),
+            module.comp.data_ptr(),
+            module.scales.data_ptr(),
+            _ptr(module.inv_smooth),
+        )
+    return _Proj(module.packed.data_ptr(), _ptr(module.bias), None, None)
+
+
+def _kind(module) -> str:
+    """ "bf16" or "w8a8" where the projection runs on a kernel the call can drive, else ""."""
+    if isinstance(module, Bf16Linear) and module.out_dtype == torch.bfloat16:
+        return "bf16"
+    if isinstance(module, W8A8Linear) and module.gemm is not None and module.bias is None:
+        return "w8a8"
+    return ""
 
 
 def _address(fn) -> int:
@@ -71,11 +104,12 @@ def _why_not(model, attention) -> str:
         return "the KV cache is not bfloat16"
     if config.head_dim % 32 or config.hidden_size % 16 or config.intermediate_size % 16:
         return "widths the fused kernels do not take"
+    kinds = set()
     for layer in model.layers:
         a, mlp = layer.self_attn, layer.mlp
-        parts = (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(isinstance(p, Bf16Linear) and p.out_dtype == torch.bfloat16 for p in parts):
-            return "a projection is not on the bf16 GEMM kernel"
+        kinds |= {_kind(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)}
+        if "" in kinds or len(kinds) > 1:
+            return "a projection is not on the bf16 or the int8 GEMM kernel"
         if a.q_norm is not None:
             return "per-head q/k norms"
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
@@ -95,15 +129,17 @@ class CompiledDecode:
 
     def __init__(self, model, attention, fn) -> None:
         config = model.config
-        ops, gemm, decode = fused_ops(), bf16_gemm_kernel(), paged_decode_kernel()
+        ops, decode = fused_ops(), paged_decode_kernel()
+        w8a8 = isinstance(model.layers[0].mlp.down_proj, W8A8Linear)
         self.fn, self.attention = fn, attention
         self.kernels = _Kernels(
             _address(ops.add_rmsnorm_bf16),
-            _address(gemm.gemm),
+            None if w8a8 else _address(bf16_gemm_kernel().gemm),
             _address(ops.rotary_bf16),
             _address(decode.kv_store),
             _address(decode.bf16),
             _address(ops.silu_mul_bf16),
+            _address(int8_gemm_kernel().linear_bf16) if w8a8 else None,
         )
         self.dims = _Dims(
             config.hidden_size,
@@ -114,6 +150,7 @@ class CompiledDecode:
             attention.pool.block_size,
             config.rms_norm_eps,
             config.head_dim**-0.5,
+            int(w8a8),
         )
         layers = []
         for i, layer in enumerate(model.layers):
@@ -122,12 +159,11 @@ class CompiledDecode:
             layers.append(
                 _Layer(
                     layer.input_layernorm.weight.data_ptr(),
-                    a.qkv_proj.packed.data_ptr(),
-                    a.o_proj.packed.data_ptr(),
                     layer.post_attention_layernorm.weight.data_ptr(),
-                    mlp.gate_up_proj.packed.data_ptr(),
-                    mlp.down_proj.packed.data_ptr(),
-                    None if a.qkv_proj.bias is None else a.qkv_proj.bias.data_ptr(),
+                    _proj(a.qkv_proj),
+                    _proj(a.o_proj),
+                    _proj(mlp.gate_up_proj),
+                    _proj(mlp.down_proj),
                     k_cache.data_ptr(),
                     v_cache.data_ptr(),
                     0,

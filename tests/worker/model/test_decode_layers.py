@@ -25,9 +25,10 @@ def folder(tmp_path, **overrides):
     return write_hf_folder(tmp_path, config, random_hf_weights(config))
 
 
-def engine(path, dtype="bfloat16", max_num_seqs=4):
+def engine(path, dtype="bfloat16", max_num_seqs=4, weights="auto"):
     return (
         EngineBuilder()
+        .weights(weights)
         .paged_attention("on")
         .kv_cache_memory(bytes=1 << 20)
         .scheduler(max_model_len=64, max_num_seqs=max_num_seqs)
@@ -42,11 +43,15 @@ def compiled_or_skip(eng):
     return eng.runner.model
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2"])  # qwen2: q|k|v with a bias
+@pytest.mark.parametrize(
+    ("architecture", "weights"),
+    [("llama", "dequantized"), ("qwen2", "dequantized"), ("llama", "w8a8")],
+    ids=["llama", "qwen2-qkv-bias", "llama-w8a8"],
+)
 def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
-    tmp_path, monkeypatch, architecture
+    tmp_path, monkeypatch, architecture, weights
 ):
-    eng = engine(folder(tmp_path, architecture=architecture))
+    eng = engine(folder(tmp_path, architecture=architecture), weights=weights)
     model = compiled_or_skip(eng)
     compared, ran = [], []
     forward, run = LlamaModel.forward, model.compiled_decode.run
@@ -85,6 +90,10 @@ def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path):
 
 def test_where_the_call_does_not_apply_the_python_layers_run_and_the_report_says_why(tmp_path):
     path = folder(tmp_path)
+    int8 = engine(path, weights="int8")
+    assert "per-layer Python (a projection is not on the bf16 or the int8 GEMM kernel)" in (
+        int8.realized.describe()
+    )
     fp32 = engine(path, dtype="float32")
     assert "decode layers: per-layer Python (the model is not bfloat16)" in (
         fp32.realized.describe()

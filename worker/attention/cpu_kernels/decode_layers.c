@@ -1,4 +1,5 @@
-/* Every decoder layer of a bfloat16 Llama-family model for one decode step, in one call.
+/* Every decoder layer of a bfloat16 Llama-family model for one decode step, in one call; the
+ * projections on bf16 weights or on w8a8 ones.
  *
  * A decode step (every sequence adds one token) runs the same ten kernels per layer: add +
  * RMSNorm, the q|k|v matmul, rotary, the K/V store, paged decode attention, the o matmul,
@@ -27,6 +28,9 @@ typedef int (*decode_fn)(const uint16_t *q, int64_t q_seq_stride, const uint16_t
                          int64_t block_size, int64_t window, float scale, uint16_t *out);
 typedef void (*silu_mul_fn)(const uint16_t *gate_up, uint16_t *out, int64_t rows,
                             int64_t inter);
+typedef int (*w8a8_fn)(const uint16_t *x, const float *inv_smooth, int64_t m, int64_t k,
+                       const int8_t *packed, const int32_t *comp, int64_t n,
+                       const float *col_scales, uint16_t *out);
 
 /* Filled by worker/model/decode_layers.py (ctypes.Structure of the same layout). */
 struct kernels {
@@ -36,19 +40,36 @@ struct kernels {
     kv_store_fn kv_store;
     decode_fn decode;
     silu_mul_fn silu_mul;
+    w8a8_fn w8a8_linear; /* NULL unless the projections are w8a8 */
 };
 
 struct dims {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
+    int64_t w8a8; /* 0: bf16 weights (bf16_gemm.c), 1: w8a8 (int8_gemm.c) */
+};
+
+/* One projection: bf16: weight (packed), bias or NULL; w8a8: weight (packed int8), the
+ * channels' compensation (comp), their scales, the inputs' 1 / smoothing factor or NULL. */
+struct proj {
+    const void *weight, *bias_or_comp, *scales, *inv_smooth;
 };
 
 struct layer {
-    const uint16_t *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
-    const float *qkv_bias;
+    const uint16_t *input_norm, *post_norm;
+    struct proj qkv, o, gate_up, down;
     uint16_t *k_cache, *v_cache;
     int64_t window;
 };
+
+static inline int project(const struct kernels *kern, const struct dims *d,
+                          const struct proj *p, const uint16_t *x, int64_t m, int64_t in,
+                          int64_t out_features, uint16_t *out) {
+    if (d->w8a8)
+        return kern->w8a8_linear(x, p->inv_smooth, m, in, p->weight, p->bias_or_comp,
+                                 out_features, p->scales, out);
+    return kern->gemm(x, m, in, p->weight, p->bias_or_comp, out_features, out, 0);
+}
 
 /* x [m, hidden]: the step's embeddings, used as the residual stream (overwritten); out
  * [m, hidden]: the final hidden states before the model's last norm, with residual holding
@@ -73,7 +94,7 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
         /* layer 0: norm(x), the residual stream is x; then norm(mlp_out + residual) */
         kern->add_rmsnorm(i ? mlp_out : x, i ? residual : NULL, l->input_norm, h, m, hidden,
                           d->eps);
-        if ((code = kern->gemm(h, m, hidden, l->qkv, l->qkv_bias, width, qkv, 0))) break;
+        if ((code = project(kern, d, &l->qkv, h, m, hidden, width, qkv))) break;
         kern->rotary(qkv, width, cos, sin, m, d->num_heads + d->num_kv_heads, d->head_dim);
         kern->kv_store((const char *)(qkv + q_size), (const char *)(qkv + q_size + kv_size),
                        width * 2, (char *)l->k_cache, (char *)l->v_cache, slots, m, kv_size * 2);
@@ -82,11 +103,11 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
                                  d->block_size, l->window, d->scale, att)))
             break;
         /* o_proj's output goes through the norm with the residual: mlp_out is free here */
-        if ((code = kern->gemm(att, m, q_size, l->o, NULL, hidden, mlp_out, 0))) break;
+        if ((code = project(kern, d, &l->o, att, m, q_size, hidden, mlp_out))) break;
         kern->add_rmsnorm(mlp_out, residual, l->post_norm, h, m, hidden, d->eps);
-        if ((code = kern->gemm(h, m, hidden, l->gate_up, NULL, 2 * inter, gate_up, 0))) break;
+        if ((code = project(kern, d, &l->gate_up, h, m, hidden, 2 * inter, gate_up))) break;
         kern->silu_mul(gate_up, act, m, inter);
-        if ((code = kern->gemm(act, m, inter, l->down, NULL, hidden, mlp_out, 0))) break;
+        if ((code = project(kern, d, &l->down, act, m, inter, hidden, mlp_out))) break;
     }
     free(h);
     return code;
