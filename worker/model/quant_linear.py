@@ -2,8 +2,8 @@
 
     int8  per output channel, symmetric: w = q * scale            torch.ops.aten._weight_int8pack_mm
     int4  groups of 32 inputs, asymmetric: w = (q - 8) * s + z    _weight_int4pack_mm_for_cpu
-    w8a8  int8 weights as int8, and each step's activations       torch._int_mm (int8 x int8 ->
-          quantized to int8 per row: int8 dot products           int32: VNNI on CPUs that have it)
+    w8a8  int8 weights, each step's activations quantized to      int8_gemm.c (VNNI), or
+          int8 per row: int8 x int8 -> int32 dot products        torch._int_mm
 
 Both are quantized from the checkpoint's dequantized floats. For a Q4_1 GGUF (SmolLM2's) the int4
 groups are the file's own blocks: Q4_1 stores 32 weights as q * d + m with q in 0..15, and its
@@ -128,7 +128,7 @@ def smoothing_factors(input_absmax: Tensor, weight: Tensor, alpha: float = SMOOT
 
 
 def quantize_rows_reference(x: Tensor, inv_smooth: Tensor | None) -> tuple[Tensor, Tensor]:
-    """The torch form of fused_ops.c's quantize_rows (bit for bit the same)."""
+    """The torch form of w8a8.h's quantize_rows (bit for bit the same)."""
     xs = x.float()
     if inv_smooth is not None:
         xs = xs * inv_smooth
@@ -139,7 +139,7 @@ def quantize_rows_reference(x: Tensor, inv_smooth: Tensor | None) -> tuple[Tenso
 def dequantize_rows_reference(
     acc: Tensor, row_scales: Tensor, col_scales: Tensor, dtype: torch.dtype
 ) -> Tensor:
-    """The torch form of fused_ops.c's dequantize_rows (bit for bit the same)."""
+    """The torch form of fused_ops.c's dequantize_rows and of int8_gemm.c's store (bit for bit)."""
     return (acc.float() * row_scales[:, None] * col_scales).to(dtype)
 
 
@@ -180,7 +180,7 @@ class W8A8Linear(nn.Module):
         w = weight.detach().float()  # [out, in]
         self.out_features, self.in_features = w.shape
         if input_absmax is None:
-            self.inv_smooth = None
+            self.register_buffer("inv_smooth", None)
         else:
             if input_absmax.shape != (self.in_features,):
                 raise WeightShapeError(
