@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tiles.h"
 #include "vec16.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -130,11 +131,8 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                 const float *bias, int64_t n, void *out, const int out_f32) {
     const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + NR - 1) / NR;
     const int64_t full_rows = m / MR * MR;
-    int32_t *interleaved = full_rows ? malloc(full_rows * k * 2) : NULL;
+    int32_t *interleaved = interleave_rows(x, full_rows, k * 2, MR);
     if (full_rows && !interleaved) return -1;
-    for (int64_t r = 0; r < full_rows; ++r)
-        for (int64_t k2 = 0; k2 < k2n; ++k2)
-            memcpy(interleaved + (r / MR) * k2n * MR + k2 * MR + r % MR, x + r * k + 2 * k2, 4);
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;

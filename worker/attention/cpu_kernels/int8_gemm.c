@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tiles.h"
 #include "vec16.h"
 #include "w8a8.h"
 
@@ -132,11 +133,8 @@ static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t 
     const int64_t blocks = n / 16, k4n = k / 4, groups = (blocks + NR - 1) / NR;
     const int64_t full_rows = m / MR * MR;
     /* Rows of the full 8-row tiles interleaved 4 bytes at a time (tile_8x3's operand). */
-    int32_t *interleaved = full_rows ? malloc(full_rows * k) : NULL;
+    int32_t *interleaved = interleave_rows(a, full_rows, k, MR);
     if (full_rows && !interleaved) return -1;
-    for (int64_t r = 0; r < full_rows; ++r)
-        for (int64_t k4 = 0; k4 < k4n; ++k4)
-            memcpy(interleaved + (r / MR) * k4n * MR + k4 * MR + r % MR, a + r * k + 4 * k4, 4);
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
