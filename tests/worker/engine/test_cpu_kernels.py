@@ -139,10 +139,17 @@ def test_kernels_built_ahead_load_where_no_compiler_is_installed(fresh_cache, mo
     monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", "x86-64")
     assert kernels_main(["--build"]) == 0
     built = sorted(fresh_cache.glob("*.so"))
-    assert [p.name.rsplit("-", 1)[0] for p in built] == ["fused_ops", "paged_decode"]
+    assert [p.name.rsplit("-", 1)[0] for p in built] == sorted(cpu_kernels.KERNEL_NAMES)
     assert "fused_ops: " + str(fresh_cache) in capsys.readouterr().out
     cpu_kernels._load_library.cache_clear()
     monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
     assert cpu_kernels.paged_decode_kernel().path in built
     assert cpu_kernels.fused_ops().path in built
+    # The GEMMs build for a target without their instructions, and say so when asked for.
+    for kernel, isa in (
+        (cpu_kernels.bf16_gemm_kernel, "AVX512-BF16"),
+        (cpu_kernels.int8_gemm_kernel, "AVX512-VNNI"),
+    ):
+        with pytest.raises(KernelUnavailable, match=f"built for -march=x86-64 .*no {isa}"):
+            kernel()
     assert kernels_main([]) == 0
