@@ -57,8 +57,8 @@ def choose_weight_format(intent: WeightFormat, capability: Capability) -> Weight
     if not status.available:
         rejection = Reason(
             ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
-            f"weights '{intent.value}' was requested, but this "
-            f"{capability.device_kind.value} worker cannot hold them ({status.reason})",
+            f"this {capability.device_kind.value} worker cannot hold weights '{intent.value}' "
+            f"({status.reason})",
         )
         return WeightChoice(intent, intent, rejection, rejection)
     return WeightChoice(

@@ -82,6 +82,10 @@ def test_an_explicit_format_the_worker_cannot_hold_stops_the_build(tiny_folder):
         build_engine(config, loaded, no_int4)
     assert error.value.reason.code is ReasonCode.WEIGHT_FORMAT_UNAVAILABLE
     assert "weights: int4" in str(error.value) and "lacks the int4 kernel" in str(error.value)
+    assert str(error.value) == (
+        "The weight format was explicitly requested (weights: int4), but this cpu worker cannot "
+        "hold weights 'int4' (torch 2.1 lacks the int4 kernel)"
+    )  # said once, not "...requested, but weights 'int4' was requested, but..."
     # Nothing was quantized behind the refusal.
     assert held_format(loaded.model) is WeightFormat.DEQUANTIZED
 
