@@ -40,6 +40,13 @@ FINISH_REASONS = {
     inference_pb2.FINISH_REASON_ABORT: "abort",
 }
 
+_CANCELLED = grpc.StatusCode.CANCELLED.name.lower()  # the client went away
+
+
+def _status_of(error: Exception) -> str:
+    """The `status` label of a request that ended with `error` (the code a client gets)."""
+    return lookup(STATUS_CODES, error)[0].name.lower()
+
 
 class RequestMetrics:
     def __init__(self, registry: CollectorRegistry, *, deployment: str, model: str) -> None:
@@ -99,12 +106,12 @@ class RequestMetrics:
                 seen.add(response, self)
                 yield response
             if not seen.finish:
-                status = grpc.StatusCode.CANCELLED.name.lower()  # the client went away
+                status = _CANCELLED  # the client went away
         except GeneratorExit:
-            status = grpc.StatusCode.CANCELLED.name.lower()
+            status = _CANCELLED
             raise
         except Exception as error:
-            status = lookup(STATUS_CODES, error)[0].name.lower()
+            status = _status_of(error)
             raise
         finally:
             responses.close()  # NOTE: a consumer that stops early ends the routed call now
@@ -122,12 +129,12 @@ class RequestMetrics:
                 seen.add(response, self)
                 yield response
             if not seen.finish:
-                status = grpc.StatusCode.CANCELLED.name.lower()
+                status = _CANCELLED
         except (GeneratorExit, asyncio.CancelledError):
-            status = grpc.StatusCode.CANCELLED.name.lower()
+            status = _CANCELLED
             raise
         except Exception as error:
-            status = lookup(STATUS_CODES, error)[0].name.lower()
+            status = _status_of(error)
             raise
         finally:
             await responses.aclose()  # NOTE: ends the routed call now (the worker's cancel)

@@ -186,20 +186,18 @@ class AsyncErrorInterceptor(grpc.aio.ServerInterceptor):
         return guarded
 
     def _streaming(self, behavior, method: str):
-        async def guarded(request, context):
-            try:
-                await write_all(behavior(_parsed(request), context), context)
-            except grpc.aio.AbortError:
-                raise
-            except Exception as error:
-                await self._abort(context, error, method)
-
-        return guarded
+        return self._writing(behavior, method, _parsed)
 
     def _bidi(self, behavior, method: str):
-        async def guarded(request_iterator, context):
+        return self._writing(behavior, method, _aparsed)
+
+    def _writing(self, behavior, method: str, parse):
+        """A handler that writes what `behavior` yields: server streaming (one request, `parse`
+        = `_parsed`) and bidi (a request stream, `_aparsed`) alike."""
+
+        async def guarded(request, context):
             try:
-                await write_all(behavior(_aparsed(request_iterator), context), context)
+                await write_all(behavior(parse(request), context), context)
             except grpc.aio.AbortError:
                 raise
             except Exception as error:

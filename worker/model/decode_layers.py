@@ -117,9 +117,7 @@ def _why_not(model, attention) -> str:
             return "the fused norms and activations are not on"
         if any(n.eps != config.rms_norm_eps for n in norms):
             return "norms with different epsilons"
-        if a.o_proj.bias is not None or mlp.gate_up_proj.bias is not None:
-            return "biases the call does not add"
-        if mlp.down_proj.bias is not None:
+        if any(p.bias is not None for p in (a.o_proj, mlp.gate_up_proj, mlp.down_proj)):
             return "biases the call does not add"
     return ""
 
