@@ -422,3 +422,53 @@ def test_the_compiled_kv_store_writes_what_index_copy_writes(dtype):
     assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
     # A layout the kernel does not read (heads not adjacent) is left to index_copy_.
     assert not backend._store_in_c(k.transpose(1, 2), v.transpose(1, 2), k_cache, v_cache, slots)
+
+
+@requires_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size",
+    [
+        (9, 3, 64, 16),  # SmolLM2: whole 16-token groups per block
+        (4, 1, 256, 16),  # Gemma 3 270M: one kv head, the longest rows
+        (14, 2, 64, 32),  # Qwen2-0.5B: 7 query heads a kv head (4 + 3), two groups a block
+        (8, 8, 128, 8),  # no grouping; blocks shorter than a group of 16 tokens
+    ],
+)
+def test_decode_kernel_geometries_match_float64_attention(
+    heads, kv_heads, head_dim, block_size, dtype
+):
+    """The compiled kernel called directly, on the head and block geometries of the models it
+    serves, against attention in float64 on the same (rounded) values: contexts of 1 to 80 tokens
+    on scattered blocks, so partial 16-token groups, block tails and more than four query heads a
+    kv head all occur."""
+    from intentserve.worker.attention.cpu_kernels import paged_decode_kernel
+
+    kernel = paged_decode_kernel()
+    gen = torch.Generator().manual_seed(heads * head_dim + block_size)
+    lens = [1, 7, 16, 17, 33, 80]
+    width = -(-max(lens) // block_size)
+    num_blocks = width * len(lens) + 3
+    k_cache = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[: width * len(lens)].view(len(lens), width)
+    q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    context = torch.tensor(lens, dtype=torch.int64)
+    fn = kernel.bf16 if dtype == torch.bfloat16 else kernel.f32
+    scale = head_dim**-0.5
+    code = fn(
+        q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
+        tables.contiguous().data_ptr(), width, context.data_ptr(), len(lens), heads, kv_heads,
+        head_dim, block_size, 0, scale, out.data_ptr(),
+    )  # fmt: skip
+    assert code == 0
+    group = heads // kv_heads
+    for s, ctx in enumerate(lens):
+        slots = [tables[s, p // block_size].item() * block_size + p % block_size for p in range(ctx)]
+        k = k_cache[slots].double().repeat_interleave(group, dim=1)  # [ctx, heads, head_dim]
+        v = v_cache[slots].double().repeat_interleave(group, dim=1)
+        weights = (torch.einsum("hd,khd->hk", q[s].double(), k) * scale).softmax(-1)
+        expected = torch.einsum("hk,khd->hd", weights, v)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's own rounding
+        torch.testing.assert_close(out[s].double(), expected, atol=tol, rtol=tol)
