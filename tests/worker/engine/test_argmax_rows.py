@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from intentserve.worker.engine.sampler import argmax_rows
+from intentserve.worker.engine.sampler import argmax_rows, max_and_argmax_rows
 
 
 @pytest.mark.parametrize("vocab", [49152, 49152 + 37, 5000, 100])
@@ -35,3 +35,18 @@ def test_bfloat16_and_non_contiguous_rows():
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     strided = torch.randn(6000, 8).t()  # not contiguous: falls back to torch.argmax
     assert torch.equal(argmax_rows(strided), strided.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("vocab", [49152, 49152 + 37, 100])
+def test_the_row_maximum_comes_with_the_argmax_nan_and_inf_included(vocab):
+    """The sampler's non-finite check reads these maxima: they must be amax's, NaN and +-inf
+    included, wherever in the row (a chunk or the tail) the extreme value sits."""
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1, vocab - 1] = float("nan")  # the tail, or the last chunk
+    logits[2, 3] = float("inf")
+    logits[3, vocab - 2] = float("inf")
+    logits[4, :] = float("-inf")  # nothing finite
+    logits[5, [10, vocab - 1]] = float("nan")
+    row_max, index = max_and_argmax_rows(logits)
+    torch.testing.assert_close(row_max, logits.amax(dim=-1), equal_nan=True)
+    assert torch.equal(index, logits.argmax(dim=-1))
