@@ -101,9 +101,12 @@ def test_prepack_keeps_onednn_for_float32_when_turned_off_and_where_the_kernel_i
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 4 * len(model.layers) + 1
 
 
-@pytest.mark.parametrize("rows", [1, 8, 13])
-def test_float32_output_keeps_the_sums_unrounded(gemm, rows):
-    x, w, bias = operands(rows, 96, 576, seed=7)
+@pytest.mark.parametrize(
+    "rows,out_features",
+    [(1, 96), (8, 96), (13, 96), (32, 16384 + 48)],  # the last: over 2 MB, streamed stores
+)
+def test_float32_output_keeps_the_sums_unrounded(gemm, rows, out_features):
+    x, w, bias = operands(rows, out_features, 576, seed=7)
     rounded = Bf16Linear(w, bias, gemm)(x)
     exact = Bf16Linear(w, bias, gemm, out_dtype=torch.float32)(x)
     reference = F.linear(x.float(), w.float(), bias)
