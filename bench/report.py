@@ -1,17 +1,23 @@
 """Markdown tables from bench/engine.py results: the throughput table of one run, and the
 issue's targets judged on every run given (the VM's speed drifts, so one run is not enough).
-Given bench/served_path.py results, the served path's targets instead.
+Given bench/served_path.py results, the served path's targets instead; given bench/security.py
+results, security's cost, run by run and pooled over every alternated round given.
 A bench/weights.py result given among them gets its own table (weight formats).
 
     python bench/report.py bench/results/2026-11-30-cpu-kernel/run*.json
     python bench/report.py bench/results/weights.json
+    python bench/report.py bench/results/*/security*.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 from pathlib import Path
+
+SECURITY_COST_TARGET = 0.05  # issue 10: at most 5% of served throughput at 32 streams
 
 
 def throughput_table(run: dict) -> str:
@@ -169,6 +175,47 @@ def side_load_table(runs: list[dict]) -> str:
     return "\n".join(head + rows)
 
 
+def security_table(runs: list[dict], names: list[str]) -> str:
+    """bench/security.py results: each run's cost (the median of its alternated rounds), then
+    every round of every run pooled: one `up` per mode a round, so a round's ratio carries the
+    noise between two starts of the same deployment; the pooled median, with a bootstrap 95%
+    interval (10,000 resamples of the rounds, a fixed seed), is what the target is judged on."""
+    lines = [
+        "| run | streams | rounds: secure / insecure | cost (median of its rounds) |",
+        "| --- | --- | --- | --- |",
+    ]
+    pooled = []
+    for name, run in zip(names, runs, strict=True):
+        ratios = [r["secure_over_insecure"] for r in run["rounds"]]
+        if run["streams"] == 32:
+            pooled += ratios
+        lines.append(
+            f"| {name} | {run['streams']} | {' / '.join(f'{x:.3f}' for x in ratios)} "
+            f"| {run['cost_percent']:.1f}% |"
+        )
+    if not pooled:
+        return "\n".join(lines)
+    costs = [1 - x for x in pooled]
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(costs, k=len(costs))) for _ in range(10_000)
+    )
+    low, high = medians[249], medians[9_749]
+    median = statistics.median(costs)
+    ok = median <= SECURITY_COST_TARGET and high <= SECURITY_COST_TARGET
+    pooled_runs = sum(r["streams"] == 32 for r in runs)
+    lines += [
+        "",
+        f"Pooled at 32 streams: {len(costs)} rounds from {pooled_runs} "
+        f"run{'s' * (pooled_runs != 1)}; cost median {median:.1%} (bootstrap 95% interval {low:.1%} to {high:.1%}), "
+        f"mean {statistics.mean(costs):.1%}, rounds above {SECURITY_COST_TARGET:.0%}: "
+        f"{sum(c > SECURITY_COST_TARGET for c in costs)}. Target (at most "
+        f"{SECURITY_COST_TARGET:.0%}, the interval's top included): "
+        f"{'met' if ok else 'not met'}.",
+    ]
+    return "\n".join(lines)
+
+
 def weights_table(run: dict) -> str:
     """One row per weight format: resident weights, quality against dequantized, speed."""
     concurrency = run["workload"]["concurrency"]
@@ -220,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     loaded = [json.loads(path.read_text()) for path in args.runs]
     for run in (r for r in loaded if "weight_formats" in r):
         print(weights_table(run) + "\n")
-    runs = [r for r in loaded if "weight_formats" not in r]
+    security = [(str(p), r) for p, r in zip(args.runs, loaded, strict=True) if "rounds" in r]
+    if security:
+        print(security_table([r for _, r in security], [p for p, _ in security]) + "\n")
+    runs = [r for r in loaded if "weight_formats" not in r and "rounds" not in r]
     if not runs:
         return 0
     first = runs[0]

@@ -4,6 +4,8 @@ import json
 
 from bench.report import (
     decode_targets_table,
+    main,
+    security_table,
     served_path_targets_table,
     targets_table,
     throughput_table,
@@ -219,3 +221,43 @@ def test_the_weights_table_gives_each_format_its_own_roofline_when_measured():
     lines = weights_table(run).splitlines()
     assert "ceilings: bfloat16 817 GOP/s, int8 1930 GOP/s" in lines[-4]
     assert lines[-2:] == ["| dequantized | 32 | bfloat16 | 38.0% |", "| int8 | 32 | int8 | 9.0% |"]
+
+
+def _security(ratios: list[float], streams: int = 32) -> dict:
+    return {
+        "streams": streams,
+        "rounds": [{"secure_over_insecure": x} for x in ratios],
+        "cost_percent": 100 * (1 - sorted(ratios)[len(ratios) // 2]),
+    }
+
+
+def test_security_is_judged_on_every_round_pooled_with_its_interval():
+    # two runs: one that alone looks over budget, one under; pooled, the median is 2% and the
+    # interval's top stays under 5%
+    noisy = [0.92, 0.99, 0.98, 0.97, 0.985, 0.975, 0.98, 1.01]
+    table = security_table([_security(noisy[:4]), _security(noisy[4:])], ["a.json", "b.json"])
+    assert "| a.json | 32 | 0.920 / 0.990 / 0.980 / 0.970 |" in table
+    assert "8 rounds from 2 runs; cost median 2.0%" in table
+    assert "rounds above 5%: 1" in table
+    assert table.endswith("met.")
+
+
+def test_security_over_budget_or_too_uncertain_is_not_met():
+    over = security_table([_security([0.93, 0.94, 0.95, 0.92])], ["a.json"])
+    assert over.endswith("not met.")
+    # a median under 5% whose interval reaches past it is not enough either
+    wide = security_table([_security([0.99, 0.90, 0.98, 0.89, 0.97])], ["a.json"])
+    assert "cost median 3.0%" in wide and wide.endswith("not met.")
+
+
+def test_security_rounds_at_other_concurrency_are_listed_not_pooled():
+    table = security_table([_security([0.99, 0.98]), _security([0.5, 0.5], 8)], ["a", "b"])
+    assert "| b | 8 | 0.500 / 0.500 |" in table
+    assert "2 rounds from 1 run;" in table
+
+
+def test_the_report_command_reads_security_results(tmp_path, capsys):
+    path = tmp_path / "security_run1.json"
+    path.write_text(json.dumps(_security([0.99, 0.97])))
+    assert main([str(path)]) == 0
+    assert "Pooled at 32 streams: 2 rounds from 1 run;" in capsys.readouterr().out
