@@ -8,6 +8,7 @@ import pytest
 import torch
 from intentserve.policy import CacheKind
 from intentserve.worker.attention.batch import build_step_batch
+from intentserve.worker.attention import torch_paged
 from intentserve.worker.attention.flash_paged import FlashPagedAttention, flash_status
 from intentserve.worker.attention.torch_paged import TorchPagedAttention
 from intentserve.worker.cache.kv_pool import KvGeometry, KvPool
@@ -72,7 +73,15 @@ def make_history(length):
 
 @KERNEL_OR_GATHER
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_prefill_chunks_and_decodes_match_dense_attention(window, use_kernel):
+@pytest.mark.parametrize(
+    "short_reads",
+    [2048, 50, 0],  # every chunk kernel rows; some (rows out of batch order); none: all SDPA
+    ids=["chunks-as-kernel-rows", "mixed", "chunks-by-sdpa"],
+)
+def test_mixed_prefill_chunks_and_decodes_match_dense_attention(
+    window, use_kernel, short_reads, monkeypatch
+):
+    monkeypatch.setattr(torch_paged, "SHORT_PREFILL_READS", short_reads)
     pool = KvPool(
         CacheKind.PAGED, KvGeometry(1, HKV, D, torch.float32), 32, BS, torch.device("cpu")
     )

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+from intentserve.worker.attention.torch_paged import SHORT_PREFILL_READS
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.llama import LlamaModel
@@ -103,7 +104,12 @@ def test_where_the_call_does_not_apply_the_python_layers_run_and_the_report_says
     assert len(out[0].new_token_ids) == 3
 
 
-def test_a_prefill_step_is_left_to_the_python_layers(tmp_path):
+def test_a_short_prefill_runs_in_the_compiled_call_and_a_long_one_in_the_python_layers(
+    tmp_path,
+):
+    """A prefill chunk whose query tokens times context tokens are within SHORT_PREFILL_READS
+    is kernel rows like decodes (torch_paged.py), so its whole step is one compiled call; a
+    longer one goes to SDPA, and its step to the Python layers."""
     eng = engine(folder(tmp_path))
     model = compiled_or_skip(eng)
     runs = []
@@ -115,5 +121,13 @@ def test_a_prefill_step_is_left_to_the_python_layers(tmp_path):
         return result
 
     model.compiled_decode.run = counting
-    eng.generate(["a longer prompt than one token"], SamplingParams(max_tokens=3, ignore_eos=True))
-    assert runs[0] is False and all(runs[1:]) and len(runs) == 3  # prefill, then 2 decodes
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    short = "a longer prompt than one token"
+    assert len(eng.tokenizer.encode(short)) ** 2 <= SHORT_PREFILL_READS
+    eng.generate([short], params)
+    assert runs == [True, True, True]  # the prefill, then 2 decodes
+    runs.clear()
+    long = "x" * 50
+    assert len(eng.tokenizer.encode(long)) ** 2 > SHORT_PREFILL_READS
+    eng.generate([long], params)
+    assert runs == [False, True, True]
