@@ -5,9 +5,10 @@ the bf16 GEMM (dequantized weights) or on the int8 GEMM (w8a8).
 The call runs the kernels the Python layers call, in the same order, on the same kind of
 buffers, so its hidden states are bit for bit the Python path's (tests/worker/model/
 test_decode_layers.py); what it removes is ~30 module calls, ~300 ctypes calls and ~500 small
-tensors a step. A step that is not decode-only (a prefill chunk in it, or a sliding window), or
-a model with a part the kernels do not cover, keeps the Python path; `CompiledDecode.build`
-says why not.
+tensors a step. Short prefill chunks count as decodes here: the attention backend makes each of
+their tokens one more kernel row (torch_paged.py, SHORT_PREFILL_READS). A step with a longer
+chunk (SDPA) or a sliding window, or a model with a part the kernels do not cover, keeps the
+Python path; `CompiledDecode.build` says why not.
 """
 
 from __future__ import annotations
@@ -183,8 +184,9 @@ class CompiledDecode:
             return None, exc.reason
 
     def run(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], attention, meta) -> tuple | None:
-        """(the last layer's MLP output, the residual stream) for a decode-only step, as the
-        Python layers return them; None (nothing run) for any other step."""
+        """(the last layer's MLP output, the residual stream) for a step whose every token is a
+        kernel row (decodes and short prefill chunks), as the Python layers return them; None
+        (nothing run) for any other step."""
         if attention is not self.attention or set(meta.plans) != {None}:
             return None
         plan = meta.plans[None]

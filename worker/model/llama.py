@@ -187,8 +187,9 @@ class LlamaModel(DecoderBase):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(config)
-        # Every layer of a decode-only step in one compiled call (decode_layers.py), set by the
-        # engine builder where the model and its attention backend allow it.
+        # Every layer of a step of kernel rows (decodes, short prefill chunks) in one compiled
+        # call (decode_layers.py), set by the engine builder where the model and its attention
+        # backend allow it.
         self.compiled_decode = None
 
     @torch.inference_mode()
