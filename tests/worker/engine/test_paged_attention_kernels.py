@@ -408,7 +408,8 @@ def test_step_batch_addresses_each_new_token_through_its_table():
 
 @requires_cc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_compiled_kv_store_writes_what_index_copy_writes(dtype):
+@pytest.mark.parametrize("rows", [5, 24])  # serial; split over the threads (16 rows or more)
+def test_the_compiled_kv_store_writes_what_index_copy_writes(dtype, rows):
     """The new rows come as strided views of the fused q|k|v projection, as the model sends."""
 
     def pool_and_backend():
@@ -417,10 +418,10 @@ def test_the_compiled_kv_store_writes_what_index_copy_writes(dtype):
             cache.zero_()  # allocated uninitialized: rows nobody writes must compare equal
         return pool, TorchPagedAttention(pool, use_kernel=True)
 
-    qkv = torch.randn(5, (H + 2 * HKV) * D).to(dtype)
-    k = qkv[:, H * D : (H + HKV) * D].view(5, HKV, D)
-    v = qkv[:, (H + HKV) * D :].view(5, HKV, D)
-    slots = torch.tensor([7, 0, 31, 12, 13])
+    qkv = torch.randn(rows, (H + 2 * HKV) * D).to(dtype)
+    k = qkv[:, H * D : (H + HKV) * D].view(rows, HKV, D)
+    v = qkv[:, (H + HKV) * D :].view(rows, HKV, D)
+    slots = torch.randperm(32 * BS, generator=torch.Generator().manual_seed(rows))[:rows]
     pool, backend = pool_and_backend()
     k_cache, v_cache = pool.flat(0)
     assert backend._store_in_c(k, v, k_cache, v_cache, slots)

@@ -39,6 +39,9 @@ def test_add_rmsnorm_matches_the_torch_ops_and_updates_the_residual(dtype):
         torch.testing.assert_close(out, expected, rtol=1e-2, atol=0)
     else:
         torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    # 37 rows are split over the threads: a row alone (serial) comes out the same, bit for bit
+    alone, _ = cpu_ops.add_rmsnorm(fused_ops(), x[30:31], residual[30:31].clone(), weight, 1e-5)
+    assert torch.equal(alone, out[30:31])
 
 
 def test_add_rmsnorm_without_a_residual_normalizes_x():
@@ -71,12 +74,13 @@ def test_shapes_the_kernels_do_not_take_fall_back():
     assert cpu_ops.add_rmsnorm(ops, strided, None, torch.ones(64), 1e-6) is None
 
 
+@pytest.mark.parametrize("rows", [7, 40])  # serial; split over the threads
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rotary_in_place_matches_apply_rotary_bit_for_bit(dtype):
+def test_rotary_in_place_matches_apply_rotary_bit_for_bit(dtype, rows):
     from intentserve.worker.model.rope import apply_rotary
 
     gen = torch.Generator().manual_seed(2)
-    rows, num_heads, num_kv_heads, head_dim = 7, 9, 3, 64
+    num_heads, num_kv_heads, head_dim = 9, 3, 64
     width = (num_heads + 2 * num_kv_heads) * head_dim  # a fused q|k|v row
     qkv = (3 * torch.randn(rows, width, generator=gen)).to(dtype)
     angles = 100 * torch.rand(rows, 1, head_dim // 2, generator=gen)

@@ -348,6 +348,7 @@ int paged_decode_bf16(const uint16_t *q, int64_t q_seq_stride, const uint16_t *k
  * slots[r] of k_cache and v_cache. The caller checks dtypes and layouts. */
 void kv_store(const char *k, const char *v, int64_t src_stride_bytes, char *k_cache,
               char *v_cache, const int64_t *slots, int64_t rows, int64_t row_bytes) {
+#pragma omp parallel for schedule(static) if (rows >= 16)
     for (int64_t r = 0; r < rows; ++r) {
         memcpy(k_cache + slots[r] * row_bytes, k + r * src_stride_bytes, row_bytes);
         memcpy(v_cache + slots[r] * row_bytes, v + r * src_stride_bytes, row_bytes);
