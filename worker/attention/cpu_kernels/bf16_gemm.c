@@ -146,7 +146,7 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
     const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + NR - 1) / NR;
     const int64_t full_rows = m / MR * MR;
     int owned = 0;
-    int32_t *interleaved = full_rows ? gemm_scratch(full_rows * k * 2, &owned) : NULL;
+    int32_t *interleaved = full_rows ? kept_scratch(full_rows * k * 2, &owned) : NULL;
     if (full_rows && !interleaved) return -1;
     const int out_f32 = float32_out && m * n * 4 >= STREAM_MIN_BYTES && !((uintptr_t)out & 63)
                             ? STREAM_F32

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "tiles.h"
+
 typedef void (*add_rmsnorm_fn)(const uint16_t *x, uint16_t *residual, const uint16_t *weight,
                                uint16_t *out, int64_t rows, int64_t hidden, float eps);
 typedef int (*gemm_fn)(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
@@ -83,7 +85,8 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
     const int64_t width = q_size + 2 * kv_size, inter = d->intermediate, hidden = d->hidden;
     /* h | qkv | attention out | gate|up | act, one allocation */
     const int64_t elems = m * (hidden + width + q_size + 2 * inter + inter);
-    uint16_t *h = malloc(elems * sizeof(uint16_t));
+    int owned = 0; /* the thread's kept buffer: a step's size recurs */
+    uint16_t *h = kept_scratch(elems * sizeof(uint16_t), &owned);
     if (!h) return -1;
     uint16_t *qkv = h + m * hidden, *att = qkv + m * width, *gate_up = att + m * q_size;
     uint16_t *act = gate_up + m * 2 * inter;
@@ -109,6 +112,6 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
         kern->silu_mul(gate_up, act, m, inter);
         if ((code = project(kern, d, &l->down, act, m, inter, hidden, mlp_out))) break;
     }
-    free(h);
+    if (owned) free(h);
     return code;
 }
