@@ -197,9 +197,7 @@ def security_table(runs: list[dict], names: list[str]) -> str:
         return "\n".join(lines)
     costs = [1 - x for x in pooled]
     rng = random.Random(0)
-    medians = sorted(
-        statistics.median(rng.choices(costs, k=len(costs))) for _ in range(10_000)
-    )
+    medians = sorted(statistics.median(rng.choices(costs, k=len(costs))) for _ in range(10_000))
     low, high = medians[249], medians[9_749]
     median = statistics.median(costs)
     ok = median <= SECURITY_COST_TARGET and high <= SECURITY_COST_TARGET
@@ -207,7 +205,8 @@ def security_table(runs: list[dict], names: list[str]) -> str:
     lines += [
         "",
         f"Pooled at 32 streams: {len(costs)} rounds from {pooled_runs} "
-        f"run{'s' * (pooled_runs != 1)}; cost median {median:.1%} (bootstrap 95% interval {low:.1%} to {high:.1%}), "
+        f"run{'s' * (pooled_runs != 1)}; cost median {median:.1%} "
+        f"(bootstrap 95% interval {low:.1%} to {high:.1%}), "
         f"mean {statistics.mean(costs):.1%}, rounds above {SECURITY_COST_TARGET:.0%}: "
         f"{sum(c > SECURITY_COST_TARGET for c in costs)}. Target (at most "
         f"{SECURITY_COST_TARGET:.0%}, the interval's top included): "

@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 from intentserve.policy import CacheKind
-from intentserve.worker.attention.batch import build_step_batch
 from intentserve.worker.attention import torch_paged
+from intentserve.worker.attention.batch import build_step_batch
 from intentserve.worker.attention.flash_paged import FlashPagedAttention, flash_status
 from intentserve.worker.attention.torch_paged import TorchPagedAttention
 from intentserve.worker.cache.kv_pool import KvGeometry, KvPool
@@ -475,7 +475,9 @@ def test_decode_kernel_geometries_match_float64_attention(
     assert code == 0
     group = heads // kv_heads
     for s, ctx in enumerate(lens):
-        slots = [tables[s, p // block_size].item() * block_size + p % block_size for p in range(ctx)]
+        slots = [
+            tables[s, p // block_size].item() * block_size + p % block_size for p in range(ctx)
+        ]
         k = k_cache[slots].double().repeat_interleave(group, dim=1)  # [ctx, heads, head_dim]
         v = v_cache[slots].double().repeat_interleave(group, dim=1)
         weights = (torch.einsum("hd,khd->hk", q[s].double(), k) * scale).softmax(-1)
