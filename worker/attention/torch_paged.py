@@ -150,12 +150,6 @@ class TorchPagedAttention:
         decode_idx = [i for i, n in enumerate(batch.query_lens) if n == 1]
         prefill_idx = [i for i, n in enumerate(batch.query_lens) if n > 1]
         decode = None
-        # The decodes' rows in the token batch; None when they are rows 0..B-1 (the usual case).
-        rows = (
-            None
-            if decode_idx == list(range(len(decode_idx)))
-            else torch.tensor([batch.query_start[i] for i in decode_idx], device=device)
-        )
         if self.kernel is not None:
             # Decodes and short prefill chunks: one kernel row per query token, in batch order.
             kernel_seqs = [
@@ -182,6 +176,13 @@ class TorchPagedAttention:
                     context_lens=torch.tensor(contexts),
                 )
         elif decode_idx:
+            # The decodes' rows in the token batch; None when they are rows 0..B-1 (the usual
+            # case).
+            rows = (
+                None
+                if decode_idx == list(range(len(decode_idx)))
+                else torch.tensor([batch.query_start[i] for i in decode_idx], device=device)
+            )
             ctx = torch.tensor([batch.context_lens[i] for i in decode_idx], device=device)
             length = int(ctx.max())
             key_rows = _key_rows(batch.tables[decode_idx], batch.block_size, length)

@@ -1,7 +1,7 @@
 /* Fused elementwise steps of a decoder layer on the CPU: one pass over each row instead of the
  * eight or so torch ops (each with its own pass, thread fork and Python call) it replaces. Built
- * at run time like paged_decode.c. Each splits rows over the threads where a step has enough of
- * them (a row's result never depends on which thread computed it).
+ * at run time like paged_decode.c. The norm, SiLU, rotary and dequantize split rows over the
+ * threads where a step has enough of them (a row's result never depends on which thread ran it).
  *
  *   add_rmsnorm: s = x + r; y = w * (s * rsqrt(mean(s^2) + eps)); r <- s.  Without r, s = x.
  *   silu_mul:    y = silu(gate) * up, for rows laid out [gate | up].

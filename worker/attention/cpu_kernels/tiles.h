@@ -32,8 +32,9 @@ static inline int32_t *interleave_rows(const void *src, int64_t rows, int64_t ro
 }
 
 /* A call's scratch buffer (a GEMM's interleaved rows, the decode step's activations): the
- * calling thread's own, kept from call to call up to SCRATCH_KEEP_BYTES; above that a malloc of
- * its own (*owned = 1: the caller frees it). One per library and thread: a library holds at most
+ * calling thread's own, kept from call to call up to SCRATCH_KEEP_BYTES (for the thread's life:
+ * at most that much per library for each thread that calls it); above that a malloc of its own
+ * (*owned = 1: the caller frees it). One per library and thread: a library holds at most
  * one at a time (each kernel is its own library, so the decode step's and its GEMMs' differ).
  * NOTE: a fresh malloc of a decode step's size each call was over glibc's mmap threshold at 64
  * rows x 1536: each call mapped, faulted in and unmapped its pages. */
