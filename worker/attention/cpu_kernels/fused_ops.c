@@ -152,13 +152,14 @@ static inline __attribute__((always_inline)) NO_CONTRACT void rotary(
     }
 }
 
-NO_CONTRACT void rotary_f32(float *qkv, int64_t row_stride, const float *cos, const float *sin, int64_t rows,
-                int64_t num_heads, int64_t head_dim) {
+NO_CONTRACT void rotary_f32(float *qkv, int64_t row_stride, const float *cos, const float *sin,
+                            int64_t rows, int64_t num_heads, int64_t head_dim) {
     rotary(qkv, row_stride, cos, sin, rows, num_heads, head_dim, 0);
 }
 
-NO_CONTRACT void rotary_bf16(uint16_t *qkv, int64_t row_stride, const uint16_t *cos, const uint16_t *sin,
-                 int64_t rows, int64_t num_heads, int64_t head_dim) {
+NO_CONTRACT void rotary_bf16(uint16_t *qkv, int64_t row_stride, const uint16_t *cos,
+                             const uint16_t *sin, int64_t rows, int64_t num_heads,
+                             int64_t head_dim) {
     rotary(qkv, row_stride, cos, sin, rows, num_heads, head_dim, 1);
 }
 

@@ -106,8 +106,8 @@ struct ahead {
 
 static inline void ahead_one(struct ahead *a) {
     if (a->pass > 1) return;
-    const char *r = (a->pass ? a->v : a->k) +
-                    a->row_bytes * (size_t)(a->table[a->block] * a->block_size + a->off) + a->first;
+    const char *r = (a->pass ? a->v : a->k) + a->first +
+                    a->row_bytes * (size_t)(a->table[a->block] * a->block_size + a->off);
     for (size_t b = 0; b < a->bytes; b += 64) __builtin_prefetch(r + b, 0, 3);
     if (++a->off == a->block_size) a->off = 0, ++a->block;
     if (++a->pos == a->ctx) {
@@ -117,7 +117,8 @@ static inline void ahead_one(struct ahead *a) {
 }
 
 static inline void ahead_start(struct ahead *a) {
-    a->pos = a->lo, a->block = a->lo / a->block_size, a->off = a->lo % a->block_size, a->pass = 0;
+    a->pos = a->lo, a->block = a->lo / a->block_size, a->off = a->lo % a->block_size;
+    a->pass = a->ctx > a->lo ? 0 : 2; /* no rows: nothing to fetch */
     const int64_t rows = a->bytes >= AHEAD_BYTES ? 1 : (int64_t)(AHEAD_BYTES / a->bytes);
     for (int64_t i = 0; i < rows; ++i) ahead_one(a);
 }
@@ -154,9 +155,8 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stay
 }
 
 /* One task: sequence `seq`, kv heads [h0, h1). It walks the sequence's blocks twice (K, then
- * V); within a block the token rows of this task's heads are adjacent, and the next block is
- * prefetched while the current one is computed. NOTE: a block shorter than block_size (the
- * first, with a sliding window, or the last) prefetches only as many rows as it computes. */
+ * V); within a block the token rows of this task's heads are adjacent, and a software prefetch
+ * runs AHEAD_BYTES ahead of the rows it reads, across blocks and from the K rows on to the V. */
 static inline __attribute__((always_inline)) int decode_task(
     const char *q, int64_t q_seq_stride, const char *k_cache, const char *v_cache,
     const int64_t *table, int64_t ctx, int64_t seq, int64_t h0, int64_t h1, int64_t num_heads,
@@ -195,14 +195,16 @@ static inline __attribute__((always_inline)) int decode_task(
     for (int64_t pos = lo; pos < ctx;) {
         const int64_t off = pos % block_size;
         const int64_t take = (block_size - off < ctx - pos) ? block_size - off : ctx - pos;
-        const char *first = k_cache + row_bytes * (size_t)(table[pos / block_size] * block_size + off);
+        const char *first =
+            k_cache + row_bytes * (size_t)(table[pos / block_size] * block_size + off);
         for (int64_t t0 = 0; t0 < take; t0 += LANES) {
             const int64_t count = take - t0 < LANES ? take - t0 : LANES;
             for (int64_t kvh = h0; kvh < h1; ++kvh) {
                 const int64_t hb = (kvh - h0) * group;
                 for (int64_t t = 0; t < count; ++t) {
                     if (kvh == h0) ahead_one(&ahead);
-                    const char *r = first + row_bytes * (size_t)(t0 + t) + elem * (size_t)(kvh * head_dim);
+                    const char *r =
+                        first + row_bytes * (size_t)(t0 + t) + elem * (size_t)(kvh * head_dim);
                     v16 rv[MAX_CHUNKS];
                     for (int64_t c = 0; c < chunks; ++c)
                         rv[c] = load16(r + elem * (size_t)(c * LANES), 0, is_bf16);
@@ -216,7 +218,8 @@ static inline __attribute__((always_inline)) int decode_task(
                 for (int64_t g = 0; g < group; ++g) {
                     for (int64_t t = count; t < LANES; ++t) part[g][t] = (v16){0};
                     const v16 sums = sums16(part[g]);
-                    memcpy(scores + (hb + g) * n + (pos - lo + t0), &sums, sizeof(float) * (size_t)count);
+                    memcpy(scores + (hb + g) * n + (pos - lo + t0), &sums,
+                           sizeof(float) * (size_t)count);
                 }
             }
         }
