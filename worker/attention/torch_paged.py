@@ -142,39 +142,54 @@ class TorchPagedAttention:
         self.decode_impl = "compiled CPU kernel" if self.kernel else f"torch gather ({why_not})"
 
     def prepare(self, batch: StepBatch) -> TorchPagedMetadata:
-        plans = {w: self._plan(batch, w) for w in dict.fromkeys(self.layer_windows)}
+        # The kernel's rows do not depend on the window (the kernel takes it as an argument):
+        # built once a step, shared by every window's plan.
+        kernel = self._kernel_group(batch) if self.kernel is not None else None
+        plans = {w: self._plan(batch, w, kernel) for w in dict.fromkeys(self.layer_windows)}
         return TorchPagedMetadata(batch.slot_mapping, plans)
 
-    def _plan(self, batch: StepBatch, window: int | None) -> WindowPlan:
+    @staticmethod
+    def _kernel_group(batch: StepBatch) -> tuple[DecodeGroup | None, set[int]]:
+        """Decodes and short prefill chunks as the kernel's rows, one per query token in batch
+        order (None when there are none), and the sequences they cover."""
+        kernel_seqs = [
+            i
+            for i, n in enumerate(batch.query_lens)
+            if n == 1 or n * batch.context_lens[i] <= SHORT_PREFILL_READS
+        ]
+        kernel_rows, contexts, owners = [], [], []
+        for i in kernel_seqs:
+            n, ctx = batch.query_lens[i], batch.context_lens[i]
+            kernel_rows += range(batch.query_start[i], batch.query_start[i + 1])
+            contexts += range(ctx - n + 1, ctx + 1)  # causal: up to and with the token
+            owners += [i] * n
+        if not kernel_rows:
+            return None, set()
+        in_order = kernel_rows == list(range(len(kernel_rows)))
+        same_tables = owners == list(range(batch.num_seqs))
+        group = DecodeGroup(
+            rows=None if in_order else torch.tensor(kernel_rows, device=batch.tables.device),
+            key_rows=None,
+            bias=None,
+            tables=(batch.tables if same_tables else batch.tables[owners]).contiguous(),
+            context_lens=torch.tensor(contexts),
+        )
+        return group, set(kernel_seqs)
+
+    def _plan(
+        self,
+        batch: StepBatch,
+        window: int | None,
+        kernel: tuple[DecodeGroup | None, set[int]] | None,
+    ) -> WindowPlan:
+        """`kernel`: `_kernel_group`'s result where the kernel is loaded, else None."""
         device = batch.tables.device
         decode_idx = [i for i, n in enumerate(batch.query_lens) if n == 1]
         prefill_idx = [i for i, n in enumerate(batch.query_lens) if n > 1]
         decode = None
-        if self.kernel is not None:
-            # Decodes and short prefill chunks: one kernel row per query token, in batch order.
-            kernel_seqs = [
-                i
-                for i, n in enumerate(batch.query_lens)
-                if n == 1 or n * batch.context_lens[i] <= SHORT_PREFILL_READS
-            ]
-            on_kernel = set(kernel_seqs)
+        if kernel is not None:
+            decode, on_kernel = kernel
             prefill_idx = [i for i in prefill_idx if i not in on_kernel]
-            kernel_rows, contexts, owners = [], [], []
-            for i in kernel_seqs:
-                n, ctx = batch.query_lens[i], batch.context_lens[i]
-                kernel_rows += range(batch.query_start[i], batch.query_start[i + 1])
-                contexts += range(ctx - n + 1, ctx + 1)  # causal: up to and with the token
-                owners += [i] * n
-            if kernel_rows:
-                in_order = kernel_rows == list(range(len(kernel_rows)))
-                same_tables = owners == list(range(batch.num_seqs))
-                decode = DecodeGroup(
-                    rows=None if in_order else torch.tensor(kernel_rows, device=device),
-                    key_rows=None,
-                    bias=None,
-                    tables=(batch.tables if same_tables else batch.tables[owners]).contiguous(),
-                    context_lens=torch.tensor(contexts),
-                )
         elif decode_idx:
             # The decodes' rows in the token batch; None when they are rows 0..B-1 (the usual
             # case).
