@@ -8,7 +8,8 @@
  *        sums as they are (an LM head's logits: no rounding, and no conversion pass after)
  *
  * The same tiling as int8_gemm.c (8 rows x 3 blocks of 16 channels in registers, the threads
- * splitting the channels, the next group's weights prefetched while a tile computes), with pairs
+ * sharing the channels (tiles.h: share_next), the next group's weights prefetched while a tile
+ * computes), with pairs
  * of bfloat16 in place of quadruples of bytes. Every output element is summed over k in the same
  * order whatever m is, so a row's result does not depend on the rest of its batch. Built at run
  * time like paged_decode.c; without AVX512-BF16 the library loads and bf16_gemm_available()
@@ -151,20 +152,22 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
     const int out_f32 = float32_out && m * n * 4 >= STREAM_MIN_BYTES && !((uintptr_t)out & 63)
                             ? STREAM_F32
                             : float32_out;
+    struct share shares[SHARES_MAX];
 #pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
     {
+    share_init(shares, groups); /* taken from after the interleave loop's barrier */
     /* The rows interleaved first, each thread its share of the 8-row tiles (serial, this was
      * 2.5% of a 64-stream step's samples with the other core waiting), then all of them wait
      * for all of it (every thread's tiles read every row). */
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < full_rows / MR; ++t) interleave_tile(x, k * 2, MR, t, interleaved);
-#pragma omp for schedule(static) nowait
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
         const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
         /* A whole group of NR blocks at once; a short last group block by block. */
         for (int64_t blk = first; blk < last; blk += (last - first == NR ? NR : 1)) {
             const uint16_t *panel = packed + blk * k2n * 32;
-            const uint16_t *next = blk + 2 * NR <= blocks ? panel + NR * k2n * 32 : NULL;
+            const uint16_t *next =
+                !stolen && blk + 2 * NR <= blocks ? panel + NR * k2n * 32 : NULL;
             int64_t r0 = 0;
             if (last - first == NR) {
                 for (; r0 < full_rows; r0 += MR)

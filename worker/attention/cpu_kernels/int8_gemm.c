@@ -12,8 +12,9 @@
  * from DRAM that made the projections take about twice their cache-hot time (docs/engine.md).
  *
  * Tiles of up to MR rows x NR blocks of 16 channels keep MR * NR accumulators in registers; the
- * threads split the channel blocks. Built at run time like paged_decode.c; without VNNI the
- * library still loads and int8_gemm_vnni() says 0, and the caller keeps torch._int_mm. */
+ * threads share the channel blocks (tiles.h: share_next). Built at run time like paged_decode.c;
+ * without VNNI the library still loads and int8_gemm_vnni() says 0, and the caller keeps
+ * torch._int_mm. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,8 +136,12 @@ static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t 
     /* Rows of the full 8-row tiles interleaved 4 bytes at a time (tile_8x3's operand). */
     int32_t *interleaved = interleave_rows(a, full_rows, k, MR);
     if (full_rows && !interleaved) return -1;
-#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t g = 0; g < groups; ++g) {
+    struct share shares[SHARES_MAX];
+#pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
+    {
+    share_init(shares, groups);
+#pragma omp barrier
+    for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
         const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
         /* A whole group of NR blocks at once; a short last group block by block. */
         for (int64_t blk = first; blk < last; blk += (last - first == NR ? NR : 1)) {
@@ -145,7 +150,8 @@ static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t 
             if (last - first == NR) {
                 /* Weights come from DRAM once a step: without the prefetch, 32 rows ran at
                  * 128 us cold against 79 us cache-hot (576 x 3072). */
-                const int8_t *next = blk + 2 * NR <= blocks ? panel + NR * k4n * 64 : NULL;
+                const int8_t *next =
+                    !stolen && blk + 2 * NR <= blocks ? panel + NR * k4n * 64 : NULL;
                 for (; r0 < full_rows; r0 += MR)
                     tile_8x3(interleaved + r0 * k4n, panel, k4n, r0 ? NULL : next, comp + 16 * blk,
                              row_scales + r0,
@@ -162,6 +168,7 @@ static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t 
                 }
             }
         }
+    }
     }
     free(interleaved);
     return 0;

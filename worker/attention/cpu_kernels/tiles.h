@@ -55,4 +55,70 @@ static inline void *kept_scratch(size_t bytes, int *owned) {
     return kept;
 }
 
+/* A loop's iterations [0, n) shared out in a parallel region: each thread walks a contiguous
+ * share of them from the front (schedule(static)'s order, so its weights stream in sequence and
+ * its prefetches land), and a thread whose share is done takes what is left of another's, one
+ * iteration at a time from the back. On 2 cores shared with the controller and its clients, a
+ * thread the OS stops for a while then holds the region up by the iteration it was in, not by
+ * the rest of its share (with the static split, its partner waited out the whole stop).
+ *
+ *     struct share shares[SHARES_MAX];       // outside the region: every thread sees them
+ *     #pragma omp parallel
+ *     {   share_init(shares, n);
+ *         #pragma omp barrier                  // (or any implicit one) before the first take
+ *         for (int64_t i, stolen; (i = share_next(shares, &stolen)) >= 0;) ...
+ *     }
+ */
+#include <omp.h>
+#include <stdatomic.h>
+
+#define SHARES_MAX 64
+struct share {
+    _Atomic uint64_t range; /* (next << 32) | end: the iterations [next, end) still untaken */
+    char pad[56];           /* a cache line each: the owner takes from it at every iteration */
+};
+
+static inline int shares_in_use(void) {
+    const int threads = omp_get_num_threads();
+    return threads < SHARES_MAX ? threads : SHARES_MAX;
+}
+
+/* The calling thread's share of [0, n) (threads beyond SHARES_MAX have none: they only take
+ * from the others'); n < 2^32. */
+static inline void share_init(struct share *shares, int64_t n) {
+    const int t = omp_get_thread_num(), count = shares_in_use();
+    if (t >= count) return;
+    const uint64_t first = (uint64_t)(n * t / count), end = (uint64_t)(n * (t + 1) / count);
+    atomic_store_explicit(&shares[t].range, first << 32 | end, memory_order_relaxed);
+}
+
+/* The calling thread's next iteration: the front of its own share, else the back of another's
+ * (*stolen = 1); -1 when none is left. */
+static inline int64_t share_next(struct share *shares, int64_t *stolen) {
+    const int t = omp_get_thread_num(), count = shares_in_use();
+    uint64_t v;
+    if (t < count) {
+        v = atomic_load_explicit(&shares[t].range, memory_order_relaxed);
+        while ((v >> 32) < (v & 0xffffffffu))
+            if (atomic_compare_exchange_weak_explicit(&shares[t].range, &v, v + (1ull << 32),
+                                                      memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                *stolen = 0;
+                return (int64_t)(v >> 32);
+            }
+    }
+    for (int i = 1; i <= count; ++i) {
+        struct share *other = &shares[(t + i) % count];
+        v = atomic_load_explicit(&other->range, memory_order_relaxed);
+        while ((v >> 32) < (v & 0xffffffffu))
+            if (atomic_compare_exchange_weak_explicit(&other->range, &v, v - 1,
+                                                      memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                *stolen = 1;
+                return (int64_t)(v & 0xffffffffu) - 1;
+            }
+    }
+    return -1;
+}
+
 #endif
