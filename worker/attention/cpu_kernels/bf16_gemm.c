@@ -9,11 +9,10 @@
  *
  * The same tiling as int8_gemm.c (8 rows x 3 blocks of 16 channels in registers, the threads
  * sharing the channels (tiles.h: share_next), the next group's weights prefetched while a tile
- * computes), with pairs
- * of bfloat16 in place of quadruples of bytes. Every output element is summed over k in the same
- * order whatever m is, so a row's result does not depend on the rest of its batch. Built at run
- * time like paged_decode.c; without AVX512-BF16 the library loads and bf16_gemm_available()
- * says 0, and the caller keeps oneDNN's packed matmul. */
+ * computes), with pairs of bfloat16 in place of quadruples of bytes. Every output element is
+ * summed over k in the same order whatever m is, so a row's result does not depend on the rest
+ * of its batch. Built at run time like paged_decode.c; without AVX512-BF16 the library loads
+ * and bf16_gemm_available() says 0, and the caller keeps oneDNN's packed matmul. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -92,33 +92,27 @@ static inline void share_init(struct share *shares, int64_t n) {
     atomic_store_explicit(&shares[t].range, first << 32 | end, memory_order_relaxed);
 }
 
+/* An untaken iteration of one share, from its front (the owner) or its back (another thread);
+ * -1 when it has none left. */
+static inline int64_t share_take(struct share *share, const int from_back) {
+    uint64_t v = atomic_load_explicit(&share->range, memory_order_relaxed);
+    while ((v >> 32) < (v & 0xffffffffu))
+        if (atomic_compare_exchange_weak_explicit(&share->range, &v,
+                                                  from_back ? v - 1 : v + (1ull << 32),
+                                                  memory_order_relaxed, memory_order_relaxed))
+            return from_back ? (int64_t)(v & 0xffffffffu) - 1 : (int64_t)(v >> 32);
+    return -1;
+}
+
 /* The calling thread's next iteration: the front of its own share, else the back of another's
  * (*stolen = 1); -1 when none is left. */
 static inline int64_t share_next(struct share *shares, int64_t *stolen) {
     const int t = omp_get_thread_num(), count = shares_in_use();
-    uint64_t v;
-    if (t < count) {
-        v = atomic_load_explicit(&shares[t].range, memory_order_relaxed);
-        while ((v >> 32) < (v & 0xffffffffu))
-            if (atomic_compare_exchange_weak_explicit(&shares[t].range, &v, v + (1ull << 32),
-                                                      memory_order_relaxed,
-                                                      memory_order_relaxed)) {
-                *stolen = 0;
-                return (int64_t)(v >> 32);
-            }
-    }
-    for (int i = 1; i <= count; ++i) {
-        struct share *other = &shares[(t + i) % count];
-        v = atomic_load_explicit(&other->range, memory_order_relaxed);
-        while ((v >> 32) < (v & 0xffffffffu))
-            if (atomic_compare_exchange_weak_explicit(&other->range, &v, v - 1,
-                                                      memory_order_relaxed,
-                                                      memory_order_relaxed)) {
-                *stolen = 1;
-                return (int64_t)(v & 0xffffffffu) - 1;
-            }
-    }
-    return -1;
+    int64_t i = t < count ? share_take(&shares[t], 0) : -1;
+    *stolen = i < 0;
+    for (int other = 1; i < 0 && other <= count; ++other) /* every share, its own last */
+        i = share_take(&shares[(t + other) % count], 1);
+    return i;
 }
 
 #endif
