@@ -12,7 +12,6 @@ not count as used.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,48 +129,3 @@ def _stat(folder: Path, name: str) -> int:
         if key == name:
             return int(value)
     return 0
-
-
-# -- the host allocator ---------------------------------------------------------------------------
-
-# glibc mallopt parameters (malloc.h)
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 64 << 20
-TRIM_THRESHOLD_BYTES = 256 << 20
-
-
-def _mallopt():
-    """glibc's `mallopt`, or None where the C library has none (musl, macOS)."""
-    try:
-        fn = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return fn
-
-
-def keep_freed_memory() -> str:
-    """Have glibc keep freed memory for reuse instead of handing it back to the OS at once; says
-    what was set, or why nothing was.
-
-    NOTE: by default glibc maps a block over its threshold (128 KiB, raised as blocks are freed,
-    up to 32 MiB) fresh and unmaps it when freed, and trims the heap's top beyond twice that: a
-    prefill's activations (tens of MB a layer at 1,568 tokens) were then faulted in page by page
-    every step. A 32-prompt SmolLM2 prefill step took 146,000-150,000 page faults and 596-833 ms;
-    with blocks under 64 MiB served from the heap and up to 256 MiB of free heap kept, 0-135
-    faults and 460-473 ms (decode steps, which allocate little, are unchanged). The cost: memory
-    the process freed may stay resident, up to 256 MiB (+66 MB after a run of 32-stream steps).
-    Process-wide, like torch's thread count; a CPU engine's build calls it."""
-    mallopt = _mallopt()
-    if mallopt is None:
-        return "host allocator left as it is: the C library is not glibc (no mallopt)"
-    ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and mallopt(
-        M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES
-    )
-    if not ok:
-        return "host allocator left as it is: glibc refused the mallopt settings"
-    return (
-        f"glibc malloc keeps freed memory: blocks under {MMAP_THRESHOLD_BYTES >> 20} MiB from "
-        f"the heap, up to {TRIM_THRESHOLD_BYTES >> 20} MiB of free heap kept"
-    )

@@ -1,12 +1,8 @@
 """The memory a worker can use on the CPU: the host's available memory within its cgroup's limit
-(v1 and v2, its ancestors' too), read from files the tests write; and the host allocator's
-settings a CPU engine makes (keep_freed_memory)."""
+(v1 and v2, its ancestors' too), read from files the tests write."""
 
 from __future__ import annotations
 
-import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -90,71 +86,3 @@ def test_the_capability_reports_the_usable_memory(tmp_path):
     facts = ModelFacts(architecture="llama", has_kv_cache=True)
     capability = probe_capability("cpu", facts, memory_files=found)
     assert (capability.total_memory_bytes, capability.free_memory_bytes) == (8 * GIB, 5 * GIB)
-
-
-# -- the host allocator (keep_freed_memory) ------------------------------------------------------
-
-FAULTS_SCRIPT = """
-import resource, sys, torch
-import torch.nn.functional as F
-from intentserve.worker.memory import keep_freed_memory
-if sys.argv[1] == "tuned":
-    print(keep_freed_memory(), file=sys.stderr)
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-torch.manual_seed(0)
-T, H, I = 1568, 576, 1536  # a 32-prompt prefill step of SmolLM2's widths
-w = [(torch.randn(960, H), torch.randn(H, H), torch.randn(2 * I, H), torch.randn(H, I))] * 16
-def prefill():  # a decoder's temporaries for T tokens, layer after layer
-    x = torch.randn(T, H)
-    for qkv_w, o_w, gate_up_w, down_w in w:
-        qkv = F.linear(x, qkv_w)
-        x = x + F.linear(qkv[:, :H], o_w)
-        gate, up = F.linear(x, gate_up_w).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, down_w)
-    return float(x.sum())
-prefill()  # warm: the first one faults its pages in whatever the settings
-start = faults()
-for _ in range(3):
-    prefill()
-print((faults() - start) / 3)
-"""
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(
-    platform.libc_ver()[0] != "glibc",
-    reason="the tuning is glibc's mallopt; this host's libc is not glibc",
-)
-def test_freed_memory_is_reused_without_fresh_page_faults_once_tuned():
-    """A prefill's large temporaries were mapped, faulted in page by page and unmapped again every
-    step (150,000 page faults in a 32-prompt prefill step, ~25% of it); tuned, the freed pages
-    are reused."""
-
-    def faults_per_prefill(mode: str) -> float:
-        done = subprocess.run(
-            [sys.executable, "-c", FAULTS_SCRIPT, mode], capture_output=True, text=True, check=True
-        )
-        return float(done.stdout.split()[-1])
-
-    # what a prefill allocates: 16 layers' q|k|v, o, gate|up, SiLU * up and down outputs
-    pages = 16 * 1568 * (960 + 576 + 2 * 1536 + 1536 + 576) * 4 // 4096  # ~165,000
-    plain, tuned = faults_per_prefill("plain"), faults_per_prefill("tuned")
-    assert tuned < 0.02 * pages  # 0-1,900 here
-    assert plain > max(0.02 * pages, 2.5 * tuned)  # 7,400-42,000 here: 30-170 MB mapped afresh
-
-
-def test_keep_freed_memory_says_what_it_set_or_why_not(monkeypatch):
-    from intentserve.worker import memory
-
-    calls = []
-    monkeypatch.setattr(
-        memory, "_mallopt", lambda: lambda param, value: calls.append((param, value)) or 1
-    )
-    said = memory.keep_freed_memory()
-    assert calls == [(memory.M_MMAP_THRESHOLD, 64 << 20), (memory.M_TRIM_THRESHOLD, 256 << 20)]
-    assert "64 MiB" in said and "256 MiB" in said
-    monkeypatch.setattr(memory, "_mallopt", lambda: None)
-    assert "not glibc" in memory.keep_freed_memory()
-    monkeypatch.setattr(memory, "_mallopt", lambda: lambda param, value: 0)
-    assert "refused" in memory.keep_freed_memory()

@@ -46,7 +46,6 @@ from intentserve.worker.engine.policy_apply import apply_resolution
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
-from intentserve.worker.memory import keep_freed_memory
 from intentserve.worker.model.calibration import CALIBRATION_TEXT
 from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
 from intentserve.worker.model.decode_layers import CompiledDecode
@@ -116,8 +115,6 @@ def build_engine(
     else:
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
         runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
-    if device.type == "cpu":
-        log.info("%s", keep_freed_memory())
     # Packed before the weights are counted: a tied head's packed copy is resident too.
     matmuls = _pack_for_cpu(config, loaded, device)
     norms = enable_fused_ops(loaded.model) if device.type == "cpu" else ""
