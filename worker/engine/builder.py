@@ -54,6 +54,7 @@ from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
 from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
 from intentserve.worker.model.quant_linear import WeightShapeError
 from intentserve.worker.model.registry import load_model
+from intentserve.worker.model.step_buffers import keep_step_buffers
 from intentserve.worker.model.weight_format import (
     held_format,
     quantize_linears,
@@ -118,6 +119,8 @@ def build_engine(
     # Packed before the weights are counted: a tied head's packed copy is resident too.
     matmuls = _pack_for_cpu(config, loaded, device)
     norms = enable_fused_ops(loaded.model) if device.type == "cpu" else ""
+    if device.type == "cpu" and loaded.model is not None:
+        keep_step_buffers(loaded.model)
     realized = RealizedReport(
         cache=dataclasses.replace(
             kv.cache,

@@ -20,6 +20,7 @@ from intentserve.worker.attention.cpu_kernels import (
     fused_ops,
     int8_gemm_kernel,
 )
+from intentserve.worker.model.step_buffers import StepBuffers, out_tensor
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -40,14 +41,20 @@ def _suits(width: int, *tensors: Tensor) -> bool:
 
 
 def add_rmsnorm(
-    ops: FusedOps, x: Tensor, residual: Tensor | None, weight: Tensor, eps: float
+    ops: FusedOps,
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    kept: tuple[StepBuffers, str] | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """(RMSNorm(x + residual) * weight, x + residual), the sum written into `residual` in place;
-    without a residual, (RMSNorm(x) * weight, x). None when the tensors do not suit the kernel."""
+    without a residual, (RMSNorm(x) * weight, x). None when the tensors do not suit the kernel.
+    `kept`: the output goes into that kept buffer (step_buffers.py) instead of a fresh tensor."""
     tensors = (x, weight) if residual is None else (x, residual, weight)
     if x.dim() != 2 or not _suits(x.shape[1], *tensors):
         return None
-    out = torch.empty_like(x)
+    out = out_tensor(kept, *x.shape, x.dtype)
     fn = ops.add_rmsnorm_bf16 if x.dtype == torch.bfloat16 else ops.add_rmsnorm_f32
     rows, hidden = x.shape
     fn(
@@ -62,12 +69,15 @@ def add_rmsnorm(
     return out, (x if residual is None else residual)
 
 
-def silu_and_mul(ops: FusedOps, gate_up: Tensor) -> Tensor | None:
-    """SiLU(gate) * up for rows laid out [gate | up]; None when the tensor does not suit."""
+def silu_and_mul(
+    ops: FusedOps, gate_up: Tensor, kept: tuple[StepBuffers, str] | None = None
+) -> Tensor | None:
+    """SiLU(gate) * up for rows laid out [gate | up]; None when the tensor does not suit.
+    `kept`: the output goes into that kept buffer (step_buffers.py) instead of a fresh tensor."""
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not _suits(gate_up.shape[1] // 2, gate_up):
         return None
     rows, width = gate_up.shape
-    out = torch.empty((rows, width // 2), dtype=gate_up.dtype)
+    out = out_tensor(kept, rows, width // 2, gate_up.dtype)
     fn = ops.silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else ops.silu_mul_f32
     fn(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
     return out

@@ -38,6 +38,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
         self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
+        self.out_buffer = None  # a kept output buffer, set by step_buffers.keep_step_buffers
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalize in float32 and scale in the model dtype, as transformers does (bf16 parity).
@@ -51,7 +52,9 @@ class RMSNorm(nn.Module):
         NOTE: with the fused CPU op the sum is written into `residual` in place.
         """
         if self.fused is not None:
-            done = cpu_ops.add_rmsnorm(self.fused, x, residual, self.weight, self.eps)
+            done = cpu_ops.add_rmsnorm(
+                self.fused, x, residual, self.weight, self.eps, self.out_buffer
+            )
             if done is not None:
                 return done
         total = x if residual is None else x + residual
@@ -109,11 +112,12 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.fused = None  # the compiled CPU ops, set by worker.model.cpu_ops.enable_fused_ops
+        self.act_buffer = None  # a kept output buffer, set by step_buffers.keep_step_buffers
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up_proj.forward(x)  # [T, 2 * I]: gate | up
         if self.fused is not None:
-            hidden = cpu_ops.silu_and_mul(self.fused, gate_up)
+            hidden = cpu_ops.silu_and_mul(self.fused, gate_up, self.act_buffer)
             if hidden is not None:
                 return self.down_proj.forward(hidden)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each

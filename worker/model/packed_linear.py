@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from intentserve.worker.attention.cpu_kernels import Bf16Gemm, KernelUnavailable, bf16_gemm_kernel
 from intentserve.worker.model.llama import LlamaModel
+from intentserve.worker.model.step_buffers import out_tensor
 from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Bf16Linear(nn.Module):
         self.register_buffer("packed", blocks.permute(0, 2, 1, 3).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.gemm = gemm
+        self.out_buffer = None  # a kept output buffer, set by step_buffers.keep_step_buffers
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
@@ -84,7 +86,7 @@ class Bf16Linear(nn.Module):
         if x.dtype != torch.bfloat16 or x.dim() != 2:  # not what the model sends; still right
             return F.linear(x, self.weight().to(x.dtype), self.bias)
         x = x.contiguous()
-        out = torch.empty((x.shape[0], self.out_features), dtype=self.out_dtype)
+        out = out_tensor(self.out_buffer, x.shape[0], self.out_features, self.out_dtype)
         status = self.gemm.gemm(
             x.data_ptr(),
             x.shape[0],
