@@ -178,6 +178,7 @@ class FusedOps:
     quantize_rows_bf16: ctypes._CFuncPtr
     dequantize_rows_f32: ctypes._CFuncPtr
     dequantize_rows_bf16: ctypes._CFuncPtr
+    max_argmax_rows_f32: ctypes._CFuncPtr
     path: Path
 
 
@@ -245,6 +246,7 @@ def fused_ops() -> FusedOps:
         _declare(lib.quantize_rows_bf16, _QUANTIZE_ARGS),
         _declare(lib.dequantize_rows_f32, _DEQUANTIZE_ARGS),
         _declare(lib.dequantize_rows_bf16, _DEQUANTIZE_ARGS),
+        _declare(lib.max_argmax_rows_f32, [_PTR, _I64, _I64, _PTR, _PTR]),
         Path(lib._name),
     )
 

@@ -180,3 +180,72 @@ void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inter)
 void silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t inter) {
     silu_mul(gate_up, out, rows, inter, 1);
 }
+
+/* One 16-lane running (maximum, index) pair: `v` (columns j..j+15) replaces a lane's pair
+ * where it is greater; a lane keeps its first index on ties. NaN never compares greater: it is
+ * counted in `nan` instead. */
+static inline __attribute__((always_inline)) void max_step(v16 v, int32_t j, v16 *best,
+                                                            v16i *at, v16i *nan, v16i lane) {
+    const v16i greater = (v16i)(v > *best);
+    *best = select16(greater, v, *best);
+    *at = (greater & (lane + j)) | (~greater & *at);
+    *nan |= (v16i)(v != v);
+}
+
+/* Row-wise maximum and argmax of float32 [rows, cols], 16 <= cols < 2^31, as torch's
+ * `amax(-1)` and `argmax(-1)` give them: the first index of the maximum; a row holding a NaN
+ * has the maximum NaN at its first NaN's index. One read of the logits, two running pairs per
+ * row (even and odd vectors) so the compares do not wait on each other. */
+void max_argmax_rows_f32(const float *x, int64_t rows, int64_t cols, float *row_max,
+                         int64_t *index) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 262144)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * cols;
+        const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        v16 best0, best1;
+        memcpy(&best0, row, sizeof best0);
+        best1 = best0;
+        v16i at0 = lane, at1 = lane, nan = (v16i)(best0 != best0);
+        int64_t j = 16;
+        for (; j + 32 <= cols; j += 32) {
+            v16 v0, v1;
+            memcpy(&v0, row + j, sizeof v0);
+            memcpy(&v1, row + j + 16, sizeof v1);
+            max_step(v0, (int32_t)j, &best0, &at0, &nan, lane);
+            max_step(v1, (int32_t)(j + 16), &best1, &at1, &nan, lane);
+        }
+        for (; j + 16 <= cols; j += 16) {
+            v16 v;
+            memcpy(&v, row + j, sizeof v);
+            max_step(v, (int32_t)j, &best0, &at0, &nan, lane);
+        }
+        float m = best0[0];
+        int64_t k = at0[0];
+        int has_nan = 0;
+        for (int l = 0; l < 16; ++l) {
+            has_nan |= nan[l] != 0;
+            const float b[2] = {best0[l], best1[l]};
+            const int64_t a[2] = {at0[l], at1[l]};
+            for (int p = 0; p < 2; ++p)
+                if (b[p] > m || (b[p] == m && a[p] < k)) {
+                    m = b[p];
+                    k = a[p];
+                }
+        }
+        for (; j < cols; ++j) { /* past every index above: strictly greater only */
+            const float v = row[j];
+            has_nan |= v != v;
+            if (v > m) {
+                m = v;
+                k = j;
+            }
+        }
+        if (has_nan) {
+            for (k = 0; row[k] == row[k]; ++k) {
+            }
+            m = row[k];
+        }
+        row_max[r] = m;
+        index[r] = k;
+    }
+}
