@@ -1,6 +1,8 @@
-"""The bf16 projections' kernel (bf16_gemm.c, AVX512-BF16): as close to the float32 matmul as one
-bfloat16 rounding allows, a row's result the same whatever else is in its batch, a bias added
-before the rounding; and prepack_linears puts every projection on it, or says why not."""
+"""The bf16 projections' kernel (bf16_gemm.c, on AVX512-BF16 and, where the CPU has them, on AMX
+tiles): as close to the float32 matmul as one bfloat16 rounding allows, a row's result the same
+whatever else is in its batch, a bias added before the rounding; and prepack_linears puts every
+projection on it, or says why not. Every kernel test runs on both paths; the AMX one skips, with
+the reason, on a CPU without AMX."""
 
 import shutil
 
@@ -18,13 +20,26 @@ HAVE_CC = any(shutil.which(n) for n in ("cc", "gcc", "clang"))
 
 
 @pytest.fixture(scope="module")
-def gemm():
+def kernel():
     if not HAVE_CC:
         pytest.skip("no C compiler (cc, gcc or clang) to build the bf16 GEMM kernel")
     try:
         return bf16_gemm_kernel()
     except KernelUnavailable as error:  # a CPU without AVX512-BF16
         pytest.skip(f"the bf16 GEMM kernel is unavailable here: {error.reason}")
+
+
+@pytest.fixture(params=["AVX512-BF16", "AMX"])
+def gemm(request, kernel):
+    """The kernel, on the path the test is for; the path it was on is restored afterwards."""
+    was = kernel.amx(-1)
+    if request.param == "AMX" and not kernel.amx(1):
+        pytest.skip("this CPU, or the kernel's build for it, has no AMX tiles (AMX-BF16)")
+    if request.param == "AVX512-BF16":
+        kernel.amx(0)
+    assert kernel.isa() == request.param
+    yield kernel
+    kernel.amx(was)
 
 
 def operands(rows, out_features, in_features, seed=0):
@@ -37,7 +52,7 @@ def operands(rows, out_features, in_features, seed=0):
 
 # rows: one stream, tails of 4/2/1, whole 8-row tiles and mixes; channels in groups of 3 blocks
 # of 16, with and without a short last group; SmolLM2's widths and small ones
-@pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 32, 64])
+@pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 17, 32, 40, 64])
 @pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 34)])
 def test_the_kernel_is_the_float32_matmul_rounded_once_to_bfloat16(
     gemm, rows, out_features, in_features
@@ -51,13 +66,23 @@ def test_the_kernel_is_the_float32_matmul_rounded_once_to_bfloat16(
     assert ((got.float() - exact).abs() <= step + 1e-5).all()
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536)])
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 34)])
 def test_a_rows_result_does_not_depend_on_the_rest_of_its_batch(gemm, out_features, in_features):
     x, w, bias = operands(64, out_features, in_features, seed=3)
     module = Bf16Linear(w, bias, gemm)
     together = module(x)
-    for start, stop in ((0, 1), (5, 6), (8, 16), (13, 37), (63, 64)):
+    for start, stop in ((0, 1), (5, 6), (8, 16), (13, 37), (16, 48), (63, 64)):
         assert torch.equal(module(x[start:stop]), together[start:stop])
+
+
+def test_amx_off_by_environment_keeps_the_avx512_path(kernel, monkeypatch):
+    was = kernel.amx(-1)
+    monkeypatch.setenv("INTENTSERVE_AMX", "0")
+    try:
+        assert bf16_gemm_kernel().isa() == "AVX512-BF16"
+        assert "(AVX512-BF16)" in prepack_linears(tiny(torch.bfloat16))
+    finally:
+        kernel.amx(was)
 
 
 def test_the_packed_weight_unpacks_to_the_weight_and_other_inputs_still_get_the_right_answer(
@@ -79,7 +104,7 @@ def test_prepack_puts_every_bf16_projection_and_the_head_on_the_kernel(gemm):
     model = tiny(torch.bfloat16)
     said = prepack_linears(model)
     projections = [m for m in model.modules() if isinstance(m, Bf16Linear)]
-    assert said == f"bf16 GEMM kernel (AVX512-BF16), all {len(projections)}"
+    assert said == f"bf16 GEMM kernel ({gemm.isa()}), all {len(projections)}"
     assert len(projections) == 4 * len(model.layers) + 1
     assert prepack_linears(model) == said  # idempotent
 

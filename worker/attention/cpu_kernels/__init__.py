@@ -3,7 +3,8 @@ into a shared library (cached by source and CPU), called through ctypes.
 
 A kernel that cannot be built is not an error: the caller keeps its pure-torch path and says why
 (`KernelUnavailable.reason`). `INTENTSERVE_CPU_KERNELS=0` turns them off; `INTENTSERVE_KERNEL_CACHE`
-moves the cache (default `~/.cache/intentserve/kernels`).
+moves the cache (default `~/.cache/intentserve/kernels`). On a CPU with AMX the bf16 GEMM runs on
+its tiles; `INTENTSERVE_AMX=0` keeps it on AVX512-BF16.
 
 Built ahead (an image): `python -m intentserve.worker.attention.cpu_kernels --build` fills the
 cache. `-march=native` fits only the machine that compiled, so an image sets
@@ -37,6 +38,8 @@ KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm", "bf16_gemm", "decode_l
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
 MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
+# "0" keeps the bf16 GEMM off the AMX tiles on a CPU that has them (the AVX512-BF16 path).
+AMX_ENV = "INTENTSERVE_AMX"
 NATIVE = "native"
 # The x86-64 micro-architecture levels a portable build may target, with the /proc/cpuinfo flags
 # each needs (`abm` is LZCNT). Other targets (e.g. arm's) are trusted as the operator names them.
@@ -196,10 +199,17 @@ class Int8Gemm:
 
 @dataclass(frozen=True)
 class Bf16Gemm:
-    """The entry point of bf16_gemm.c (AVX512-BF16)."""
+    """The entry point of bf16_gemm.c (AVX512-BF16, or AMX tiles where the CPU has them), and
+    the switch between the two (`amx(-1)` asks, `amx(0)` / `amx(1)` turn the tiles off / on
+    where possible; each returns whether the calls now run on the tiles)."""
 
     gemm: ctypes._CFuncPtr
+    amx: ctypes._CFuncPtr
     path: Path
+
+    def isa(self) -> str:
+        """What the calls run on now, in words."""
+        return "AMX" if self.amx(-1) else "AVX512-BF16"
 
 
 def _declare(fn: ctypes._CFuncPtr, argtypes: list, restype=None) -> ctypes._CFuncPtr:
@@ -273,7 +283,10 @@ def bf16_gemm_kernel() -> Bf16Gemm:
     lib = _load("bf16_gemm")
     if not _declare(lib.bf16_gemm_available, [], ctypes.c_int)():
         raise _missing_isa("AVX512-BF16 dot products")
-    return Bf16Gemm(_declare(lib.bf16_gemm, _BF16_GEMM_ARGS, ctypes.c_int), Path(lib._name))
+    amx = _declare(lib.bf16_gemm_amx, [_I64], ctypes.c_int)
+    if os.environ.get(AMX_ENV, "1").strip().lower() in ("0", "false", "off"):
+        amx(0)
+    return Bf16Gemm(_declare(lib.bf16_gemm, _BF16_GEMM_ARGS, ctypes.c_int), amx, Path(lib._name))
 
 
 def int8_gemm_kernel() -> Int8Gemm:
