@@ -210,7 +210,7 @@ def enable_fused_ops(model) -> str:
 
 
 def enable_int8_gemm(model) -> str:
-    """Move every w8a8 projection of a CPU model onto the compiled int8 GEMM (VNNI); returns
+    """Move every w8a8 projection of a CPU model onto the compiled int8 GEMM (VNNI or AMX); returns
     what runs, in words. Without the kernel they keep torch._int_mm, with the same results."""
     takers = [module for module in model.modules() if hasattr(module, "use_int8_gemm")]
     if not takers:
@@ -221,7 +221,7 @@ def enable_int8_gemm(model) -> str:
         log.warning("w8a8 matmuls stay on torch._int_mm: %s", exc.reason)
         return f"torch._int_mm ({exc.reason})"
     moved = sum(module.use_int8_gemm(gemm) for module in takers)
-    return f"int8 GEMM kernel (VNNI) for {moved} of {len(takers)} w8a8 matmuls"
+    return f"int8 GEMM kernel ({gemm.isa()}) for {moved} of {len(takers)} w8a8 matmuls"
 
 
 def disable_fused_ops(model) -> None:

@@ -1,5 +1,6 @@
-"""w8a8: int8 weights and per-row int8 activations. The compiled steps (quantize, the VNNI
-GEMM with its dequantize) give bit for bit what their torch forms give; a row's result does not
+"""w8a8: int8 weights and per-row int8 activations. The compiled steps (quantize, the int8 GEMM
+with its dequantize, on VNNI and, where the CPU has them, on AMX tiles) give bit for bit what
+their torch forms give; a row's result does not
 depend on the rest of its batch; smoothing moves range into the weights without changing the
 product; and the result stays close to the float matmul."""
 
@@ -36,6 +37,23 @@ def gemm_or_skip():
         return int8_gemm_kernel()
     except KernelUnavailable as error:  # no compiler, or a CPU without AVX512-VNNI
         pytest.skip(f"the int8 GEMM kernel is unavailable here: {error.reason}")
+
+
+@pytest.fixture(params=["AVX512-VNNI", "AMX"])
+def int8_gemm(request):
+    """The int8 GEMM on the path the test is for (the AMX one skips, with the reason, on a CPU
+    without AMX); the path it was on is restored afterwards."""
+    if not HAVE_CC:
+        pytest.skip("no C compiler (cc, gcc or clang)")
+    gemm = gemm_or_skip()
+    was = gemm.amx(-1)
+    if request.param == "AMX" and not gemm.amx(1):
+        pytest.skip("this CPU, or the kernel's build for it, has no AMX tiles (AMX-INT8)")
+    if request.param == "AVX512-VNNI":
+        gemm.amx(0)
+    assert gemm.isa() == request.param
+    yield gemm
+    gemm.amx(was)
 
 
 def activations(rows, width, dtype, seed=0):
@@ -79,12 +97,12 @@ def test_the_pack_layout_round_trips_and_its_compensation_is_128_times_the_row_s
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # rows: one stream, tails of 4/2/1 rows, whole 8-row tiles, mixed; channels: groups of 3
 # blocks of 16 with and without a short last group; inputs: SmolLM2's widths and a small one
-@pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 32, 64])
+@pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 17, 32, 40, 64])
 @pytest.mark.parametrize(("out_features", "in_features"), [(192, 576), (80, 1536), (48, 32)])
 def test_the_int8_gemm_equals_int_mm_then_dequantize_bit_for_bit(
-    dtype, rows, out_features, in_features
+    int8_gemm, dtype, rows, out_features, in_features
 ):
-    gemm = gemm_or_skip()
+    gemm = int8_gemm
     gen = torch.Generator().manual_seed(rows)
     q = torch.randint(-127, 128, (rows, in_features), dtype=torch.int8, generator=gen)
     w = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=gen)
@@ -99,14 +117,14 @@ def test_the_int8_gemm_equals_int_mm_then_dequantize_bit_for_bit(
 
 @needs_cc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_kernel_path_and_the_torch_path_give_the_same_bits(dtype):
+def test_the_kernel_path_and_the_torch_path_give_the_same_bits(int8_gemm, dtype):
     w = weight(192, 576)
     x = activations(21, 576, dtype)
     ranges = activations(64, 576, torch.float32, seed=5).abs().amax(dim=0)
     plain = W8A8Linear(w, None, dtype, ranges)  # torch ops and torch._int_mm
     fast = W8A8Linear(w, None, dtype, ranges)
     fast.fused = fused_ops()
-    moved = fast.use_int8_gemm(gemm_or_skip())
+    moved = fast.use_int8_gemm(int8_gemm)
     assert moved and fast.qweight is None and fast.packed is not None  # one copy of the weight
     assert torch.equal(fast(x), plain(x))
     assert torch.equal(fast.dequantize(), plain.dequantize())

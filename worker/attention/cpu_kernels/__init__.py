@@ -3,8 +3,8 @@ into a shared library (cached by source and CPU), called through ctypes.
 
 A kernel that cannot be built is not an error: the caller keeps its pure-torch path and says why
 (`KernelUnavailable.reason`). `INTENTSERVE_CPU_KERNELS=0` turns them off; `INTENTSERVE_KERNEL_CACHE`
-moves the cache (default `~/.cache/intentserve/kernels`). On a CPU with AMX the bf16 GEMM runs on
-its tiles; `INTENTSERVE_AMX=0` keeps it on AVX512-BF16.
+moves the cache (default `~/.cache/intentserve/kernels`). On a CPU with AMX the bf16 and int8
+GEMMs run on its tiles; `INTENTSERVE_AMX=0` keeps them on AVX512-BF16 and AVX512-VNNI.
 
 Built ahead (an image): `python -m intentserve.worker.attention.cpu_kernels --build` fills the
 cache. `-march=native` fits only the machine that compiled, so an image sets
@@ -38,7 +38,7 @@ KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm", "bf16_gemm", "decode_l
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
 MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
-# "0" keeps the bf16 GEMM off the AMX tiles on a CPU that has them (the AVX512-BF16 path).
+# "0" keeps the GEMMs off the AMX tiles on a CPU that has them (AVX512-BF16 and -VNNI paths).
 AMX_ENV = "INTENTSERVE_AMX"
 NATIVE = "native"
 # The x86-64 micro-architecture levels a portable build may target, with the /proc/cpuinfo flags
@@ -187,14 +187,20 @@ class FusedOps:
 
 @dataclass(frozen=True)
 class Int8Gemm:
-    """The entry points of int8_gemm.c (AVX512-VNNI), by output dtype: the GEMM on quantized
-    activations, and the whole w8a8 matmul (quantize, then the GEMM) in one call."""
+    """The entry points of int8_gemm.c (AVX512-VNNI, or AMX-INT8 tiles where the CPU has them),
+    by output dtype: the GEMM on quantized activations, and the whole w8a8 matmul (quantize, then
+    the GEMM) in one call; and the tiles' switch, as `Bf16Gemm.amx`."""
 
     f32: ctypes._CFuncPtr
     bf16: ctypes._CFuncPtr
     linear_f32: ctypes._CFuncPtr
     linear_bf16: ctypes._CFuncPtr
+    amx: ctypes._CFuncPtr
     path: Path
+
+    def isa(self) -> str:
+        """What the calls run on now, in words."""
+        return "AMX" if self.amx(-1) else "AVX512-VNNI"
 
 
 @dataclass(frozen=True)
@@ -283,10 +289,8 @@ def bf16_gemm_kernel() -> Bf16Gemm:
     lib = _load("bf16_gemm")
     if not _declare(lib.bf16_gemm_available, [], ctypes.c_int)():
         raise _missing_isa("AVX512-BF16 dot products")
-    amx = _declare(lib.bf16_gemm_amx, [_I64], ctypes.c_int)
-    if os.environ.get(AMX_ENV, "1").strip().lower() in ("0", "false", "off"):
-        amx(0)
-    return Bf16Gemm(_declare(lib.bf16_gemm, _BF16_GEMM_ARGS, ctypes.c_int), amx, Path(lib._name))
+    gemm = _declare(lib.bf16_gemm, _BF16_GEMM_ARGS, ctypes.c_int)
+    return Bf16Gemm(gemm, _amx_switch(lib.bf16_gemm_amx), Path(lib._name))
 
 
 def int8_gemm_kernel() -> Int8Gemm:
@@ -299,8 +303,17 @@ def int8_gemm_kernel() -> Int8Gemm:
         _declare(lib.int8_gemm_bf16, _INT8_GEMM_ARGS, ctypes.c_int),
         _declare(lib.w8a8_linear_f32, _W8A8_LINEAR_ARGS, ctypes.c_int),
         _declare(lib.w8a8_linear_bf16, _W8A8_LINEAR_ARGS, ctypes.c_int),
+        _amx_switch(lib.int8_gemm_amx),
         Path(lib._name),
     )
+
+
+def _amx_switch(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
+    """A kernel library's AMX switch, declared, turned off where INTENTSERVE_AMX says so."""
+    amx = _declare(fn, [_I64], ctypes.c_int)
+    if os.environ.get(AMX_ENV, "1").strip().lower() in ("0", "false", "off"):
+        amx(0)
+    return amx
 
 
 def _load(name: str) -> ctypes.CDLL:

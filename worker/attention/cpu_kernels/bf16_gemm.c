@@ -35,9 +35,8 @@
 #define HAVE_BF16 0
 #endif
 
-#if HAVE_BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
+#if HAVE_BF16 && HAVE_AMX_TILE && defined(__AMX_BF16__)
 #define HAVE_AMX 1
 #else
 #define HAVE_AMX 0
@@ -49,29 +48,10 @@
 
 int bf16_gemm_available(void) { return HAVE_BF16; }
 
-/* -1: not asked yet; 0: off (no AMX in this build, the kernel refused the tile state, or turned
- * off); 1: on. */
-static int amx_state = -1;
-
-static int amx_request(void) {
-#if HAVE_AMX
-    /* Linux hands a process the 8 KB tile state only when asked (arch_prctl, once a process:
-     * every thread then has it); using the tiles before that is a SIGILL. */
-    const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
-#endif
-}
-
 /* Whether the calls run on AMX tiles (1) or not (0). set: -1 only asks; 0 turns the tiles off
  * (the AVX512-BF16 path: for comparisons, or INTENTSERVE_AMX=0); 1 turns them on where this
- * build and the kernel allow. Not for use while another thread is inside bf16_gemm. */
-int bf16_gemm_amx(int64_t set) {
-    if (set == 0) amx_state = 0;
-    else if (set == 1 || amx_state < 0) amx_state = amx_request();
-    return amx_state;
-}
+ * build and the kernel allow (amx.h). */
+int bf16_gemm_amx(int64_t set) { return amx_switch(set, HAVE_AMX); }
 
 #if HAVE_BF16
 /* out_f32 is 0 (bfloat16 out), 1 (float32) or STREAM_F32: float32 written with non-temporal
@@ -183,21 +163,7 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
 
 #if HAVE_AMX
 /* Tiles 0-3 hold the sums (2 x 16 rows by 2 x 16 channels), 4-5 two 16-row slices of x (32 k
- * each), 6-7 two blocks' weights (the same 32 k); all of them 16 rows of 64 bytes. */
-struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-static void amx_configure(void) {
-    struct tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
-}
-
+ * each), 6-7 two blocks' weights (the same 32 k). */
 /* The sums of one tile (16 x 16 float32, from tile memory) + bias, to rows [0, rows) of out. */
 static void amx_store(const float *sums, const float *bias, void *out, int64_t n, int64_t rows,
                       const int out_f32) {

@@ -14,7 +14,12 @@
  * Tiles of up to MR rows x NR blocks of 16 channels keep MR * NR accumulators in registers; the
  * threads share the channel blocks (tiles.h: share_next). Built at run time like paged_decode.c;
  * without VNNI the library still loads and int8_gemm_vnni() says 0, and the caller keeps
- * torch._int_mm. */
+ * torch._int_mm.
+ *
+ * On a CPU with AMX-INT8 (and the tile state granted, amx.h) every call runs on the tiles
+ * instead (gemm_amx): the packed layout is tdpbusd's B operand as it is (16 quadruples of k by
+ * 16 channels in 1 KB), and the sums are the same exact integers, so the output is bit for bit
+ * the VNNI path's. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +35,21 @@
 #define HAVE_VNNI 0
 #endif
 
+#include "amx.h"
+#if HAVE_VNNI && HAVE_AMX_TILE && defined(__AMX_INT8__)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+
 #define MR 8 /* tile_8x3 is written out for these */
 #define NR 3
 #define PARALLEL_MIN_MACS (1 << 18)
 
 int int8_gemm_vnni(void) { return HAVE_VNNI; }
+
+/* Whether the calls run on AMX tiles (1) or not (0); set as bf16_gemm_amx (amx.h). */
+int int8_gemm_amx(int64_t set) { return amx_switch(set, HAVE_AMX); }
 
 #if HAVE_VNNI
 /* acc - comp, to float, times the row's and the channel's scale, rounded and stored. */
@@ -126,11 +141,123 @@ static inline __attribute__((always_inline)) void tile_8x3(
         for (; r0 < end; r0 += 1) TILE(1, C);                                                   \
     }
 
+#if HAVE_AMX
+/* One tile's int32 sums (16 x 16), dequantized as store_tile does, to rows [0, rows) of out. */
+static __attribute__((optimize("fp-contract=off"))) void
+amx_store(const int32_t *sums, const int32_t *comp, const float *row_scales,
+          const float *col_scales, void *out, int64_t n, int64_t rows, const int is_bf16) {
+    const __m512i c = _mm512_loadu_si512(comp);
+    v16 cs;
+    memcpy(&cs, col_scales, sizeof cs);
+    for (int64_t i = 0; i < rows; ++i) {
+        const __m512 sum =
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + 16 * i), c));
+        v16 y;
+        memcpy(&y, &sum, sizeof y);
+        store16(out, i * n, round16((y * row_scales[i]) * cs, is_bf16), is_bf16);
+    }
+}
+
+#define AMX_AHEAD 4096
+
+/* 16 or 32 rows by 16 or 32 channels over all of k, as bf16_gemm.c's amx_pass: tiles 0-3 the
+ * sums, 4-5 two 16-row slices of a (64 k each), 6-7 two blocks' weights (the same 64 k). */
+static inline __attribute__((always_inline)) void amx_pass(const uint8_t *a0, const uint8_t *a1,
+                                                           int64_t k, const int8_t *w0,
+                                                           const int8_t *w1,
+                                                           int32_t sums[4][256],
+                                                           const int two_rows,
+                                                           const int two_blocks,
+                                                           const int ahead) {
+    _tile_zero(0);
+    if (two_blocks) _tile_zero(1);
+    if (two_rows) _tile_zero(2);
+    if (two_rows && two_blocks) _tile_zero(3);
+    for (int64_t kk = 0; kk < k; kk += 64) {
+        if (ahead) /* the weights AMX_AHEAD bytes on (past a panel's end: the next group's) */
+            for (int line = 0; line < 1024; line += 64) {
+                _mm_prefetch((const char *)(w0 + kk * 16) + AMX_AHEAD + line, _MM_HINT_T0);
+                if (two_blocks)
+                    _mm_prefetch((const char *)(w1 + kk * 16) + AMX_AHEAD + line, _MM_HINT_T0);
+            }
+        _tile_loadd(4, a0 + kk, k);
+        _tile_loadd(6, w0 + kk * 16, 64); /* quadruples kk/4 .. kk/4 + 15 */
+        _tile_dpbusd(0, 4, 6);
+        if (two_blocks) {
+            _tile_loadd(7, w1 + kk * 16, 64);
+            _tile_dpbusd(1, 4, 7);
+        }
+        if (two_rows) {
+            _tile_loadd(5, a1 + kk, k);
+            _tile_dpbusd(2, 5, 6);
+            if (two_blocks) _tile_dpbusd(3, 5, 7);
+        }
+    }
+    _tile_stored(0, sums[0], 64);
+    if (two_blocks) _tile_stored(1, sums[1], 64);
+    if (two_rows) _tile_stored(2, sums[2], 64);
+    if (two_rows && two_blocks) _tile_stored(3, sums[3], 64);
+}
+
+/* Needs k % 64 == 0. Rows past the last full 16 come from a zero-padded copy of them. */
+static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed,
+                    const int32_t *comp, int64_t n, const float *row_scales,
+                    const float *col_scales, void *out, const int is_bf16) {
+    const int64_t blocks = n / 16, k4n = k / 4, groups = (blocks + 1) / 2;
+    const int64_t full = m / 16 * 16, slices = (m + 15) / 16;
+    int owned = 0;
+    uint8_t *tail = NULL;
+    if (full < m) {
+        tail = kept_scratch(16 * k, &owned);
+        if (!tail) return -1;
+        memset(tail, 0, 16 * k);
+        memcpy(tail, a + full * k, (m - full) * k);
+    }
+    const size_t esize = is_bf16 ? 2 : 4;
+    struct share shares[SHARES_MAX];
+#pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
+    {
+    int32_t sums[4][256] __attribute__((aligned(64)));
+    amx_configure();
+    share_init(shares, groups);
+#pragma omp barrier
+    for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
+        const int64_t blk = 2 * g;
+        const int two_blocks = blk + 1 < blocks;
+        const int8_t *w0 = packed + blk * k4n * 64, *w1 = w0 + k4n * 64;
+        for (int64_t s = 0; s < slices; s += 2) {
+            const int two_rows = s + 1 < slices, ahead = s == 0 && !stolen;
+            const uint8_t *a0 = 16 * s < full ? a + 16 * s * k : tail;
+            const uint8_t *a1 = 16 * (s + 1) < full ? a + 16 * (s + 1) * k : tail;
+            if (two_rows && two_blocks) amx_pass(a0, a1, k, w0, w1, sums, 1, 1, ahead);
+            else if (two_rows) amx_pass(a0, a1, k, w0, w1, sums, 1, 0, ahead);
+            else if (two_blocks) amx_pass(a0, a1, k, w0, w1, sums, 0, 1, ahead);
+            else amx_pass(a0, a1, k, w0, w1, sums, 0, 0, ahead);
+            for (int i = 0; i < 1 + two_rows; ++i) {
+                const int64_t r0 = 16 * (s + i), rows = m - r0 < 16 ? m - r0 : 16;
+                for (int j = 0; j < 1 + two_blocks; ++j)
+                    amx_store(sums[2 * i + j], comp + 16 * (blk + j), row_scales + r0,
+                              col_scales + 16 * (blk + j),
+                              (char *)out + (r0 * n + 16 * (blk + j)) * esize, n, rows, is_bf16);
+            }
+        }
+    }
+    _tile_release();
+    }
+    if (owned) free(tail);
+    return 0;
+}
+#endif
+
 static inline __attribute__((always_inline)) int gemm(const uint8_t *a, int64_t m, int64_t k,
                                                        const int8_t *packed, const int32_t *comp,
                                                        int64_t n, const float *row_scales,
                                                        const float *col_scales, void *out,
                                                        const int is_bf16) {
+#if HAVE_AMX
+    if (k % 64 == 0 && int8_gemm_amx(-1) == 1)
+        return gemm_amx(a, m, k, packed, comp, n, row_scales, col_scales, out, is_bf16);
+#endif
     const int64_t blocks = n / 16, k4n = k / 4, groups = (blocks + NR - 1) / NR;
     const int64_t full_rows = m / MR * MR;
     /* Rows of the full 8-row tiles interleaved 4 bytes at a time (tile_8x3's operand). */
