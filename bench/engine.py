@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import machine_info  # noqa: E402
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
     ROOFLINE_TARGETS,
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict = {
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            **machine_info(),
             "num_threads": torch.get_num_threads(),
             "torch": torch.__version__,
         },

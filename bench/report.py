@@ -15,7 +15,12 @@ import argparse
 import json
 import random
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.machine import describe  # noqa: E402
 
 SECURITY_COST_TARGET = 0.05  # issue 10: at most 5% of served throughput at 32 streams
 
@@ -41,6 +46,16 @@ def throughput_table(run: dict) -> str:
             f"{ceiling}|"
         )
     return "\n".join(lines)
+
+
+def machine_lines(runs: list[dict]) -> str:
+    """What each run ran on, where the result says (bench/machine.py); one line when all agree."""
+    described = [describe(r["machine"]) for r in runs if isinstance(r.get("machine"), dict)]
+    if not described:
+        return ""
+    if len(set(described)) == 1:
+        return f"machine: {described[0]}"
+    return "\n".join(f"machine, run {i}: {line}" for i, line in enumerate(described, 1))
 
 
 def _row(run: dict, dtype: str, n: int) -> dict:
@@ -264,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="results JSON files, run 1 first")
     args = parser.parse_args(argv)
     loaded = [json.loads(path.read_text()) for path in args.runs]
+    machines = machine_lines(loaded)
+    if machines:
+        print(machines + "\n")
     for run in (r for r in loaded if "weight_formats" in r):
         print(weights_table(run) + "\n")
     security = [(str(p), r) for p, r in zip(args.runs, loaded, strict=True) if "rounds" in r]

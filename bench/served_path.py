@@ -48,6 +48,7 @@ from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.registry import load_model
 
+from bench.machine import machine_info
 from bench.served import Deployment
 from bench.workloads import MAX_MODEL_LEN, MODEL, PROMPTS
 
@@ -313,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "target": TARGET,
         "rows": rows,
-        "machine": os.uname().machine,
-        "cpus": os.cpu_count(),
+        "machine": machine_info(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from intentserve.worker.engine.builder import EngineBuilder  # noqa: E402
 from intentserve.worker.engine.sampling import SamplingParams  # noqa: E402
 from intentserve.worker.model.registry import load_model  # noqa: E402
 
+from bench.machine import machine_info  # noqa: E402
 from bench.weights_text import PASSAGE, PROMPTS  # noqa: E402
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency, args.max_tokens, args.num_prompts, args.quality_tokens = [1, 8], 8, 8, 16
     results: dict = {
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            **machine_info(),
             "num_threads": torch.get_num_threads(),
             "torch": torch.__version__,
         },

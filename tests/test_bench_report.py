@@ -261,3 +261,31 @@ def test_the_report_command_reads_security_results(tmp_path, capsys):
     path.write_text(json.dumps(_security([0.99, 0.97])))
     assert main([str(path)]) == 0
     assert "Pooled at 32 streams: 2 rounds from 1 run;" in capsys.readouterr().out
+
+
+def test_a_runs_machine_is_described_and_what_it_lacks_is_said(tmp_path):
+    from bench.machine import describe, machine_info
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Example CPU\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16\n"
+        "processor\t: 1\nmodel name\t: Example CPU\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16\n"
+    )
+    info = machine_info(cpuinfo)
+    assert info["cpu"] == "Example CPU" and info["isa"] == ["avx512f", "avx512_bf16", "amx_bf16"]
+    assert describe(info).endswith("cores, avx512f avx512_bf16 amx_bf16")
+    assert describe({"cpu": "x86_64"}) == "x86_64, instruction sets not recorded"
+    assert describe({"cpu": "Old", "cores": 2, "isa": []}) == "Old, 2 cores, no AVX-512 or AMX"
+
+
+def test_the_report_names_the_machine_of_each_run_when_they_differ():
+    from bench.report import machine_lines
+
+    amd = {"machine": {"cpu": "AMD EPYC", "cores": 2, "isa": ["avx512f"]}}
+    xeon = {"machine": {"cpu": "Xeon", "cores": 2, "isa": ["avx512f", "amx_bf16"]}}
+    assert machine_lines([amd, amd]) == "machine: AMD EPYC, 2 cores, avx512f"
+    assert machine_lines([amd, xeon]).splitlines() == [
+        "machine, run 1: AMD EPYC, 2 cores, avx512f",
+        "machine, run 2: Xeon, 2 cores, avx512f amx_bf16",
+    ]
+    assert machine_lines([{"machine": "x86_64"}]) == ""  # the served bench's old string
