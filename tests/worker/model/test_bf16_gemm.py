@@ -14,6 +14,7 @@ from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import Bf16Linear, PackedLinear, prepack_linears
 
+from tests.worker.model.kernel_paths import on_path
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 HAVE_CC = any(shutil.which(n) for n in ("cc", "gcc", "clang"))
@@ -32,14 +33,7 @@ def kernel():
 @pytest.fixture(params=["AVX512-BF16", "AMX"])
 def gemm(request, kernel):
     """The kernel, on the path the test is for; the path it was on is restored afterwards."""
-    was = kernel.amx(-1)
-    if request.param == "AMX" and not kernel.amx(1):
-        pytest.skip("this CPU, or the kernel's build for it, has no AMX tiles (AMX-BF16)")
-    if request.param == "AVX512-BF16":
-        kernel.amx(0)
-    assert kernel.isa() == request.param
-    yield kernel
-    kernel.amx(was)
+    yield from on_path(kernel, request.param, "AMX-BF16")
 
 
 def operands(rows, out_features, in_features, seed=0):

@@ -26,6 +26,7 @@ from intentserve.worker.model.quant_linear import (
 from intentserve.worker.model.reference_attention import CausalAttention
 from intentserve.worker.model.weight_format import held_format, quantize_linears
 
+from tests.worker.model.kernel_paths import on_path
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 HAVE_CC = any(shutil.which(n) for n in ("cc", "gcc", "clang"))
@@ -45,15 +46,7 @@ def int8_gemm(request):
     without AMX); the path it was on is restored afterwards."""
     if not HAVE_CC:
         pytest.skip("no C compiler (cc, gcc or clang)")
-    gemm = gemm_or_skip()
-    was = gemm.amx(-1)
-    if request.param == "AMX" and not gemm.amx(1):
-        pytest.skip("this CPU, or the kernel's build for it, has no AMX tiles (AMX-INT8)")
-    if request.param == "AVX512-VNNI":
-        gemm.amx(0)
-    assert gemm.isa() == request.param
-    yield gemm
-    gemm.amx(was)
+    yield from on_path(gemm_or_skip(), request.param, "AMX-INT8")
 
 
 def activations(rows, width, dtype, seed=0):

@@ -1,8 +1,7 @@
 /* What the GEMM kernels need to run on AMX tiles (bf16_gemm.c, int8_gemm.c): the process's
- * permission for the tile state, the one tile shape they use, and a switch.
- *
- * A library includes this after <immintrin.h>; HAVE_AMX_TILE says whether this build can use
- * the tiles at all (-march=native on a CPU with AMX). Each library has its own switch. */
+ * permission for the tile state, the one tile shape they use, a switch, and the pass over k
+ * that both run. HAVE_AMX_TILE says whether this build can use the tiles at all (-march=native
+ * on a CPU with AMX). Each library has its own switch. */
 #ifndef INTENTSERVE_AMX_H
 #define INTENTSERVE_AMX_H
 
@@ -10,6 +9,7 @@
 #include <string.h>
 
 #if defined(__AMX_TILE__) && defined(__linux__)
+#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define HAVE_AMX_TILE 1
@@ -57,6 +57,79 @@ static inline void amx_configure(void) {
     cfg.palette = 1;
     for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
+}
+
+#define AMX_AHEAD 4096 /* bytes of weights prefetched ahead of the tile loads */
+#define AMX_BF16 0     /* amx_pass's dot products: bfloat16 pairs into float32 (tdpbf16ps) */
+#define AMX_INT8 1     /* or unsigned x signed bytes into int32 (tdpbusd) */
+
+/* One pass of a GEMM over all of k: 16 or 32 rows (two_rows) by 16 or 32 channels (two_blocks).
+ * Tiles 0-3 hold the sums (row slice i, block j in tile 2i + j; stored to sums[2i + j], 16 x 16
+ * 4-byte values), 4-5 two 16-row slices of x (a0, a1: 64 bytes of each row a step, rows
+ * row_bytes apart), 6-7 the two blocks' weights for the same step (w0, w1: their panels, 1 KB a
+ * step, the packed layouts of bf16_gemm.c and int8_gemm.c). `ahead`: prefetch each panel
+ * AMX_AHEAD bytes ahead of its loads (past a panel's end that is the next group's, which follows
+ * it in memory); on a group's first pass over the rows, where the weights come from DRAM.
+ * `kind` (AMX_BF16 or AMX_INT8) is a constant wherever this is inlined. */
+static inline __attribute__((always_inline)) void amx_pass(const char *a0, const char *a1,
+                                                           int64_t row_bytes, const char *w0,
+                                                           const char *w1, char sums[4][1024],
+                                                           const int two_rows,
+                                                           const int two_blocks,
+                                                           const int ahead, const int kind) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+#define AMX_DOT(c, a, b)                                                                        \
+    do {                                                                                        \
+        if (kind == AMX_INT8) _tile_dpbusd(c, a, b);                                            \
+        else _tile_dpbf16ps(c, a, b);                                                           \
+    } while (0)
+#elif defined(__AMX_INT8__)
+#define AMX_DOT(c, a, b) _tile_dpbusd(c, a, b)
+#else
+#define AMX_DOT(c, a, b) _tile_dpbf16ps(c, a, b)
+#endif
+    _tile_zero(0);
+    if (two_blocks) _tile_zero(1);
+    if (two_rows) _tile_zero(2);
+    if (two_rows && two_blocks) _tile_zero(3);
+    for (int64_t step = 0; step < row_bytes; step += 64) {
+        const char *b0 = w0 + step * 16, *b1 = w1 + step * 16;
+        if (ahead)
+            for (int line = 0; line < 1024; line += 64) {
+                _mm_prefetch(b0 + AMX_AHEAD + line, _MM_HINT_T0);
+                if (two_blocks) _mm_prefetch(b1 + AMX_AHEAD + line, _MM_HINT_T0);
+            }
+        _tile_loadd(4, a0 + step, row_bytes);
+        _tile_loadd(6, b0, 64);
+        AMX_DOT(0, 4, 6);
+        if (two_blocks) {
+            _tile_loadd(7, b1, 64);
+            AMX_DOT(1, 4, 7);
+        }
+        if (two_rows) {
+            _tile_loadd(5, a1 + step, row_bytes);
+            AMX_DOT(2, 5, 6);
+            if (two_blocks) AMX_DOT(3, 5, 7);
+        }
+    }
+#undef AMX_DOT
+    _tile_stored(0, sums[0], 64);
+    if (two_blocks) _tile_stored(1, sums[1], 64);
+    if (two_rows) _tile_stored(2, sums[2], 64);
+    if (two_rows && two_blocks) _tile_stored(3, sums[3], 64);
+}
+
+/* amx_pass with its flags as constants, for the four shapes a pass can have. */
+static inline __attribute__((always_inline)) void amx_pass_any(const char *a0, const char *a1,
+                                                               int64_t row_bytes,
+                                                               const char *w0, const char *w1,
+                                                               char sums[4][1024],
+                                                               int two_rows, int two_blocks,
+                                                               int ahead, const int kind) {
+    if (two_rows && two_blocks) amx_pass(a0, a1, row_bytes, w0, w1, sums, 1, 1, ahead, kind);
+    else if (two_rows) amx_pass(a0, a1, row_bytes, w0, w1, sums, 1, 0, ahead, kind);
+    else if (two_blocks) amx_pass(a0, a1, row_bytes, w0, w1, sums, 0, 1, ahead, kind);
+    else amx_pass(a0, a1, row_bytes, w0, w1, sums, 0, 0, ahead, kind);
 }
 #endif
 

@@ -162,8 +162,6 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
     for (; r0 < m; r0 += 1) TILE(1, C);
 
 #if HAVE_AMX
-/* Tiles 0-3 hold the sums (2 x 16 rows by 2 x 16 channels), 4-5 two 16-row slices of x (32 k
- * each), 6-7 two blocks' weights (the same 32 k). */
 /* The sums of one tile (16 x 16 float32, from tile memory) + bias, to rows [0, rows) of out. */
 static void amx_store(const float *sums, const float *bias, void *out, int64_t n, int64_t rows,
                       const int out_f32) {
@@ -180,49 +178,9 @@ static void amx_store(const float *sums, const float *bias, void *out, int64_t n
     }
 }
 
-/* 16 or 32 rows (two_rows) by 16 or 32 channels (two_blocks), over all of k. a0 / a1: the two
- * row slices (row stride k); w0 / w1: the two blocks' panels. `ahead`: prefetch each panel
- * AMX_AHEAD bytes ahead of the tile loads (past a panel's end that is the next group's, which
- * follows it in memory), on a group's first pass over the rows. */
-#define AMX_AHEAD 4096
-static inline __attribute__((always_inline)) void amx_pass(const uint16_t *a0, const uint16_t *a1,
-                                                           int64_t k, const uint16_t *w0,
-                                                           const uint16_t *w1,
-                                                           float sums[4][256],
-                                                           const int two_rows,
-                                                           const int two_blocks,
-                                                           const int ahead) {
-    _tile_zero(0);
-    if (two_blocks) _tile_zero(1);
-    if (two_rows) _tile_zero(2);
-    if (two_rows && two_blocks) _tile_zero(3);
-    for (int64_t kk = 0; kk < k; kk += 32) {
-        if (ahead)
-            for (int line = 0; line < 1024; line += 64) {
-                _mm_prefetch((const char *)(w0 + kk * 16) + AMX_AHEAD + line, _MM_HINT_T0);
-                if (two_blocks)
-                    _mm_prefetch((const char *)(w1 + kk * 16) + AMX_AHEAD + line, _MM_HINT_T0);
-            }
-        _tile_loadd(4, a0 + kk, k * 2);
-        _tile_loadd(6, w0 + kk * 16, 64); /* pairs kk/2 .. kk/2 + 15: 32 bf16 each */
-        _tile_dpbf16ps(0, 4, 6);
-        if (two_blocks) {
-            _tile_loadd(7, w1 + kk * 16, 64);
-            _tile_dpbf16ps(1, 4, 7);
-        }
-        if (two_rows) {
-            _tile_loadd(5, a1 + kk, k * 2);
-            _tile_dpbf16ps(2, 5, 6);
-            if (two_blocks) _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    _tile_stored(0, sums[0], 64);
-    if (two_blocks) _tile_stored(1, sums[1], 64);
-    if (two_rows) _tile_stored(2, sums[2], 64);
-    if (two_rows && two_blocks) _tile_stored(3, sums[3], 64);
-}
-
-/* Needs k % 32 == 0. Rows past the last full 16 come from a zero-padded copy of them. */
+/* Groups of 2 blocks of 16 channels shared out to the threads; in each, passes over 32 rows
+ * at a time (amx.h, amx_pass). Needs k % 32 == 0. Rows past the last full 16 come from a
+ * zero-padded copy of them. */
 static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                     const float *bias, int64_t n, void *out, const int float32_out) {
     const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + 1) / 2;
@@ -242,7 +200,7 @@ static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *pac
     struct share shares[SHARES_MAX];
 #pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
     {
-    float sums[4][256] __attribute__((aligned(64)));
+    char sums[4][1024] __attribute__((aligned(64)));
     amx_configure(); /* the tile configuration is a thread's own */
     share_init(shares, groups);
 #pragma omp barrier
@@ -255,14 +213,12 @@ static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *pac
             const uint16_t *a0 = 16 * s < full ? x + 16 * s * k : tail;
             const uint16_t *a1 = 16 * (s + 1) < full ? x + 16 * (s + 1) * k : tail;
             const int ahead = s == 0 && !stolen;
-            if (two_rows && two_blocks) amx_pass(a0, a1, k, w0, w1, sums, 1, 1, ahead);
-            else if (two_rows) amx_pass(a0, a1, k, w0, w1, sums, 1, 0, ahead);
-            else if (two_blocks) amx_pass(a0, a1, k, w0, w1, sums, 0, 1, ahead);
-            else amx_pass(a0, a1, k, w0, w1, sums, 0, 0, ahead);
+            amx_pass_any((const char *)a0, (const char *)a1, k * 2, (const char *)w0,
+                         (const char *)w1, sums, two_rows, two_blocks, ahead, AMX_BF16);
             for (int i = 0; i < 1 + two_rows; ++i) {
                 const int64_t r0 = 16 * (s + i), rows = m - r0 < 16 ? m - r0 : 16;
                 for (int j = 0; j < 1 + two_blocks; ++j)
-                    amx_store(sums[2 * i + j], bias ? bias + 16 * (blk + j) : NULL,
+                    amx_store((const float *)sums[2 * i + j], bias ? bias + 16 * (blk + j) : NULL,
                               (char *)out + (r0 * n + 16 * (blk + j)) * esize, n, rows,
                               out_f32);
             }

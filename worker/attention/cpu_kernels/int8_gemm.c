@@ -158,48 +158,9 @@ amx_store(const int32_t *sums, const int32_t *comp, const float *row_scales,
     }
 }
 
-#define AMX_AHEAD 4096
-
-/* 16 or 32 rows by 16 or 32 channels over all of k, as bf16_gemm.c's amx_pass: tiles 0-3 the
- * sums, 4-5 two 16-row slices of a (64 k each), 6-7 two blocks' weights (the same 64 k). */
-static inline __attribute__((always_inline)) void amx_pass(const uint8_t *a0, const uint8_t *a1,
-                                                           int64_t k, const int8_t *w0,
-                                                           const int8_t *w1,
-                                                           int32_t sums[4][256],
-                                                           const int two_rows,
-                                                           const int two_blocks,
-                                                           const int ahead) {
-    _tile_zero(0);
-    if (two_blocks) _tile_zero(1);
-    if (two_rows) _tile_zero(2);
-    if (two_rows && two_blocks) _tile_zero(3);
-    for (int64_t kk = 0; kk < k; kk += 64) {
-        if (ahead) /* the weights AMX_AHEAD bytes on (past a panel's end: the next group's) */
-            for (int line = 0; line < 1024; line += 64) {
-                _mm_prefetch((const char *)(w0 + kk * 16) + AMX_AHEAD + line, _MM_HINT_T0);
-                if (two_blocks)
-                    _mm_prefetch((const char *)(w1 + kk * 16) + AMX_AHEAD + line, _MM_HINT_T0);
-            }
-        _tile_loadd(4, a0 + kk, k);
-        _tile_loadd(6, w0 + kk * 16, 64); /* quadruples kk/4 .. kk/4 + 15 */
-        _tile_dpbusd(0, 4, 6);
-        if (two_blocks) {
-            _tile_loadd(7, w1 + kk * 16, 64);
-            _tile_dpbusd(1, 4, 7);
-        }
-        if (two_rows) {
-            _tile_loadd(5, a1 + kk, k);
-            _tile_dpbusd(2, 5, 6);
-            if (two_blocks) _tile_dpbusd(3, 5, 7);
-        }
-    }
-    _tile_stored(0, sums[0], 64);
-    if (two_blocks) _tile_stored(1, sums[1], 64);
-    if (two_rows) _tile_stored(2, sums[2], 64);
-    if (two_rows && two_blocks) _tile_stored(3, sums[3], 64);
-}
-
-/* Needs k % 64 == 0. Rows past the last full 16 come from a zero-padded copy of them. */
+/* Groups of 2 blocks of 16 channels shared out to the threads; in each, passes over 32 rows
+ * at a time (amx.h, amx_pass). Needs k % 64 == 0. Rows past the last full 16 come from a
+ * zero-padded copy of them. */
 static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed,
                     const int32_t *comp, int64_t n, const float *row_scales,
                     const float *col_scales, void *out, const int is_bf16) {
@@ -217,7 +178,7 @@ static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed
     struct share shares[SHARES_MAX];
 #pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
     {
-    int32_t sums[4][256] __attribute__((aligned(64)));
+    char sums[4][1024] __attribute__((aligned(64)));
     amx_configure();
     share_init(shares, groups);
 #pragma omp barrier
@@ -229,14 +190,12 @@ static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed
             const int two_rows = s + 1 < slices, ahead = s == 0 && !stolen;
             const uint8_t *a0 = 16 * s < full ? a + 16 * s * k : tail;
             const uint8_t *a1 = 16 * (s + 1) < full ? a + 16 * (s + 1) * k : tail;
-            if (two_rows && two_blocks) amx_pass(a0, a1, k, w0, w1, sums, 1, 1, ahead);
-            else if (two_rows) amx_pass(a0, a1, k, w0, w1, sums, 1, 0, ahead);
-            else if (two_blocks) amx_pass(a0, a1, k, w0, w1, sums, 0, 1, ahead);
-            else amx_pass(a0, a1, k, w0, w1, sums, 0, 0, ahead);
+            amx_pass_any((const char *)a0, (const char *)a1, k, (const char *)w0,
+                         (const char *)w1, sums, two_rows, two_blocks, ahead, AMX_INT8);
             for (int i = 0; i < 1 + two_rows; ++i) {
                 const int64_t r0 = 16 * (s + i), rows = m - r0 < 16 ? m - r0 : 16;
                 for (int j = 0; j < 1 + two_blocks; ++j)
-                    amx_store(sums[2 * i + j], comp + 16 * (blk + j), row_scales + r0,
+                    amx_store((const int32_t *)sums[2 * i + j], comp + 16 * (blk + j), row_scales + r0,
                               col_scales + 16 * (blk + j),
                               (char *)out + (r0 * n + 16 * (blk + j)) * esize, n, rows, is_bf16);
             }
