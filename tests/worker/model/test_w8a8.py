@@ -1,8 +1,8 @@
 """w8a8: int8 weights and per-row int8 activations. The compiled steps (quantize, the int8 GEMM
 with its dequantize, on VNNI and, where the CPU has them, on AMX tiles) give bit for bit what
-their torch forms give; a row's result does not
-depend on the rest of its batch; smoothing moves range into the weights without changing the
-product; and the result stays close to the float matmul."""
+their torch forms give; a row's result does not depend on the rest of its batch; smoothing
+moves range into the weights without changing the product; and the result stays close to the
+float matmul."""
 
 import shutil
 

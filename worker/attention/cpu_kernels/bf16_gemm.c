@@ -18,7 +18,7 @@
  * the kernel), every call runs on the tiles instead (gemm_amx below): the packed layout above is
  * already the B operand of tdpbf16ps, 16 pairs of k by 16 channels in 1 KB. On a 2-core AMX VM
  * (Xeon, 2026-12-02; in one process, the paths alternated): SmolLM2's 120 layer matmuls at 32
- * rows took 48-60 ms on the AVX512-BF16 tiles and 15-20 ms on AMX, at 64 rows 108-127 against
+ * rows took 48-60 ms on the AVX512-BF16 path and 15-20 ms on AMX, at 64 rows 108-127 against
  * 21-35, at one row 14.1-14.5 against 14.3-15.2 (with the prefetch below; 18 ms without). All
  * rows go to the tiles, one included, so a row's result still does not depend on its batch. */
 #include <stdint.h>
