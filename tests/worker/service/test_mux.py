@@ -32,6 +32,7 @@ class Mux:
         self._ended: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.error: grpc.RpcError | None = None
+        self.ended = threading.Event()  # the call's response stream is over
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -48,8 +49,19 @@ class Mux:
         self._commands.put(worker_pb2.StreamCommand(stream=key, cancel=True))
 
     def wait(self, key: int, timeout_s: float = 30.0) -> list[worker_pb2.StreamEvent]:
-        assert self._ended[key].wait(timeout_s), f"stream {key} never ended"
+        assert self._ended[key].wait(timeout_s), self._story(key)
         return self.events[key]
+
+    def _story(self, key: int) -> str:
+        """What a failed wait saw: enough to tell a lost event from a call that ended."""
+        with self._lock:
+            counts = {k: len(events) for k, events in self.events.items()}
+            got = [e.WhichOneof("event") for e in self.events[key]]
+        call = "over" if self.ended.is_set() else "open"
+        return (
+            f"stream {key} never ended: its events {got}; events per key {counts}; "
+            f"{len(self.messages)} messages; the call is {call}, error {self.error!r}"
+        )
 
     def close(self) -> None:
         self._commands.put(None)
@@ -67,6 +79,8 @@ class Mux:
                             self._ended[event.stream].set()
         except grpc.RpcError as error:
             self.error = error
+        finally:
+            self.ended.set()
 
 
 def request(prompt: str, max_tokens: int = NUM_TOKENS, **fields) -> inference_pb2.GenerateRequest:
