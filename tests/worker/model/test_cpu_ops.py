@@ -5,7 +5,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention.cpu_kernels import fused_ops
+from intentserve.worker.attention import cpu_kernels
+from intentserve.worker.attention.cpu_kernels import KernelUnavailable, bf16_gemm_kernel, fused_ops
 from intentserve.worker.model import cpu_ops
 
 pytestmark = pytest.mark.skipif(
@@ -98,3 +99,78 @@ def test_rotary_leaves_shapes_it_does_not_take_to_torch():
     qkv = torch.randn(2, 3 * 48)  # head_dim 48: half of it is not whole 16-lane vectors
     cos = sin = torch.ones(2, 1, 24)
     assert not cpu_ops.rotary_(fused_ops(), qkv, cos, sin, 2, 48)
+
+
+def _has_avx512_bf16_build() -> bool:
+    try:
+        bf16_gemm_kernel()
+    except KernelUnavailable:
+        return False
+    return True
+
+
+@pytest.fixture(params=["native", "x86-64-v3"])
+def kernel_target(request, tmp_path, monkeypatch):
+    """The kernels as this CPU builds them, and built for a portable x86 target (no
+    AVX512-BF16: the rounding's portable steps), each in a cache of its own."""
+    if request.param != "native":
+        if cpu_kernels.platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip(f"{request.param} is an x86-64 target; this machine is not x86-64")
+        monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", request.param)
+        monkeypatch.setenv("INTENTSERVE_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels._load_library.cache_clear()
+    yield request.param
+    cpu_kernels._load_library.cache_clear()
+
+
+def test_bf16_rounding_is_torchs_bit_for_bit_but_denormals_on_avx512_bf16(kernel_target):
+    """The kernels' rounding to bfloat16 (here: the residual sum x + r) against torch's, over
+    ties to even both ways, overflow to infinity, infinities and denormals. With AVX512-BF16 the
+    rounding is one vcvtneps2bf16, which reads a float32 denormal as zero: only those differ,
+    and only there; on other builds nothing differs. NaN stays NaN (its payload is not torch's
+    canonical one on either path)."""
+    one = 1.0
+    pairs = [
+        (one, 2.0**-8),  # halfway between 1 and its next bf16: to even, down
+        (one + 2.0**-7, 2.0**-8),  # halfway, to even, up
+        (one, 2.0**-8 + 2.0**-15),  # just past halfway: up
+        (-3.0, -(2.0**-7)),  # a tie below zero
+        (3.3e38, 3.3e38),  # overflows to inf
+        (float("inf"), 1.0),
+        (float("-inf"), -1.0),
+        (float("nan"), 1.0),
+        (2.0**-130, 0.0),  # a denormal sum
+        (-(2.0**-131), 0.0),
+        (2.0**-126, -(2.0**-127)),  # a normal minus a normal: denormal
+    ]
+    gen = torch.Generator().manual_seed(3)
+    width = 976  # a multiple of the kernel's 16 lanes
+    num = width - len(pairs)
+    scales = 2.0 ** torch.randint(-20, 20, (num,), generator=gen).float()
+    pairs += zip(
+        (torch.randn(num, generator=gen) * scales).tolist(),
+        (torch.randn(num, generator=gen) * scales).tolist(),
+        strict=True,
+    )
+    x = torch.tensor([p[0] for p in pairs]).to(torch.bfloat16).reshape(1, -1)
+    residual = torch.tensor([p[1] for p in pairs]).to(torch.bfloat16).reshape(1, -1)
+    expected = (x.float() + residual.float()).to(torch.bfloat16)
+    stream = residual.clone()
+    done = cpu_ops.add_rmsnorm(
+        fused_ops(), x, stream, torch.ones(width, dtype=torch.bfloat16), 1e-6
+    )
+    assert done is not None and done[1] is stream
+
+    ours, theirs = stream.view(torch.int16)[0], expected.view(torch.int16)[0]
+    nan = expected[0].isnan()
+    assert stream[0][nan].isnan().all()
+    denormal = (expected[0] != 0) & (expected[0].float().abs() < torch.finfo(torch.float32).tiny)
+    assert denormal.sum() == 3
+    if _has_avx512_bf16_build():
+        assert (stream[0][denormal] == 0).all()
+        assert torch.equal(stream[0][denormal].signbit(), expected[0][denormal].signbit())
+        same = ~nan & ~denormal
+    else:
+        same = ~nan
+    assert torch.equal(ours[same], theirs[same])
+    assert (expected[0][:3].float() == torch.tensor([1.0, 1.0 + 2.0**-6, 1.0 + 2.0**-7])).all()

@@ -16,7 +16,8 @@
  * w are each rounded to the dtype; silu(gate) is rounded before the product), so in bfloat16 the
  * results match torch bit for bit except where float32 summation order or the exp inside SiLU
  * (a polynomial, relative error ~2e-7 against torch's ~1e-7) lands on the other side of a
- * rounding boundary. Row widths must be multiples of 16 (the caller checks).
+ * rounding boundary, and where a float32 denormal is rounded on a CPU with AVX512-BF16 (to zero:
+ * vec16.h, round16). Row widths must be multiples of 16 (the caller checks).
  */
 #include <math.h>
 #include <stdint.h>

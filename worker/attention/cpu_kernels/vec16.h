@@ -7,6 +7,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -48,9 +51,17 @@ static inline v16 select16(v16i mask, v16 yes, v16 no) {
     return out;
 }
 
-/* The value each lane has once stored in the dtype (round to nearest even; NaN stays NaN). */
+/* The value each lane has once stored in the dtype (round to nearest even; NaN stays NaN).
+ * With AVX512-BF16 that is one vcvtneps2bf16, which reads a float32 denormal as a zero of its
+ * sign (torch keeps it, as the portable steps below do); everything else rounds the same, bit
+ * for bit. On the 2-core Xeon (alternated in one process): silu_mul at 64 rows x 1536 87-107 ->
+ * 74-75 us, add_rmsnorm at 64 x 576 25.2 -> 24.3 us. */
 static inline __attribute__((always_inline)) v16 round16(v16 f, const int is_bf16) {
     if (!is_bf16) return f;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh((__m512)f);
+    return (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+#else
     v16u b;
     memcpy(&b, &f, sizeof b);
     const v16u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
@@ -60,6 +71,7 @@ static inline __attribute__((always_inline)) v16 round16(v16 f, const int is_bf1
     memcpy(&r, &rounded, sizeof r);
     memcpy(&q, &quiet, sizeof q);
     return select16(is_nan, q, r);
+#endif
 }
 
 /* f must already be rounded to the dtype (round16). */
