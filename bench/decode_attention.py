@@ -10,8 +10,8 @@ Three timings of one step (every layer's attention once), medians of alternated 
 - hot: one layer's caches, read again and again (from the CPU caches);
 - read: `torch.sum` over as many bytes as the step's K/V, contiguous: the memory's own pace on
   this machine now.
-The contexts are the engine bench's (49-token prompts, up to 128 new tokens); each sequence's
-blocks are scattered over its cache as an engine's are after a while.
+The contexts are the served bench's (chat prompts of about 49 tokens, up to 128 new tokens);
+each sequence's blocks are scattered over its cache as an engine's are after a while.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from bench.machine import describe, machine_info  # noqa: E402
 
 # SmolLM2-135M: 30 layers, 9 query heads over 3 kv heads of 64.
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
-FIRST_CONTEXT, LAST_CONTEXT = 49, 177  # the engine bench's contexts, prompt to last token
+FIRST_CONTEXT, LAST_CONTEXT = 49, 177  # the served bench's contexts, prompt to last token
 
 
 class Step:
