@@ -4,11 +4,15 @@
   oneDNN's packed matmul on SmolLM2's shapes, weights cold, one process (docs/engine.md): 20-27%
   less time per layer at 1-8 rows, 16-20% less at 32-64. Where the CPU has AMX the same layout
   feeds its tiles (bf16_gemm.c), 2.5-5x the AVX512-BF16 path at 32-64 rows there.
-- Otherwise (float32, or no AVX512-BF16, or no compiler): `PackedLinear`, oneDNN's blocked
+- float32 on a CPU with AVX-512: `F32Linear`, the weight in f32_gemm.c's layout. Against
+  oneDNN's packed float32 matmul on SmolLM2's 120 layer projections, weights cold, one process
+  (Xeon VM, 2026-12-02, alternated, median of 7): 22.2 -> 18.4 ms at one row (19 -> 23 GB/s of
+  weights), 33.1 -> 22.6 at 8, 46.1 -> 37.0 at 32, 82.5 -> 62.0 at 64.
+- Otherwise (no AVX-512 or no AVX512-BF16, or no compiler): `PackedLinear`, oneDNN's blocked
   layout. Measured on this 2-core AVX-512 machine: at 32-64 rows a packed bf16 projection runs at
   ~400 GFLOP/s against ~250 for `F.linear` on the plain weight, fp32 at ~215 against ~130.
 
-Either serves any number of rows with row results independent of the batch, and neither keeps the
+Each serves any number of rows with row results independent of the batch, and neither keeps the
 plain weight. CUDA keeps plain `nn.Linear`.
 """
 
@@ -18,7 +22,13 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention.cpu_kernels import Bf16Gemm, KernelUnavailable, bf16_gemm_kernel
+from intentserve.worker.attention.cpu_kernels import (
+    Bf16Gemm,
+    F32Gemm,
+    KernelUnavailable,
+    bf16_gemm_kernel,
+    f32_gemm_kernel,
+)
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.step_buffers import out_tensor
 from torch import Tensor, nn
@@ -56,6 +66,9 @@ class Bf16Linear(nn.Module):
     keeps the sums unrounded (the LM head: logits are wanted in float32 anyway, and the kernel
     writing them saves a conversion pass over [rows, vocab])."""
 
+    dtype = torch.bfloat16  # what x must be for the kernel to run
+    isa_name = "bf16 GEMM kernel"
+
     def __init__(
         self,
         weight: Tensor,
@@ -68,12 +81,15 @@ class Bf16Linear(nn.Module):
             raise ValueError(f"out_dtype: {out_dtype} is not one of bfloat16, float32")
         self.out_dtype = out_dtype
         self.out_features, self.in_features = weight.shape
-        w = weight.detach().to(torch.bfloat16)
-        blocks = w.reshape(self.out_features // 16, 16, self.in_features // 2, 2)
-        self.register_buffer("packed", blocks.permute(0, 2, 1, 3).contiguous())
+        self.register_buffer("packed", self._pack(weight.detach()))
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.gemm = gemm
         self.out_buffer = None  # a kept output buffer, set by step_buffers.keep_step_buffers
+
+    def _pack(self, weight: Tensor) -> Tensor:
+        w = weight.to(torch.bfloat16)
+        blocks = w.reshape(self.out_features // 16, 16, self.in_features // 2, 2)
+        return blocks.permute(0, 2, 1, 3).contiguous()
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
@@ -84,8 +100,9 @@ class Bf16Linear(nn.Module):
         return self.packed.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        if x.dtype != torch.bfloat16 or x.dim() != 2:  # not what the model sends; still right
-            return F.linear(x, self.weight().to(x.dtype), self.bias)
+        if x.dtype != self.dtype or x.dim() != 2:  # not what the model sends; still right
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.weight().to(x.dtype), bias)
         x = x.contiguous()
         out = out_tensor(self.out_buffer, x.shape[0], self.out_features, self.out_dtype)
         status = self.gemm.gemm(
@@ -99,8 +116,30 @@ class Bf16Linear(nn.Module):
             self.out_dtype == torch.float32,
         )
         if status != 0:
-            raise RuntimeError("the bf16 GEMM kernel has no AVX512-BF16 or ran out of memory")
+            raise RuntimeError(f"the {self.isa_name} is not built for this CPU")
         return out
+
+
+class F32Linear(Bf16Linear):
+    """A float32 projection on f32_gemm.c: the weight packed as [out/16][in][16], a float32 bias
+    added to the sums; out float32."""
+
+    dtype = torch.float32
+    isa_name = "float32 GEMM kernel"
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, gemm: F32Gemm) -> None:
+        super().__init__(weight, bias, gemm, torch.float32)
+
+    def _pack(self, weight: Tensor) -> Tensor:
+        w = weight.float()
+        return w.reshape(self.out_features // 16, 16, self.in_features).transpose(1, 2).contiguous()
+
+    @staticmethod
+    def fits(weight: Tensor) -> bool:
+        return weight.shape[0] % 16 == 0
+
+    def weight(self) -> Tensor:  # [out, in] float32, unpacked
+        return self.packed.transpose(1, 2).reshape(self.out_features, self.in_features)
 
 
 def _projections(model: LlamaModel) -> list[tuple[nn.Module, str]]:
@@ -115,22 +154,26 @@ def _projections(model: LlamaModel) -> list[tuple[nn.Module, str]]:
     return owners
 
 
-def prepack_linears(model: LlamaModel, *, bf16_kernel: bool = True) -> str:
+def prepack_linears(model: LlamaModel, *, kernels: bool = True) -> str:
     """Replace the model's projections (and its LM head) with packed ones, in place; returns what
     runs them, in words. Idempotent. A tied LM head gets a packed copy of the embedding, since
-    the embedding lookup still needs the plain table. `bf16_kernel=False` keeps oneDNN for bf16
-    too (for comparisons)."""
+    the embedding lookup still needs the plain table. `kernels=False` keeps oneDNN for every
+    dtype (for comparisons)."""
     if model.embed_tokens.weight.device.type != "cpu":
         return ""
-    gemm, why = None, "float32 weights"
-    if not bf16_kernel:
-        why = "the bf16 kernel was turned off"
-    elif model.embed_tokens.weight.dtype == torch.bfloat16:
+    dtype = model.embed_tokens.weight.dtype
+    kind: type[Bf16Linear] = Bf16Linear if dtype == torch.bfloat16 else F32Linear
+    gemm, why = None, ""
+    if not kernels:
+        why = "the GEMM kernels were turned off"
+    elif dtype in (torch.bfloat16, torch.float32):
         try:
-            gemm = bf16_gemm_kernel()
+            gemm = bf16_gemm_kernel() if kind is Bf16Linear else f32_gemm_kernel()
         except KernelUnavailable as exc:
             why = exc.reason
-            log.info("bf16 projections stay on oneDNN: %s", why)
+            log.info("%s projections stay on oneDNN: %s", dtype, why)
+    else:
+        why = f"{dtype} weights"
     owners = _projections(model)
     for owner, name in owners:
         linear = getattr(owner, name)
@@ -140,16 +183,19 @@ def prepack_linears(model: LlamaModel, *, bf16_kernel: bool = True) -> str:
             weight, bias = model.embed_tokens.weight, None
         else:
             weight, bias = linear.weight, linear.bias
-        if gemm is not None and Bf16Linear.fits(weight):
-            # The head's logits go to the sampler in float32: written so, not rounded first.
-            out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
-            setattr(owner, name, Bf16Linear(weight, bias, gemm, out_dtype))
+        if gemm is not None and kind.fits(weight):
+            if kind is F32Linear:
+                setattr(owner, name, F32Linear(weight, bias, gemm))
+            else:
+                # The head's logits go to the sampler in float32: written so, not rounded first.
+                out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
+                setattr(owner, name, Bf16Linear(weight, bias, gemm, out_dtype))
         else:
             setattr(owner, name, PackedLinear(weight, bias))
     on_kernel = sum(isinstance(getattr(owner, name), Bf16Linear) for owner, name in owners)
     if not on_kernel:
         return f"oneDNN packed ({why if gemm is None else 'packed for oneDNN before'})"
-    isa = gemm.isa()
+    said = f"{kind.isa_name} ({gemm.isa()})"
     if on_kernel == len(owners):
-        return f"bf16 GEMM kernel ({isa}), all {on_kernel}"
-    return f"bf16 GEMM kernel ({isa}) for {on_kernel} of {len(owners)}, oneDNN for the rest"
+        return f"{said}, all {on_kernel}"
+    return f"{said} for {on_kernel} of {len(owners)}, oneDNN for the rest"

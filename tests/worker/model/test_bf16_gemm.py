@@ -103,12 +103,9 @@ def test_prepack_puts_every_bf16_projection_and_the_head_on_the_kernel(gemm):
     assert prepack_linears(model) == said  # idempotent
 
 
-def test_prepack_keeps_onednn_for_float32_when_turned_off_and_where_the_kernel_is_missing(
-    monkeypatch,
-):
-    assert prepack_linears(tiny(torch.float32)) == "oneDNN packed (float32 weights)"
+def test_prepack_keeps_onednn_when_turned_off_and_where_the_kernel_is_missing(monkeypatch):
     model = tiny(torch.bfloat16)
-    assert "turned off" in prepack_linears(model, bf16_kernel=False)
+    assert "turned off" in prepack_linears(model, kernels=False)
     assert not any(isinstance(m, Bf16Linear) for m in model.modules())
 
     def unavailable():

@@ -34,7 +34,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-KERNEL_NAMES = ("paged_decode", "fused_ops", "int8_gemm", "bf16_gemm", "decode_layers")
+KERNEL_NAMES = (
+    "paged_decode",
+    "fused_ops",
+    "int8_gemm",
+    "bf16_gemm",
+    "f32_gemm",
+    "decode_layers",
+)
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
 MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
@@ -218,6 +225,19 @@ class Bf16Gemm:
         return "AMX" if self.amx(-1) else "AVX512-BF16"
 
 
+@dataclass(frozen=True)
+class F32Gemm:
+    """The entry point of f32_gemm.c (AVX-512 fused multiply-adds), the same signature as
+    `Bf16Gemm.gemm` with a float32 x and a float32 out."""
+
+    gemm: ctypes._CFuncPtr
+    path: Path
+
+    def isa(self) -> str:
+        """What the calls run on, in words."""
+        return "AVX-512"
+
+
 def _declare(fn: ctypes._CFuncPtr, argtypes: list, restype=None) -> ctypes._CFuncPtr:
     fn.argtypes = argtypes
     fn.restype = restype
@@ -291,6 +311,14 @@ def bf16_gemm_kernel() -> Bf16Gemm:
         raise _missing_isa("AVX512-BF16 dot products")
     gemm = _declare(lib.bf16_gemm, _BF16_GEMM_ARGS, ctypes.c_int)
     return Bf16Gemm(gemm, _amx_switch(lib.bf16_gemm_amx), Path(lib._name))
+
+
+def f32_gemm_kernel() -> F32Gemm:
+    """The compiled float32 matmul, or KernelUnavailable (also where this CPU has no AVX-512)."""
+    lib = _load("f32_gemm")
+    if not _declare(lib.f32_gemm_available, [], ctypes.c_int)():
+        raise _missing_isa("AVX-512")
+    return F32Gemm(_declare(lib.f32_gemm, _BF16_GEMM_ARGS, ctypes.c_int), Path(lib._name))
 
 
 def int8_gemm_kernel() -> Int8Gemm:
