@@ -1,6 +1,7 @@
-"""Every decoder layer of a decode step in one compiled call (decode_layers.c), for bfloat16
-Llama-family models on the CPU whose parts all run on the compiled kernels: the projections on
-the bf16 GEMM (dequantized weights) or on the int8 GEMM (w8a8).
+"""Every decoder layer of a decode step in one compiled call (decode_layers.c), for bfloat16 and
+float32 Llama-family models on the CPU whose parts all run on the compiled kernels: the
+projections on the dtype's GEMM (bf16_gemm.c, f32_gemm.c: dequantized weights) or on the int8
+GEMM (w8a8).
 
 The call runs the kernels the Python layers call, in the same order, on the same kind of
 buffers, so its hidden states are bit for bit the Python path's (tests/worker/model/
@@ -20,11 +21,12 @@ from intentserve.worker.attention.cpu_kernels import (
     KernelUnavailable,
     bf16_gemm_kernel,
     decode_layers_kernel,
+    f32_gemm_kernel,
     fused_ops,
     int8_gemm_kernel,
     paged_decode_kernel,
 )
-from intentserve.worker.model.packed_linear import Bf16Linear
+from intentserve.worker.model.packed_linear import Bf16Linear, F32Linear
 from intentserve.worker.model.quant_linear import W8A8Linear
 from torch import Tensor
 
@@ -44,6 +46,7 @@ class _Dims(ctypes.Structure):
         ("eps", _F32),
         ("scale", _F32),
         ("w8a8", _I64),
+        ("elem_bytes", _I64),
     ]
 
 
@@ -78,9 +81,12 @@ def _proj(module) -> _Proj:
 
 
 def _kind(module) -> str:
-    """ "bf16" or "w8a8" where the projection runs on a kernel the call can drive, else ""."""
+    """ "gemm" (the dtype's GEMM kernel) or "w8a8" where the projection runs on a kernel the call
+    can drive, else ""."""
+    if isinstance(module, F32Linear):
+        return "gemm"
     if isinstance(module, Bf16Linear) and module.out_dtype == torch.bfloat16:
-        return "bf16"
+        return "gemm"
     if isinstance(module, W8A8Linear) and module.gemm is not None and module.bias is None:
         return "w8a8"
     return ""
@@ -93,16 +99,17 @@ def _address(fn) -> int:
 def _why_not(model, attention) -> str:
     """ "" when every part of the model runs on the kernels decode_layers.c calls, else why."""
     config = model.config
-    if model.embed_tokens.weight.dtype != torch.bfloat16:
-        return "the model is not bfloat16"
+    dtype = model.embed_tokens.weight.dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"the model is {str(dtype).removeprefix('torch.')}, not bfloat16 or float32"
     if type(model).__name__ != "LlamaModel":
         return f"{type(model).__name__} layers differ from the Llama layer the call runs"
     if getattr(attention, "kernel", None) is None:
         return "the decode attention is not the compiled kernel"
     if any(w is not None for w in attention.layer_windows):
         return "sliding-window layers"
-    if attention.pool.k[0].dtype != torch.bfloat16:
-        return "the KV cache is not bfloat16"
+    if attention.pool.k[0].dtype != dtype:
+        return "the KV cache's dtype is not the model's"
     if config.head_dim % 32 or config.hidden_size % 16 or config.intermediate_size % 16:
         return "widths the fused kernels do not take"
     kinds = set()
@@ -110,7 +117,7 @@ def _why_not(model, attention) -> str:
         a, mlp = layer.self_attn, layer.mlp
         kinds |= {_kind(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)}
         if "" in kinds or len(kinds) > 1:
-            return "a projection is not on the bf16 or the int8 GEMM kernel"
+            return "a projection is not on the dtype's GEMM kernel or the int8 one"
         if a.q_norm is not None:
             return "per-head q/k norms"
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
@@ -130,15 +137,21 @@ class CompiledDecode:
         config = model.config
         ops, decode = fused_ops(), paged_decode_kernel()
         w8a8 = isinstance(model.layers[0].mlp.down_proj, W8A8Linear)
+        bf16 = model.embed_tokens.weight.dtype == torch.bfloat16
         self.fn, self.attention = fn, attention
+        if w8a8:
+            int8 = int8_gemm_kernel()
+            gemm, linear = None, int8.linear_bf16 if bf16 else int8.linear_f32
+        else:
+            gemm, linear = (bf16_gemm_kernel() if bf16 else f32_gemm_kernel()).gemm, None
         self.kernels = _Kernels(
-            _address(ops.add_rmsnorm_bf16),
-            None if w8a8 else _address(bf16_gemm_kernel().gemm),
-            _address(ops.rotary_bf16),
+            _address(ops.add_rmsnorm_bf16 if bf16 else ops.add_rmsnorm_f32),
+            None if gemm is None else _address(gemm),
+            _address(ops.rotary_bf16 if bf16 else ops.rotary_f32),
             _address(decode.kv_store),
-            _address(decode.bf16),
-            _address(ops.silu_mul_bf16),
-            _address(int8_gemm_kernel().linear_bf16) if w8a8 else None,
+            _address(decode.bf16 if bf16 else decode.f32),
+            _address(ops.silu_mul_bf16 if bf16 else ops.silu_mul_f32),
+            None if linear is None else _address(linear),
         )
         self.dims = _Dims(
             config.hidden_size,
@@ -150,6 +163,7 @@ class CompiledDecode:
             config.rms_norm_eps,
             config.head_dim**-0.5,
             int(w8a8),
+            2 if bf16 else 4,
         )
         layers = []
         for i, layer in enumerate(model.layers):

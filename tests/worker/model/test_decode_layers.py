@@ -45,14 +45,21 @@ def compiled_or_skip(eng):
 
 
 @pytest.mark.parametrize(
-    ("architecture", "weights"),
-    [("llama", "dequantized"), ("qwen2", "dequantized"), ("llama", "w8a8")],
-    ids=["llama", "qwen2-qkv-bias", "llama-w8a8"],
+    ("architecture", "weights", "dtype"),
+    [
+        ("llama", "dequantized", "bfloat16"),
+        ("qwen2", "dequantized", "bfloat16"),
+        ("llama", "w8a8", "bfloat16"),
+        ("llama", "dequantized", "float32"),
+        ("qwen2", "dequantized", "float32"),
+        ("llama", "w8a8", "float32"),
+    ],
+    ids=["llama", "qwen2-qkv-bias", "llama-w8a8", "llama-fp32", "qwen2-fp32", "llama-w8a8-fp32"],
 )
 def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
-    tmp_path, monkeypatch, architecture, weights
+    tmp_path, monkeypatch, architecture, weights, dtype
 ):
-    eng = engine(folder(tmp_path, architecture=architecture), weights=weights)
+    eng = engine(folder(tmp_path, architecture=architecture), dtype=dtype, weights=weights)
     model = compiled_or_skip(eng)
     compared, ran = [], []
     forward, run = LlamaModel.forward, model.compiled_decode.run
@@ -78,8 +85,9 @@ def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
     assert any(rows == len(PROMPTS) for rows, _ in compared)  # decode steps of every sequence
 
 
-def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path):
-    eng = engine(folder(tmp_path))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path, dtype):
+    eng = engine(folder(tmp_path), dtype=dtype)
     model = compiled_or_skip(eng)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     fast = [out.new_token_ids for out in eng.generate(PROMPTS, params)]
@@ -92,16 +100,15 @@ def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path):
 def test_where_the_call_does_not_apply_the_python_layers_run_and_the_report_says_why(tmp_path):
     path = folder(tmp_path)
     int8 = engine(path, weights="int8")
-    assert "per-layer Python (a projection is not on the bf16 or the int8 GEMM kernel)" in (
-        int8.realized.describe()
-    )
-    fp32 = engine(path, dtype="float32")
-    assert "decode layers: per-layer Python (the model is not bfloat16)" in (
-        fp32.realized.describe()
-    )
-    assert fp32.runner.model.compiled_decode is None
-    out = fp32.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))
+    said = "per-layer Python (a projection is not on the dtype's GEMM kernel or the int8 one)"
+    assert said in int8.realized.describe()
+    assert int8.runner.model.compiled_decode is None
+    out = int8.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0].new_token_ids) == 3
+    fp16 = engine(path, dtype="float16")
+    assert "decode layers: per-layer Python (the model is float16, not bfloat16 or float32)" in (
+        fp16.realized.describe()
+    )
 
 
 def test_a_short_prefill_runs_in_the_compiled_call_and_a_long_one_in_the_python_layers(

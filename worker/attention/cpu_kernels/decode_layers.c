@@ -1,5 +1,5 @@
-/* Every decoder layer of a bfloat16 Llama-family model for one decode step, in one call; the
- * projections on bf16 weights or on w8a8 ones.
+/* Every decoder layer of a Llama-family model for one decode step, in one call: bfloat16 (the
+ * projections on bf16 weights or on w8a8 ones) or float32 (on float32 weights).
  *
  * A decode step (every sequence adds one token) runs the same ten kernels per layer: add +
  * RMSNorm, the q|k|v matmul, rotary, the K/V store, paged decode attention, the o matmul,
@@ -7,32 +7,31 @@
  * call, a ctypes call and a few tensors, ~2.5 ms of a ~10 ms one-stream step on SmolLM2
  * (docs/engine.md). Here the same kernels run in the same order on the same buffers: the
  * result is bit for bit the Python path's (tested). The kernels stay in their own libraries and
- * come as function pointers, so this file holds only the order. */
+ * come as function pointers (the caller picks each dtype's), so this file holds only the order;
+ * activations are `elem_bytes` wide (2: bfloat16, 4: float32). */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "tiles.h"
 
-typedef void (*add_rmsnorm_fn)(const uint16_t *x, uint16_t *residual, const uint16_t *weight,
-                               uint16_t *out, int64_t rows, int64_t hidden, float eps);
-typedef int (*gemm_fn)(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
+typedef void (*add_rmsnorm_fn)(const void *x, void *residual, const void *weight, void *out,
+                               int64_t rows, int64_t hidden, float eps);
+typedef int (*gemm_fn)(const void *x, int64_t m, int64_t k, const void *packed,
                        const float *bias, int64_t n, void *out, int64_t out_f32);
-typedef void (*rotary_fn)(uint16_t *qkv, int64_t row_stride, const uint16_t *cos,
-                          const uint16_t *sin, int64_t rows, int64_t num_heads,
-                          int64_t head_dim);
+typedef void (*rotary_fn)(void *qkv, int64_t row_stride, const void *cos, const void *sin,
+                          int64_t rows, int64_t num_heads, int64_t head_dim);
 typedef void (*kv_store_fn)(const char *k, const char *v, int64_t src_stride_bytes,
                             char *k_cache, char *v_cache, const int64_t *slots, int64_t rows,
                             int64_t row_bytes);
-typedef int (*decode_fn)(const uint16_t *q, int64_t q_seq_stride, const uint16_t *k_cache,
-                         const uint16_t *v_cache, const int64_t *block_tables,
-                         int64_t table_width, const int64_t *context_lens, int64_t num_seqs,
-                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                         int64_t block_size, int64_t window, float scale, uint16_t *out);
-typedef void (*silu_mul_fn)(const uint16_t *gate_up, uint16_t *out, int64_t rows,
-                            int64_t inter);
-typedef int (*w8a8_fn)(const uint16_t *x, const float *inv_smooth, int64_t m, int64_t k,
+typedef int (*decode_fn)(const void *q, int64_t q_seq_stride, const void *k_cache,
+                         const void *v_cache, const int64_t *block_tables, int64_t table_width,
+                         const int64_t *context_lens, int64_t num_seqs, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                         int64_t window, float scale, void *out);
+typedef void (*silu_mul_fn)(const void *gate_up, void *out, int64_t rows, int64_t inter);
+typedef int (*w8a8_fn)(const void *x, const float *inv_smooth, int64_t m, int64_t k,
                        const int8_t *packed, const int32_t *comp, int64_t n,
-                       const float *col_scales, uint16_t *out);
+                       const float *col_scales, void *out);
 
 /* Filled by worker/model/decode_layers.py (ctypes.Structure of the same layout). */
 struct kernels {
@@ -48,25 +47,26 @@ struct kernels {
 struct dims {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
-    int64_t w8a8; /* 0: bf16 weights (bf16_gemm.c), 1: w8a8 (int8_gemm.c) */
+    int64_t w8a8; /* 0: the dtype's GEMM (bf16_gemm.c, f32_gemm.c), 1: w8a8 (int8_gemm.c) */
+    int64_t elem_bytes; /* the activations' and the KV cache's: 2 (bfloat16) or 4 (float32) */
 };
 
-/* One projection: bf16: weight (packed), bias or NULL; w8a8: weight (packed int8), the
+/* One projection: bf16 or float32: weight (packed), bias or NULL; w8a8: weight (packed int8), the
  * channels' compensation (comp), their scales, the inputs' 1 / smoothing factor or NULL. */
 struct proj {
     const void *weight, *bias_or_comp, *scales, *inv_smooth;
 };
 
 struct layer {
-    const uint16_t *input_norm, *post_norm;
+    const void *input_norm, *post_norm;
     struct proj qkv, o, gate_up, down;
-    uint16_t *k_cache, *v_cache;
+    void *k_cache, *v_cache;
     int64_t window;
 };
 
 static inline int project(const struct kernels *kern, const struct dims *d,
-                          const struct proj *p, const uint16_t *x, int64_t m, int64_t in,
-                          int64_t out_features, uint16_t *out) {
+                          const struct proj *p, const void *x, int64_t m, int64_t in,
+                          int64_t out_features, void *out) {
     if (d->w8a8)
         return kern->w8a8_linear(x, p->inv_smooth, m, in, p->weight, p->bias_or_comp,
                                  out_features, p->scales, out);
@@ -78,19 +78,20 @@ static inline int project(const struct kernels *kern, const struct dims *d,
  * the stream they are to be added to (the caller's model.norm.add_forward does that step).
  * Returns 0, or the first failing kernel's code (nonzero), or -1 when memory ran out. */
 int decode_layers(const struct kernels *kern, const struct dims *d, const struct layer *layers,
-                  int64_t num_layers, uint16_t *x, int64_t m, const uint16_t *cos,
-                  const uint16_t *sin, const int64_t *slots, const int64_t *tables,
-                  int64_t table_width, const int64_t *context_lens, uint16_t *out) {
+                  int64_t num_layers, void *x, int64_t m, const void *cos, const void *sin,
+                  const int64_t *slots, const int64_t *tables, int64_t table_width,
+                  const int64_t *context_lens, void *out) {
     const int64_t q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
     const int64_t width = q_size + 2 * kv_size, inter = d->intermediate, hidden = d->hidden;
     /* h | qkv | attention out | gate|up | act, one allocation */
     const int64_t elems = m * (hidden + width + q_size + 2 * inter + inter);
+    const int64_t e = d->elem_bytes;
     int owned = 0; /* the thread's kept buffer: a step's size recurs */
-    uint16_t *h = kept_scratch(elems * sizeof(uint16_t), &owned);
+    char *h = kept_scratch(elems * e, &owned);
     if (!h) return -1;
-    uint16_t *qkv = h + m * hidden, *att = qkv + m * width, *gate_up = att + m * q_size;
-    uint16_t *act = gate_up + m * 2 * inter;
-    uint16_t *residual = x, *mlp_out = out;
+    char *qkv = h + m * hidden * e, *att = qkv + m * width * e, *gate_up = att + m * q_size * e;
+    char *act = gate_up + m * 2 * inter * e;
+    void *residual = x, *mlp_out = out;
     int code = 0;
     for (int64_t i = 0; i < num_layers && !code; ++i) {
         const struct layer *l = &layers[i];
@@ -99,8 +100,8 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
                           d->eps);
         if ((code = project(kern, d, &l->qkv, h, m, hidden, width, qkv))) break;
         kern->rotary(qkv, width, cos, sin, m, d->num_heads + d->num_kv_heads, d->head_dim);
-        kern->kv_store((const char *)(qkv + q_size), (const char *)(qkv + q_size + kv_size),
-                       width * 2, (char *)l->k_cache, (char *)l->v_cache, slots, m, kv_size * 2);
+        kern->kv_store(qkv + q_size * e, qkv + (q_size + kv_size) * e, width * e,
+                       (char *)l->k_cache, (char *)l->v_cache, slots, m, kv_size * e);
         if ((code = kern->decode(qkv, width, l->k_cache, l->v_cache, tables, table_width,
                                  context_lens, m, d->num_heads, d->num_kv_heads, d->head_dim,
                                  d->block_size, l->window, d->scale, att)))
