@@ -25,6 +25,7 @@ from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
     ROOFLINE_TARGETS,
     admission,
+    decode_read_bytes,
     engine_throughput,
     hf_throughput,
     kv_waste,
@@ -102,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
                 row["ceiling_vs_transformers"] = (
                     row["projection_ceiling_tokens_per_s"] / row["transformers"]
                 )
+            # The memory's bound: the bytes a step reads at the bandwidth measured above.
+            read_s = decode_read_bytes(models, n, max_tokens) / single["read_bandwidth_bytes_per_s"]
+            row["memory_floor_ms"] = read_s * 1e3
+            row["memory_ceiling_tokens_per_s"] = n / read_s
+            row["memory_ceiling_roofline_fraction"] = n / read_s / roof
             results["throughput"].append(row)
             line = f"[{name}] n={n:<3} paged {row['paged']:7.1f} tok/s"
             line += f"  default {row['default']:7.1f}"
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             if "roofline_target" in row:
                 verdict = "met" if row["roofline_target_met"] else "not met"
                 line += f" ({verdict}: >= {row['roofline_target']:.0%})"
+            line += f" (memory-bound {row['memory_ceiling_roofline_fraction']:.0%})"
             line += f"  | projections alone {row['projection_floor_ms']:.1f} ms/step"
             line += f" -> ceiling {row['projection_ceiling_tokens_per_s']:.0f} tok/s"
             if "transformers" in row:

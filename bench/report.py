@@ -135,6 +135,17 @@ def decode_targets_table(runs: list[dict]) -> str:
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
     lines = [f"| target (issue 13) | runs {runs_label} | met |", "| --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    bounds = []
+    for n in ROOFLINE_TARGETS:
+        found = [_row(run, "bfloat16", n).get("memory_ceiling_roofline_fraction") for run in runs]
+        if all(f is not None for f in found):
+            bounds.append(f"{n} requests " + " / ".join(f"{f:.0%}" for f in found))
+    if bounds:
+        lines += [
+            "",
+            "The memory's bound on those fractions (the weights and K/V a step reads, over the "
+            "run's read bandwidth, as a share of the same roofline): " + "; ".join(bounds) + ".",
+        ]
     return "\n".join(lines)
 
 

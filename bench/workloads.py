@@ -143,6 +143,17 @@ def weight_bytes_per_step(models: Models) -> int:
     return total + (embed.numel() * embed.element_size() if head is None else _tensor_bytes(head))
 
 
+def decode_read_bytes(models: Models, concurrency: int, max_tokens: int) -> int:
+    """Bytes an average decode step of `engine_throughput`'s workload reads at the least: the
+    weights (weight_bytes_per_step) and every sequence's K/V so far, at the mean context of its
+    decode steps (its prompt's tokens + max_tokens / 2). Divided by the read bandwidth, the
+    memory-bound floor of a step, whatever the arithmetic costs."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(concurrency)]
+    tokens = sum(len(models.ours.tokenizer.encode(p)) for p in prompts)
+    context = tokens + concurrency * max_tokens / 2
+    return weight_bytes_per_step(models) + int(context * _bytes_per_token(models))
+
+
 def single_stream(models: Models, rounds: int = 5, steps_per_round: int = 24) -> dict:
     """One sequence decoding: seconds per token (decode steps only) against the weight-streaming
     limit, bytes of weights per step / read bandwidth. The two are measured alternately, round

@@ -116,6 +116,21 @@ def test_decode_targets_judge_single_stream_and_batch_roofline_on_every_run():
     assert lines["paged >= 65% of the bf16 roofline at 64 requests"].endswith("| 66% / 70% | yes |")
 
 
+def test_the_memory_bound_on_the_batch_fractions_is_said_where_the_runs_measured_it():
+    runs = [
+        _decode_run({"float32": 1.0, "bfloat16": 1.1}, 0.30, 0.35),
+        _decode_run({"float32": 1.0, "bfloat16": 1.1}, 0.50, 0.60),
+    ]
+    assert "memory's bound" not in decode_targets_table(runs)  # older runs: not measured
+    for run, bounds in zip(runs, ((0.71, 0.62), (0.9, 0.8)), strict=True):
+        for row in run["throughput"]:
+            if row["dtype"] == "bfloat16" and row["concurrency"] in (32, 64):
+                row["memory_ceiling_roofline_fraction"] = bounds[row["concurrency"] == 64]
+    said = decode_targets_table(runs).splitlines()[-1]
+    assert said.startswith("The memory's bound on those fractions")
+    assert said.endswith("32 requests 71% / 90%; 64 requests 62% / 80%.")
+
+
 def test_decode_targets_are_left_out_of_runs_without_the_single_stream_section():
     assert decode_targets_table([_run(1.5, 0.43)]) == ""
 
