@@ -155,11 +155,6 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
     tile(x + r0 * k, k, panel, k2n, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,            \
          (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, R, C, out_f32)
 
-/* The rows left after the full 8-row tiles, as tiles of 4, 2 and 1. */
-#define REST(C)                                                                                 \
-    for (; r0 + 4 <= m; r0 += 4) TILE(4, C);                                                    \
-    for (; r0 + 2 <= m; r0 += 2) TILE(2, C);                                                    \
-    for (; r0 < m; r0 += 1) TILE(1, C);
 
 #if HAVE_AMX
 /* The sums of one tile (16 x 16 float32, from tile memory) + bias, to rows [0, rows) of out. */
@@ -264,9 +259,9 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                     tile_8x3(interleaved + r0 * k2n, panel, k2n, r0 ? NULL : next,
                              bias ? bias + 16 * blk : NULL,
                              (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, out_f32);
-                REST(NR)
+                TILE_TAILS(NR)
             } else {
-                REST(1)
+                TILE_TAILS(1)
             }
         }
     }

@@ -119,11 +119,6 @@ static inline __attribute__((always_inline)) void tile_8x3(const float *x, int64
     tile(x + r0 * k, k, panel, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,                 \
          out + r0 * n + 16 * blk, n, R, C, stream)
 
-/* The rows left after the full 8-row tiles, as tiles of 4, 2 and 1. */
-#define REST(C)                                                                                 \
-    for (; r0 + 4 <= m; r0 += 4) TILE(4, C);                                                    \
-    for (; r0 + 2 <= m; r0 += 2) TILE(2, C);                                                    \
-    for (; r0 < m; r0 += 1) TILE(1, C);
 
 static void gemm(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,
                  int64_t n, float *out) {
@@ -146,9 +141,9 @@ static void gemm(const float *x, int64_t m, int64_t k, const float *packed, cons
                 for (; r0 < full_rows; r0 += MR)
                     tile_8x3(x + r0 * k, k, panel, r0 ? NULL : next,
                              bias ? bias + 16 * blk : NULL, out + r0 * n + 16 * blk, n, stream);
-                REST(NR)
+                TILE_TAILS(NR)
             } else {
-                REST(1)
+                TILE_TAILS(1)
             }
         }
     }

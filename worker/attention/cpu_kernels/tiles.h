@@ -20,6 +20,13 @@ static inline void interleave_tile(const void *src, int64_t row_bytes, int64_t m
     }
 }
 
+/* In a GEMM's row loop: the rows [r0, m) left after its full 8-row tiles, as tiles of 4, 2 and
+ * 1, each by the including file's TILE(rows, blocks) macro. */
+#define TILE_TAILS(C)                                                                           \
+    for (; r0 + 4 <= m; r0 += 4) TILE(4, C);                                                    \
+    for (; r0 + 2 <= m; r0 += 2) TILE(2, C);                                                    \
+    for (; r0 < m; r0 += 1) TILE(1, C);
+
 /* The first `rows` rows of src (a multiple of mr) interleaved (interleave_tile) into a new
  * buffer; NULL when rows is 0 or memory ran out (check rows). */
 static inline int32_t *interleave_rows(const void *src, int64_t rows, int64_t row_bytes,
