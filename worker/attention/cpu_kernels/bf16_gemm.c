@@ -155,7 +155,6 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
     tile(x + r0 * k, k, panel, k2n, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,            \
          (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, R, C, out_f32)
 
-
 #if HAVE_AMX
 /* The sums of one tile (16 x 16 float32, from tile memory) + bias, to rows [0, rows) of out. */
 static void amx_store(const float *sums, const float *bias, void *out, int64_t n, int64_t rows,

@@ -119,7 +119,6 @@ static inline __attribute__((always_inline)) void tile_8x3(const float *x, int64
     tile(x + r0 * k, k, panel, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,                 \
          out + r0 * n + 16 * blk, n, R, C, stream)
 
-
 static void gemm(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,
                  int64_t n, float *out) {
     const int64_t blocks = n / 16, groups = (blocks + NR - 1) / NR;
