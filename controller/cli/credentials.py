@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,16 +37,27 @@ def folder_for(address: str) -> Path:
 
 
 def save(address: str, deployment: str, ca_pem: bytes | None, admin_token: str) -> Path:
+    """Write what the CLI needs for `address`. The CA first, then credentials.json whole (a
+    temporary file, owner-only from its creation, renamed into place): a reader that finds
+    credentials.json finds all of it. Without a CA, one left by an earlier controller at the same
+    address is removed."""
     folder = folder_for(address)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
-    data = {"address": address, "deployment": deployment, "admin_token": admin_token}
-    path = folder / "credentials.json"
-    path.touch(mode=0o600)
-    os.chmod(path, 0o600)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    ca_path = folder / "ca.crt"
     if ca_pem is not None:
-        (folder / "ca.crt").write_bytes(ca_pem)  # public: for grpcurl -cacert and the like
+        ca_path.write_bytes(ca_pem)  # public: for grpcurl -cacert and the like
+    else:
+        ca_path.unlink(missing_ok=True)
+    data = {"address": address, "deployment": deployment, "admin_token": admin_token}
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".credentials-", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, folder / "credentials.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return folder
 
 
