@@ -331,17 +331,24 @@ class HealthPublisher:
         self._loop.submit(self.servicer.enter_graceful_shutdown(), "health's shutdown")
 
 
+# NOTE: each worker channel has its own subchannels. With gRPC's process-wide pool, a new
+# channel to an address an earlier channel had seen fail (a worker restarted on the same port)
+# shared that connection's reconnect backoff and failed UNAVAILABLE until it ran out
+# (tests/controller/test_worker_channels.py).
+WORKER_CHANNEL_OPTIONS = (*STREAM_READER_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+
+
 def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Channel]:
     """Channels to the workers: with TLS, the worker is verified as itself and the controller
     presents its own certificate (worker servers accept no one else)."""
     tls = config.security.tls
     if tls is None:
         return lambda address, worker_id: grpc.insecure_channel(
-            address, options=STREAM_READER_OPTIONS
+            address, options=WORKER_CHANNEL_OPTIONS
         )
     deployment = config.desired.deployment
     return lambda address, worker_id: secure_channel(
-        address, tls, server_name(deployment, worker_id), options=STREAM_READER_OPTIONS
+        address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
     )
 
 
