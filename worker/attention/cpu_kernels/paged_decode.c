@@ -29,6 +29,12 @@
 #define DENORMALS_RESTORE() (void)0
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define HAVE_DPBF16 1 /* vec16.h included immintrin.h */
+#else
+#define HAVE_DPBF16 0
+#endif
+
 #define MAX_GROUP 16
 #define PARALLEL_MIN_ELEMENTS (1 << 17)
 
@@ -177,10 +183,20 @@ static inline __attribute__((always_inline)) int decode_task(
     }
     v16 *acc = qv + nh * chunks;
     float sum[MAX_GROUP * 64];
+    /* bfloat16 with AVX512-BF16: q . k by vdpbf16ps on the rows as stored (two dot products of
+     * 32 dims a token and head, where widening the row to float32 and multiplying took eight
+     * instructions), q kept as it is and the scale applied to the 16 scores of a group after
+     * their sums. The products are exact in float32 either way; the sums' order differs. On the
+     * AMD EPYC (2 cores, alternated in one process, SmolLM2's shapes at 64 sequences): the step's
+     * attention 6.05 -> 5.67 ms with K/V in the caches, 9.32 -> 9.17 from DRAM; a warmed
+     * engine's 64-stream step 36.2 -> 35.9 ms. */
+    const int dp = HAVE_DPBF16 && is_bf16 && chunks % 2 == 0;
     for (int64_t h = 0; h < nh; ++h) {
         const char *qr = q + elem * (size_t)(seq * q_seq_stride + (h0 * group + h) * head_dim);
+        if (dp) memcpy(qv + h * chunks, qr, elem * (size_t)head_dim);
         for (int64_t c = 0; c < chunks; ++c) {
-            qv[h * chunks + c] = load16(qr + elem * (size_t)(c * LANES), 0, is_bf16) * scale;
+            if (!dp)
+                qv[h * chunks + c] = load16(qr + elem * (size_t)(c * LANES), 0, is_bf16) * scale;
             acc[h * chunks + c] = (v16){0};
         }
     }
@@ -205,6 +221,23 @@ static inline __attribute__((always_inline)) int decode_task(
                     if (kvh == h0) ahead_one(&ahead);
                     const char *r =
                         first + row_bytes * (size_t)(t0 + t) + elem * (size_t)(kvh * head_dim);
+#if HAVE_DPBF16
+                    if (dp) {
+                        __m512bh rb[MAX_CHUNKS / 2];
+                        for (int64_t c = 0; c < chunks / 2; ++c)
+                            rb[c] = (__m512bh)_mm512_loadu_si512(r + 64 * c);
+                        for (int64_t g = 0; g < group; ++g) {
+                            const char *qh = (const char *)(qv + (hb + g) * chunks);
+                            __m512 s = _mm512_dpbf16_ps(
+                                _mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(qh), rb[0]);
+                            for (int64_t c = 1; c < chunks / 2; ++c)
+                                s = _mm512_dpbf16_ps(
+                                    s, (__m512bh)_mm512_loadu_si512(qh + 64 * c), rb[c]);
+                            memcpy(&part[g][t], &s, sizeof s);
+                        }
+                        continue;
+                    }
+#endif
                     v16 rv[MAX_CHUNKS];
                     for (int64_t c = 0; c < chunks; ++c)
                         rv[c] = load16(r + elem * (size_t)(c * LANES), 0, is_bf16);
@@ -217,7 +250,7 @@ static inline __attribute__((always_inline)) int decode_task(
                 }
                 for (int64_t g = 0; g < group; ++g) {
                     for (int64_t t = count; t < LANES; ++t) part[g][t] = (v16){0};
-                    const v16 sums = sums16(part[g]);
+                    const v16 sums = dp ? sums16(part[g]) * scale : sums16(part[g]);
                     float *dst = scores + (hb + g) * n + (pos - lo + t0);
                     /* NOTE: a copy of variable length became `rep movsq` (~30 cycles to start:
                      * 9% of the hot kernel's samples); whole groups are one vector store. */
