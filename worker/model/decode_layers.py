@@ -50,6 +50,11 @@ class _Dims(ctypes.Structure):
     ]
 
 
+class _Ends(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("input_ids", "positions", "embed", "final_norm")]
+    _fields_ += [("cos", _P), ("sin", _P), ("vocab", _I64), ("max_pos", _I64)]
+
+
 class _Proj(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("weight", "bias_or_comp", "scales", "inv_smooth")]
 
@@ -110,6 +115,10 @@ def _why_not(model, attention) -> str:
         return "sliding-window layers"
     if attention.pool.k[0].dtype != dtype:
         return "the KV cache's dtype is not the model's"
+    if model.norm.fused is None or model.norm.eps != config.rms_norm_eps:
+        return "the final norm is not the fused one with the layers' epsilon"
+    if not model.embed_tokens.weight.is_contiguous() or model.rotary.cos.dtype != torch.float32:
+        return "an embedding or rotary table the call does not read"
     if config.head_dim % 32 or config.hidden_size % 16 or config.intermediate_size % 16:
         return "widths the fused kernels do not take"
     kinds = set()
@@ -183,6 +192,9 @@ class CompiledDecode:
                 )
             )
         self.layers = (_Layer * len(layers))(*layers)
+        self.dtype, self.hidden = model.embed_tokens.weight.dtype, config.hidden_size
+        self.embed, self.final_norm = model.embed_tokens.weight, model.norm.weight
+        self.cos, self.sin = model.rotary.cos.contiguous(), model.rotary.sin.contiguous()
         # NOTE: the buffers the pointers above point into must outlive this object.
         self._keep = (model, attention)
 
@@ -197,36 +209,48 @@ class CompiledDecode:
         except KernelUnavailable as exc:
             return None, exc.reason
 
-    def run(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], attention, meta) -> tuple | None:
-        """(the last layer's MLP output, the residual stream) for a step whose every token is a
-        kernel row (decodes and short prefill chunks), as the Python layers return them; None
-        (nothing run) for any other step."""
+    def run(self, input_ids: Tensor, positions: Tensor, attention, meta) -> Tensor | None:
+        """The final-normed hidden states [T, hidden] of a step whose every token is a kernel row
+        (decodes and short prefill chunks), as the Python layers return them; None (nothing run)
+        for any other step. input_ids, positions: [T] int64."""
         if attention is not self.attention or set(meta.plans) != {None}:
             return None
         plan = meta.plans[None]
         d = plan.decode
         if plan.prefills or d is None or d.tables is None or d.rows is not None:
             return None
-        rows = x.shape[0]
-        if d.context_lens.shape[0] != rows or not x.is_contiguous():
+        rows = input_ids.shape[0]
+        if d.context_lens.shape[0] != rows or positions.shape != input_ids.shape:
             return None
-        cos, sin = cos_sin
-        out = torch.empty_like(x)
+        if input_ids.dtype != torch.int64 or positions.dtype != torch.int64:
+            return None
+        input_ids, positions = input_ids.contiguous(), positions.contiguous()
+        ends = _Ends(
+            input_ids.data_ptr(),
+            positions.data_ptr(),
+            self.embed.data_ptr(),
+            self.final_norm.data_ptr(),
+            self.cos.data_ptr(),
+            self.sin.data_ptr(),
+            self.embed.shape[0],
+            self.cos.shape[0],
+        )
+        out = torch.empty(rows, self.hidden, dtype=self.dtype)
         code = self.fn(
             ctypes.byref(self.kernels),
             ctypes.byref(self.dims),
             self.layers,
             len(self.layers),
-            x.data_ptr(),
+            ctypes.byref(ends),
             rows,
-            cos.data_ptr(),
-            sin.data_ptr(),
             meta.slot_mapping.data_ptr(),
             d.tables.data_ptr(),
             d.tables.shape[1],
             d.context_lens.data_ptr(),
             out.data_ptr(),
         )
+        if code == -2:
+            raise IndexError("a token id or position is out of range for the model's tables")
         if code != 0:
             raise RuntimeError(f"the compiled decode layers failed (code {code})")
-        return out, x
+        return out

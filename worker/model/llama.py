@@ -201,12 +201,12 @@ class LlamaModel(DecoderBase):
         self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend, meta: Any
     ) -> Tensor:
         """input_ids, positions: [T] int64 -> final-normed hidden states [T, hidden_size]."""
+        if self.compiled_decode is not None:
+            done = self.compiled_decode.run(input_ids, positions, attn, meta)
+            if done is not None:
+                return done
         x = self.embed_tokens(input_ids)  # [T, hidden_size]
         cos_sin = self.rotary(positions, x.dtype)
-        if self.compiled_decode is not None:
-            done = self.compiled_decode.run(x, cos_sin, attn, meta)
-            if done is not None:
-                return self.norm.add_forward(*done)[0]
         residual = None
         for layer in self.layers:
             x, residual = layer.forward(x, residual, cos_sin, attn, meta)

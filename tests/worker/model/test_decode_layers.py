@@ -146,3 +146,30 @@ def test_a_short_prefill_runs_in_the_compiled_call_and_a_long_one_in_the_python_
     assert len(eng.tokenizer.encode(long)) ** 2 > SHORT_PREFILL_READS
     eng.generate([long], params)
     assert runs == [False, True, True]
+
+
+def test_a_token_id_or_position_outside_the_tables_is_refused_before_anything_is_read(tmp_path):
+    """The call reads the embedding and rotary rows itself: an id past the vocabulary or a
+    position past the table is an IndexError (as torch's embedding gives), not a read out of
+    bounds."""
+    eng = engine(folder(tmp_path))
+    model = compiled_or_skip(eng)
+    steps = []
+    run = model.compiled_decode.run
+
+    def keeping(input_ids, positions, attention, meta):
+        steps.append((input_ids.clone(), positions.clone(), attention, meta))
+        return run(input_ids, positions, attention, meta)
+
+    model.compiled_decode.run = keeping
+    eng.generate(["hello"], SamplingParams(max_tokens=2, ignore_eos=True))
+    input_ids, positions, attention, meta = steps[-1]
+    assert run(input_ids, positions, attention, meta) is not None  # the step as it was
+    vocab, max_pos = model.embed_tokens.weight.shape[0], model.rotary.cos.shape[0]
+    for ids, pos in [
+        (torch.full_like(input_ids, vocab), positions),
+        (torch.full_like(input_ids, -1), positions),
+        (input_ids, torch.full_like(positions, max_pos)),
+    ]:
+        with pytest.raises(IndexError, match="out of range"):
+            run(ids, pos, attention, meta)

@@ -291,7 +291,7 @@ def decode_layers_kernel() -> ctypes._CFuncPtr:
     """decode_layers.c's entry point (every layer of a decode step in one call), or
     KernelUnavailable; the caller passes the other kernels to it as function pointers."""
     lib = _load("decode_layers")
-    args = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR]
+    args = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR]
     return _declare(lib.decode_layers, args, ctypes.c_int)
 
 

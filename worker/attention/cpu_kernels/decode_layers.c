@@ -8,9 +8,15 @@
  * (docs/engine.md). Here the same kernels run in the same order on the same buffers: the
  * result is bit for bit the Python path's (tested). The kernels stay in their own libraries and
  * come as function pointers (the caller picks each dtype's), so this file holds only the order;
- * activations are `elem_bytes` wide (2: bfloat16, 4: float32). */
+ * activations are `elem_bytes` wide (2: bfloat16, 4: float32).
+ *
+ * The step's two ends are here too: the token embeddings and the rows of the rotary tables
+ * before the first layer, the model's final norm after the last (from Python they were three
+ * module calls and ~0.2 ms of a ~8 ms one-stream step, run with the caches cold after the
+ * layers' weights had streamed through them). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tiles.h"
 
@@ -57,6 +63,16 @@ struct proj {
     const void *weight, *bias_or_comp, *scales, *inv_smooth;
 };
 
+/* The model's ends: token ids [m] and positions [m] (int64, bounds checked here), the embedding
+ * table [vocab, hidden] and the final norm's weight (elem_bytes), the rotary tables [max_pos,
+ * head_dim / 2] float32, rounded to the activations' dtype as the Python path's `.to`. */
+struct ends {
+    const int64_t *input_ids, *positions;
+    const void *embed, *final_norm;
+    const float *cos, *sin;
+    int64_t vocab, max_pos;
+};
+
 struct layer {
     const void *input_norm, *post_norm;
     struct proj qkv, o, gate_up, down;
@@ -73,24 +89,55 @@ static inline int project(const struct kernels *kern, const struct dims *d,
     return kern->gemm(x, m, in, p->weight, p->bias_or_comp, out_features, out, 0);
 }
 
-/* x [m, hidden]: the step's embeddings, used as the residual stream (overwritten); out
- * [m, hidden]: the final hidden states before the model's last norm, with residual holding
- * the stream they are to be added to (the caller's model.norm.add_forward does that step).
- * Returns 0, or the first failing kernel's code (nonzero), or -1 when memory ran out. */
+/* float32 to bfloat16, round to nearest even, NaN kept NaN: torch's `.to(torch.bfloat16)`. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* out [m, hidden]: the final hidden states of the step's m tokens (every layer, then the final
+ * norm), as the Python path's model forward returns them. Returns 0, or the first failing
+ * kernel's code (nonzero), -1 when memory ran out, -2 for a token id or position out of range
+ * (nothing written). */
 int decode_layers(const struct kernels *kern, const struct dims *d, const struct layer *layers,
-                  int64_t num_layers, void *x, int64_t m, const void *cos, const void *sin,
-                  const int64_t *slots, const int64_t *tables, int64_t table_width,
-                  const int64_t *context_lens, void *out) {
+                  int64_t num_layers, const struct ends *ends, int64_t m, const int64_t *slots,
+                  const int64_t *tables, int64_t table_width, const int64_t *context_lens,
+                  void *out) {
     const int64_t q_size = d->num_heads * d->head_dim, kv_size = d->num_kv_heads * d->head_dim;
     const int64_t width = q_size + 2 * kv_size, inter = d->intermediate, hidden = d->hidden;
-    /* h | qkv | attention out | gate|up | act, one allocation */
-    const int64_t elems = m * (hidden + width + q_size + 2 * inter + inter);
+    const int64_t half = d->head_dim / 2;
+    for (int64_t r = 0; r < m; ++r)
+        if (ends->input_ids[r] < 0 || ends->input_ids[r] >= ends->vocab ||
+            ends->positions[r] < 0 || ends->positions[r] >= ends->max_pos)
+            return -2;
+    /* x (the residual stream) | h | qkv | attention out | gate|up | act | cos | sin, one
+     * allocation */
+    const int64_t elems = m * (2 * hidden + width + q_size + 2 * inter + inter + 2 * half);
     const int64_t e = d->elem_bytes;
     int owned = 0; /* the thread's kept buffer: a step's size recurs */
-    char *h = kept_scratch(elems * e, &owned);
-    if (!h) return -1;
-    char *qkv = h + m * hidden * e, *att = qkv + m * width * e, *gate_up = att + m * q_size * e;
-    char *act = gate_up + m * 2 * inter * e;
+    char *x = kept_scratch(elems * e, &owned);
+    if (!x) return -1;
+    char *h = x + m * hidden * e, *qkv = h + m * hidden * e, *att = qkv + m * width * e;
+    char *gate_up = att + m * q_size * e, *act = gate_up + m * 2 * inter * e;
+    char *cos = act + m * inter * e, *sin = cos + m * half * e;
+    for (int64_t r = 0; r < m; ++r) {
+        memcpy(x + r * hidden * e, (const char *)ends->embed + ends->input_ids[r] * hidden * e,
+               hidden * e);
+        const float *c = ends->cos + ends->positions[r] * half;
+        const float *s = ends->sin + ends->positions[r] * half;
+        if (e == 2) {
+            for (int64_t i = 0; i < half; ++i) {
+                ((uint16_t *)cos)[r * half + i] = to_bf16(c[i]);
+                ((uint16_t *)sin)[r * half + i] = to_bf16(s[i]);
+            }
+        } else {
+            memcpy(cos + r * half * e, c, half * e);
+            memcpy(sin + r * half * e, s, half * e);
+        }
+    }
     void *residual = x, *mlp_out = out;
     int code = 0;
     for (int64_t i = 0; i < num_layers && !code; ++i) {
@@ -113,6 +160,10 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
         kern->silu_mul(gate_up, act, m, inter);
         if ((code = project(kern, d, &l->down, act, m, inter, hidden, mlp_out))) break;
     }
-    if (owned) free(h);
+    /* the final norm of the last MLP's output plus the stream, in place (the kernel reads a
+     * row's x before it writes that row's out) */
+    if (!code)
+        kern->add_rmsnorm(mlp_out, residual, ends->final_norm, out, m, hidden, d->eps);
+    if (owned) free(x);
     return code;
 }
