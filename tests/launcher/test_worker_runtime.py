@@ -4,6 +4,7 @@ rejection at registration and at load time, re-registration after a controller r
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -86,6 +87,32 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
         client.channel.close()
     assert sum(len(c.token_ids) for c in chunks) == 3
     assert {c.worker_id for c in chunks} == {"w-0"}
+
+
+@pytest.mark.integration
+def test_a_built_worker_settles_its_heap_before_serving(
+    controller, runtime, tiny_model, monkeypatch
+):
+    """The GGUF parse dropped and the rest frozen out of the collector (worker/runtime/heap.py),
+    once per build; a build that fails leaves the heap alone."""
+    settled = []
+    real = lifecycle.settle_heap
+
+    def settling():
+        settled.append(real())
+        return settled[-1]
+
+    monkeypatch.setattr(lifecycle, "settle_heap", settling)
+    try:
+        server = controller(paged_attention="on", kv_cache_bytes=1024)  # too small: REJECTED
+        assert runtime(server, tiny_model).wait_for(*SETTLED, timeout_s=30) is Phase.REJECTED
+        assert settled == []
+        server = controller(paged_attention="on")
+        rt = runtime(server, tiny_model, worker_id="w-1")
+        assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+        assert len(settled) == 1 and settled[0].frozen_objects > 0
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.integration

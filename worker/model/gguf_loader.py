@@ -98,6 +98,12 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
     return GGUFFile(path)
 
 
+def forget_opened() -> None:
+    """Drop the files `open_gguf` keeps parsed (a worker, once its engine is built: the parse
+    is ~500,000 Python objects for SmolLM2; worker/runtime/heap.py)."""
+    _open_cached.cache_clear()
+
+
 class GGUFFile:
     """An opened GGUF file whose header and tensor extents have been checked."""
 

@@ -28,6 +28,7 @@ from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.kv_setup import KvBudgetTooLargeError
 from intentserve.worker.model.facts import read_model_facts
 from intentserve.worker.model.registry import load_model
+from intentserve.worker.runtime.heap import settle_heap
 from intentserve.worker.runtime.heartbeat import IDLE, Heartbeat
 from intentserve.worker.runtime.ports import PortReservation
 from intentserve.worker.runtime.registry_client import (
@@ -227,13 +228,21 @@ class WorkerRuntime:
                 registration.kv_budget,
                 registration.resolution.weights.intent,
             )
-            return build_engine(config, loaded, capability, registration.resolution)
+            engine = build_engine(config, loaded, capability, registration.resolution)
         except Exception as error:
             reason = load_error_reason(error)
             log.error("worker %s cannot serve: %s", self.spec.worker_id, reason)
             self._client.report_load_error(reason)
             self._set(Phase.REJECTED, str(reason))
             return None
+        heap = settle_heap()
+        log.info(
+            "worker %s: %d objects out of the garbage collector's passes (%.0f ms)",
+            self.spec.worker_id,
+            heap.frozen_objects,
+            heap.seconds * 1e3,
+        )
+        return engine
 
     def _reregister(self, registration: Registration, capability) -> Registration | None:
         """Register again (the controller forgot us); the same resolution lets the running
