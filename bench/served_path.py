@@ -47,6 +47,7 @@ from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.registry import load_model
+from intentserve.worker.runtime.heap import settle_heap
 
 from bench.machine import machine_info
 from bench.served import Deployment
@@ -214,6 +215,7 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
         )
     )
     engine = build_engine(dtype, streams)
+    settle_heap()  # as the served worker does once its engine is built
     texts = prompts(streams)
     rates: dict[tuple[str, int], list[float]] = {}
     cpu_ms: dict[tuple[str, int], list[dict[str, float]]] = {}

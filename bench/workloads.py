@@ -11,6 +11,7 @@ from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.gguf_loader import GGUFFile, gguf_hf_weights, gguf_model_config
 from intentserve.worker.model.loaded import LoadedModel
 from intentserve.worker.model.registry import load_model, resolve_model_path
+from intentserve.worker.runtime.heap import settle_heap
 
 # SmolLM2-135M: about 2 x 134.5 M multiply-adds per generated token.
 FLOP_PER_TOKEN = 2 * 134.5e6
@@ -49,6 +50,7 @@ def load_models(dtype: torch.dtype, with_hf: bool) -> Models:
         gguf = GGUFFile(resolve_model_path(MODEL))
         config = gguf_model_config(gguf)
         hf = hf_model(config, gguf_hf_weights(gguf, config)).to(dtype)
+    settle_heap()  # as a serving worker does once its engine is built
     return Models(ours, hf)
 
 
