@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "tiles.h"
+#include "vec16.h"
 
 typedef void (*add_rmsnorm_fn)(const void *x, void *residual, const void *weight, void *out,
                                int64_t rows, int64_t hidden, float eps);
@@ -89,15 +90,6 @@ static inline int project(const struct kernels *kern, const struct dims *d,
     return kern->gemm(x, m, in, p->weight, p->bias_or_comp, out_features, out, 0);
 }
 
-/* float32 to bfloat16, round to nearest even, NaN kept NaN: torch's `.to(torch.bfloat16)`. */
-static inline uint16_t to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 /* out [m, hidden]: the final hidden states of the step's m tokens (every layer, then the final
  * norm), as the Python path's model forward returns them. Returns 0, or the first failing
  * kernel's code (nonzero), -1 when memory ran out, -2 for a token id or position out of range
@@ -130,8 +122,8 @@ int decode_layers(const struct kernels *kern, const struct dims *d, const struct
         const float *s = ends->sin + ends->positions[r] * half;
         if (e == 2) {
             for (int64_t i = 0; i < half; ++i) {
-                ((uint16_t *)cos)[r * half + i] = to_bf16(c[i]);
-                ((uint16_t *)sin)[r * half + i] = to_bf16(s[i]);
+                ((uint16_t *)cos)[r * half + i] = f32_to_bf16(c[i]);
+                ((uint16_t *)sin)[r * half + i] = f32_to_bf16(s[i]);
             }
         } else {
             memcpy(cos + r * half * e, c, half * e);

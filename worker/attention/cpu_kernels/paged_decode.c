@@ -153,14 +153,6 @@ static inline __attribute__((always_inline)) void weigh_rows(const char *rows, s
         for (int64_t c = 0; c < chunks; ++c) acc[j * chunks + c] = a[j][c];
 }
 
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 /* One task: sequence `seq`, kv heads [h0, h1). It walks the sequence's blocks twice (K, then
  * V); within a block the token rows of this task's heads are adjacent, and a software prefetch
  * runs AHEAD_BYTES ahead of the rows it reads, across blocks and from the K rows on to the V. */

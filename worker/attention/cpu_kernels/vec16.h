@@ -17,6 +17,16 @@ typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
 
+/* One float32 to bfloat16, round to nearest even, NaN kept NaN, denormals kept: torch's
+ * `.to(torch.bfloat16)`, bit for bit. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
 /* Elements [i, i + 16) of a float32 or bfloat16 array, widened to float32. */
 static inline __attribute__((always_inline)) v16 load16(const void *base, int64_t i,
                                                         const int is_bf16) {
