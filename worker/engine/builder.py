@@ -46,6 +46,7 @@ from intentserve.worker.engine.policy_apply import apply_resolution
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
+from intentserve.worker.hugepages import huge_page_bytes, move_weights_to_huge_pages, thp_mode
 from intentserve.worker.model.calibration import CALIBRATION_TEXT
 from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
 from intentserve.worker.model.decode_layers import CompiledDecode
@@ -118,6 +119,7 @@ def build_engine(
         runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
     # Packed before the weights are counted: a tied head's packed copy is resident too.
     matmuls = _pack_for_cpu(config, loaded, device)
+    _weights_on_huge_pages(loaded, device)
     norms = enable_fused_ops(loaded.model) if device.type == "cpu" else ""
     if device.type == "cpu" and loaded.model is not None:
         keep_step_buffers(loaded.model)
@@ -206,6 +208,23 @@ def _compile_decode(loaded: LoadedModel, attention, device: torch.device) -> str
     compiled, why = CompiledDecode.build(loaded.model, attention)
     loaded.model.compiled_decode = compiled
     return "one compiled call per step" if compiled else f"per-layer Python ({why})"
+
+
+def _weights_on_huge_pages(loaded: LoadedModel, device: torch.device) -> None:
+    """The packed projection weights moved into one mapping on 2 MiB pages (hugepages.py), before
+    the compiled step takes their addresses; logs what the kernel granted."""
+    if device.type != "cpu" or loaded.model is None:
+        return
+    moved = move_weights_to_huge_pages(loaded.model)
+    if moved:
+        first = next(t for name, t in loaded.model.named_buffers() if name.endswith("packed"))
+        log.info(
+            "%d MiB of packed weights in one mapping, %d MiB of it on 2 MiB pages "
+            "(transparent huge pages: %s)",
+            moved >> 20,
+            huge_page_bytes(first) >> 20,
+            thp_mode(),
+        )
 
 
 def _pack_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> str:
