@@ -13,6 +13,8 @@ NOTE: a stream, not grpc's connectivity subscription: that one's poller thread r
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
@@ -25,6 +27,8 @@ from intentserve.policy import Reason, ReasonCode
 
 log = logging.getLogger(__name__)
 
+CLOSE_WAIT_S = 2.0
+
 
 class _Entry:
     """One address: its channel and the watch on it."""
@@ -32,16 +36,25 @@ class _Entry:
     def __init__(self, channel: grpc.Channel) -> None:
         self.channel = channel
         self.mux: WorkerMux | None = None  # the multiplexed call for requests, once opened
+        # per event loop: a grpc.aio channel made on it, and the multiplexed call run there
+        self.on_loops: dict[asyncio.AbstractEventLoop, tuple[grpc.aio.Channel, WorkerMux]] = {}
         self.watch: grpc.Call | None = None  # the open watch stream, if any
         self.connected = False  # the open watch has been answered
         self.unwatchable = False  # the server has no health service: only streams tell
 
 
 class WorkerChannels:
-    def __init__(self, deployment: Deployment, factory: Callable[[str, str], grpc.Channel]) -> None:
-        """`factory(address, worker_id)`: with TLS, the worker is verified as itself."""
+    def __init__(
+        self,
+        deployment: Deployment,
+        factory: Callable[[str, str], grpc.Channel],
+        aio_factory: Callable[[str, str], grpc.aio.Channel] | None = None,
+    ) -> None:
+        """`factory(address, worker_id)`: with TLS, the worker is verified as itself;
+        `aio_factory` the same for an event loop (None: requests on a loop use `factory`'s)."""
         self._deployment = deployment
         self._factory = factory
+        self._aio_factory = aio_factory
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
 
@@ -50,10 +63,25 @@ class WorkerChannels:
         with self._lock:
             return self._entry(address, worker_id).channel
 
-    def mux(self, address: str, worker_id: str) -> WorkerMux:
-        """The multiplexed call to `worker_id` at `address`; a new one when the last ended."""
+    def mux(
+        self, address: str, worker_id: str, *, loop: asyncio.AbstractEventLoop | None = None
+    ) -> WorkerMux:
+        """The multiplexed call to `worker_id` at `address`; a new one when the last ended.
+        With `loop` (the caller runs on it) and an aio factory, the call runs on that loop."""
         with self._lock:
             entry = self._entry(address, worker_id)
+            if loop is not None and self._aio_factory is not None:
+                channel, mux = entry.on_loops.get(loop, (None, None))
+                if mux is None or mux.closed:
+                    if channel is not None:
+                        # NOTE: a fresh channel after a broken call: the old one may be backing
+                        # off its reconnects, while the worker, restored because its watch (on
+                        # the sync channel) was answered, takes new connections at once.
+                        _close_on(loop, channel)
+                    channel = self._aio_factory(address, worker_id)
+                    mux = WorkerMux(channel, worker_id, loop=loop)
+                    entry.on_loops[loop] = (channel, mux)
+                return mux
             if entry.mux is None or entry.mux.closed:
                 entry.mux = WorkerMux(entry.channel, worker_id)
             return entry.mux
@@ -91,6 +119,9 @@ class WorkerChannels:
             if entry.mux is not None:
                 entry.mux.close()
             entry.channel.close()
+            for loop, (channel, mux) in entry.on_loops.items():
+                mux.close()
+                _close_on(loop, channel)
 
     def close(self) -> None:
         self.prune(set())
@@ -128,3 +159,21 @@ class WorkerChannels:
             )
             if self._deployment.suspect(worker_id, address, reason) is not None:
                 log.warning("worker %s is %s", worker_id, reason.message)
+
+
+def _close_on(loop: asyncio.AbstractEventLoop, channel: grpc.aio.Channel) -> None:
+    """Close an aio channel on its loop: waited for from another thread (briefly), scheduled
+    when this is the loop's own thread; nothing to do once the loop has closed."""
+    if loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.create_task(channel.close())
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(channel.close(), loop).result(timeout=CLOSE_WAIT_S)
+    except (RuntimeError, TimeoutError, concurrent.futures.TimeoutError):
+        log.debug("a channel's close did not finish on its loop (stopped or busy)")

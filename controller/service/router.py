@@ -72,11 +72,15 @@ class Router:
         channel_factory: Callable[[str, str], grpc.Channel] = lambda address, worker_id: (
             grpc.insecure_channel(address)
         ),
+        aio_channel_factory: Callable[[str, str], grpc.aio.Channel] | None = None,
     ) -> None:
+        """`aio_channel_factory`: channels for the multiplexed calls of requests served on an
+        event loop, made on that loop (worker_mux.py); None: those use `channel_factory`'s too,
+        read by a thread."""
         self._deployment = deployment
         self._max_per_worker = max_outstanding_per_worker
         self._max_total = max_outstanding_total
-        self.channels = WorkerChannels(deployment, channel_factory)
+        self.channels = WorkerChannels(deployment, channel_factory, aio_channel_factory)
         self._lock = threading.Lock()
         self._streams: dict[str, set[_Stream]] = {}
         self._num_active = 0
@@ -229,8 +233,8 @@ class Router:
         self._track(record.worker_id, stream, add=True)
         started = False
         try:
-            mux = self.channels.mux(record.address, record.worker_id)
             loop = asyncio.get_running_loop()
+            mux = self.channels.mux(record.address, record.worker_id, loop=loop)
             stream.call = call = mux.open(request, timeout_s, loop=loop)
             if stream.abort_reason is not None:  # an abort asked before the call existed
                 call.cancel()

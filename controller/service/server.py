@@ -49,7 +49,12 @@ from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import STREAM_READER_OPTIONS
-from intentserve.tls import secure_channel, server_credentials, server_name
+from intentserve.tls import (
+    secure_aio_channel,
+    secure_channel,
+    server_credentials,
+    server_name,
+)
 from intentserve.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -89,6 +94,7 @@ class ControllerServer:
             max_outstanding_per_worker=config.max_outstanding_per_worker,
             max_outstanding_total=config.max_outstanding_total,
             channel_factory=_worker_channels(config),
+            aio_channel_factory=_worker_aio_channels(config),
         )
         # The loop first: health is published to it from the reconciler's construction on.
         self._loop = EventLoopThread("controller-rpc")
@@ -348,6 +354,20 @@ def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Chan
         )
     deployment = config.desired.deployment
     return lambda address, worker_id: secure_channel(
+        address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
+    )
+
+
+def _worker_aio_channels(config: ControllerConfig) -> Callable[[str, str], grpc.aio.Channel]:
+    """`_worker_channels` for the gRPC front end's loop, where the workers' multiplexed calls
+    run (worker_mux.py): the same credentials and options."""
+    tls = config.security.tls
+    if tls is None:
+        return lambda address, worker_id: grpc.aio.insecure_channel(
+            address, options=WORKER_CHANNEL_OPTIONS
+        )
+    deployment = config.desired.deployment
+    return lambda address, worker_id: secure_aio_channel(
         address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
     )
 

@@ -50,14 +50,30 @@ def server_credentials(identity: TlsIdentity, *, require_client_auth: bool):
 
 def secure_channel(address: str, identity: TlsIdentity, name: str, options=()) -> grpc.Channel:
     """A channel that verifies the server as `name` and presents `identity` as the client."""
-    credentials = grpc.ssl_channel_credentials(
+    return grpc.secure_channel(
+        address, _client_credentials(identity), options=_named(name, options)
+    )
+
+
+def secure_aio_channel(
+    address: str, identity: TlsIdentity, name: str, options=()
+) -> grpc.aio.Channel:
+    """`secure_channel` for an event loop (make it on the loop that uses it)."""
+    return grpc.aio.secure_channel(
+        address, _client_credentials(identity), options=_named(name, options)
+    )
+
+
+def _client_credentials(identity: TlsIdentity) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
         root_certificates=identity.ca_pem,
         private_key=identity.key_pem,
         certificate_chain=identity.cert_pem,
     )
-    return grpc.secure_channel(
-        address, credentials, options=[("grpc.ssl_target_name_override", name), *options]
-    )
+
+
+def _named(name: str, options) -> list:
+    return [("grpc.ssl_target_name_override", name), *options]
 
 
 def peer_common_name(context: grpc.ServicerContext) -> str | None:

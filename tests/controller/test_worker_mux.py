@@ -1,16 +1,28 @@
 """The controller's side of a worker's multiplexed call, against a minimal `WorkerStreams` server
 on loopback: requests on one call, their ends, and a new call once the old one broke (the worker
-process was replaced at the same address)."""
+process was replaced at the same address). Each on both transports: a sync channel read by the
+mux's thread, and a grpc.aio channel whose call runs on an event loop (read there by a handler
+on that loop, or handed to another thread)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent import futures
 
 import grpc
 import pytest
+from intentserve.controller.service.channels import WorkerChannels
+from intentserve.controller.service.server import (
+    EventLoopThread,
+    _worker_aio_channels,
+    _worker_channels,
+)
+from intentserve.controller.service.settings import ControllerSettings
 from intentserve.controller.service.worker_mux import StreamFailed, WorkerMux
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
+
+from tests.controller.conftest import FAST
 
 pytestmark = pytest.mark.integration
 LENGTH = inference_pb2.FINISH_REASON_LENGTH
@@ -71,10 +83,57 @@ def request(prompt: str) -> inference_pb2.GenerateRequest:
     return inference_pb2.GenerateRequest(prompt=prompt)
 
 
-def test_requests_share_the_call_and_each_ends_its_own_way():
+class Transport:
+    """Makes channels and muxes of one kind; `loop` is the event loop of the aio kind."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.loop = EventLoopThread("test-mux") if kind == "aio" else None
+
+    def channel(self, port: int):
+        address = f"127.0.0.1:{port}"
+        if self.loop is None:
+            return grpc.insecure_channel(address)
+
+        async def make():
+            return grpc.aio.insecure_channel(address)
+
+        return self.loop.run(make())
+
+    def mux(self, channel) -> WorkerMux:
+        return WorkerMux(channel, "w0", loop=None if self.loop is None else self.loop.loop)
+
+    def wait_ready(self, channel) -> None:
+        if self.loop is None:
+            grpc.channel_ready_future(channel).result(timeout=10)
+        else:
+            self.loop.run(asyncio.wait_for(channel.channel_ready(), 10))
+
+    def close(self, channel) -> None:
+        if self.loop is None:
+            channel.close()
+        else:
+            self.loop.run(channel.close())
+            self.loop.close()
+
+
+@pytest.fixture(params=["thread", "aio"])
+def transport(request):
+    return Transport(request.param)
+
+
+def wait_for(condition, timeout_s: float = 5.0) -> bool:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return True
+        threading.Event().wait(0.01)
+    return condition()
+
+
+def test_requests_share_the_call_and_each_ends_its_own_way(transport):
     server, servicer, port = serve()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    mux = WorkerMux(channel, "w0")
+    channel = transport.channel(port)
+    mux = transport.mux(channel)
     try:
         a, b, c = mux.open(request("one two three"), 5.0), mux.open(request("fail"), None), None
         c = mux.open(request("hold"), None)
@@ -89,45 +148,96 @@ def test_requests_share_the_call_and_each_ends_its_own_way():
         with pytest.raises(StreamFailed) as error:
             list(c)
         assert error.value.code() is grpc.StatusCode.CANCELLED
+        assert wait_for(lambda: servicer.cancelled == [c.key])  # the worker was told
         assert servicer.calls == 1
     finally:
         mux.close()
-        channel.close()
+        transport.close(channel)
         server.stop(0)
 
 
-def test_a_broken_call_fails_its_streams_and_the_next_request_gets_a_new_call():
+def test_a_handler_on_the_call_s_own_loop_reads_its_responses_there():
+    transport = Transport("aio")
+    server, servicer, port = serve()
+    channel = transport.channel(port)
+    mux = transport.mux(channel)
+    loop = transport.loop.loop
+
+    async def generate(prompt: str) -> list[str]:
+        assert asyncio.get_running_loop() is loop
+        return [r.text async for r in mux.open(request(prompt), 5.0, loop=loop)]
+
+    async def both() -> list[list[str]]:
+        return list(await asyncio.gather(generate("a b"), generate("c d e")))
+
+    try:
+        assert transport.loop.run(both()) == [["a", "b"], ["c", "d", "e"]]
+        assert servicer.calls == 1
+    finally:
+        mux.close()
+        transport.close(channel)
+        server.stop(0)
+
+
+def test_a_broken_call_fails_its_streams_and_the_next_request_gets_a_new_call(transport):
     server, first, port = serve()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    mux = WorkerMux(channel, "w0")
+    channel = transport.channel(port)
+    mux = transport.mux(channel)
     try:
         held = mux.open(request("hold"), None)
         # the call is up on the worker's side before it dies (stopped earlier, the call was seen
         # to wait without end once in a CI run; that case is not what this test is about)
-        for _ in range(500):
-            if first.calls:
-                break
-            threading.Event().wait(0.01)
-        assert first.calls == 1
+        assert wait_for(lambda: first.calls == 1)
         server.stop(0).wait()  # the worker process dies
         with pytest.raises(StreamFailed) as error:
             list(held)
         assert error.value.code() is grpc.StatusCode.UNAVAILABLE
-        done = threading.Event()
-        threading.Thread(target=lambda: (mux._reader.join(), done.set()), daemon=True).start()
-        assert done.wait(5) and mux.closed
+        assert wait_for(lambda: mux.closed)
         with pytest.raises(StreamFailed) as error:
             mux.open(request("too late"), None)
         assert error.value.code() is grpc.StatusCode.UNAVAILABLE
         # A new process at the same address: once the channel connects again (the controller
         # restores a suspect worker only after its watch is answered), a new call serves.
         server, servicer, _ = serve(port)
-        grpc.channel_ready_future(channel).result(timeout=10)
-        again = WorkerMux(channel, "w0")
+        transport.wait_ready(channel)
+        again = transport.mux(channel)
         assert [r.text for r in again.open(request("back again"), 5.0)] == ["back", "again"]
         assert servicer.calls == 1
         again.close()
     finally:
         mux.close()
-        channel.close()
+        transport.close(channel)
+        server.stop(0)
+
+
+def test_requests_on_a_loop_get_a_fresh_channel_once_their_call_broke():
+    """A worker back at its address after its call broke: the next request on the loop goes out
+    on a new channel at once, not on the old one backing off its reconnects."""
+    loop = EventLoopThread("test-channels")
+    server, _, port = serve()
+    address = f"127.0.0.1:{port}"
+    config = ControllerSettings(**FAST).config()  # the controller's own channels
+    channels = WorkerChannels(None, _worker_channels(config), _worker_aio_channels(config))
+
+    async def generate(prompt: str) -> tuple[WorkerMux, list[str]]:
+        mux = channels.mux(address, "w0", loop=asyncio.get_running_loop())
+        stream = mux.open(request(prompt), 5.0, loop=asyncio.get_running_loop())
+        return mux, [r.text async for r in stream]
+
+    try:
+        first, texts = loop.run(generate("one two"))
+        assert texts == ["one", "two"]
+        assert loop.run(generate("three"))[0] is first  # the same call while it lasts
+        server.stop(0).wait()
+        assert wait_for(lambda: first.closed)
+        with pytest.raises(StreamFailed) as error:  # while it is gone: refused, then backoff
+            loop.run(generate("nobody there"))
+        assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+        server, servicer, _ = serve(port)
+        again, texts = loop.run(asyncio.wait_for(generate("back again"), 3))
+        assert again is not first and texts == ["back", "again"]
+        assert servicer.calls == 1
+    finally:
+        channels.close()
+        loop.close()
         server.stop(0)
