@@ -6,12 +6,11 @@ and an engine built on the CPU holds them there."""
 from __future__ import annotations
 
 import gc
-import shutil
 
 import pytest
 import torch
 from intentserve.worker import hugepages
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, f32_gemm_kernel
+from intentserve.worker.attention.cpu_kernels import f32_gemm_kernel
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.hugepages import (
     HUGE_PAGE,
@@ -24,6 +23,7 @@ from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import F32Linear, prepack_linears
 from intentserve.worker.model.registry import load_model
 
+from tests.worker.model.kernel_paths import built_or_skip
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
 
 GRANTS = thp_mode() in ("always", "madvise")
@@ -35,12 +35,7 @@ needs_thp = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def f32_kernel():
-    if not any(shutil.which(n) for n in ("cc", "gcc", "clang")):
-        pytest.skip("no C compiler (cc, gcc or clang) to build the float32 GEMM kernel")
-    try:
-        return f32_gemm_kernel()
-    except KernelUnavailable as error:
-        pytest.skip(f"the float32 GEMM kernel is unavailable here: {error.reason}")
+    return built_or_skip(f32_gemm_kernel, "float32 GEMM kernel")
 
 
 def test_the_setting_is_the_bracketed_word(tmp_path):

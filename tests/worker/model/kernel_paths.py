@@ -1,7 +1,21 @@
-"""The GEMM kernels' two paths (AVX512, and AMX tiles where the CPU has them), for fixtures that
-run each kernel test on both."""
+"""The GEMM kernels for fixtures: built, or skipped with the reason; and their two paths (AVX512,
+and AMX tiles where the CPU has them), to run each kernel test on both."""
+
+import shutil
 
 import pytest
+from intentserve.worker.attention.cpu_kernels import KernelUnavailable
+
+
+def built_or_skip(build, what: str):
+    """`build()` (a kernel loader such as f32_gemm_kernel), or a skip naming why not: no C
+    compiler, or the kernel unavailable on this CPU (its reason)."""
+    if not any(shutil.which(n) for n in ("cc", "gcc", "clang")):
+        pytest.skip(f"no C compiler (cc, gcc or clang) to build the {what}")
+    try:
+        return build()
+    except KernelUnavailable as error:
+        pytest.skip(f"the {what} is unavailable here: {error.reason}")
 
 
 def on_path(kernel, path: str, tiles: str):

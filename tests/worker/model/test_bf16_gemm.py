@@ -4,8 +4,6 @@ whatever else is in its batch, a bias added before the rounding; and prepack_lin
 projection on it, or says why not. Every kernel test runs on both paths; the AMX one skips, with
 the reason, on a CPU without AMX."""
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,20 +12,13 @@ from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import Bf16Linear, PackedLinear, prepack_linears
 
-from tests.worker.model.kernel_paths import on_path
+from tests.worker.model.kernel_paths import built_or_skip, on_path
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
-
-HAVE_CC = any(shutil.which(n) for n in ("cc", "gcc", "clang"))
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    if not HAVE_CC:
-        pytest.skip("no C compiler (cc, gcc or clang) to build the bf16 GEMM kernel")
-    try:
-        return bf16_gemm_kernel()
-    except KernelUnavailable as error:  # a CPU without AVX512-BF16
-        pytest.skip(f"the bf16 GEMM kernel is unavailable here: {error.reason}")
+    return built_or_skip(bf16_gemm_kernel, "bf16 GEMM kernel")
 
 
 @pytest.fixture(params=["AVX512-BF16", "AMX"])

@@ -2,8 +2,6 @@
 up to summation order, a row's result the same whatever else is in its batch, a bias added; and
 prepack_linears puts every float32 projection on it, or says why not."""
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,17 +10,13 @@ from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import F32Linear, PackedLinear, prepack_linears
 
+from tests.worker.model.kernel_paths import built_or_skip
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 
 @pytest.fixture(scope="module")
 def gemm():
-    if not any(shutil.which(n) for n in ("cc", "gcc", "clang")):
-        pytest.skip("no C compiler (cc, gcc or clang) to build the float32 GEMM kernel")
-    try:
-        return f32_gemm_kernel()
-    except KernelUnavailable as error:  # a CPU without AVX-512
-        pytest.skip(f"the float32 GEMM kernel is unavailable here: {error.reason}")
+    return built_or_skip(f32_gemm_kernel, "float32 GEMM kernel")
 
 
 def operands(rows, out_features, in_features, seed=0):
