@@ -6,6 +6,7 @@ budget -> plan the cache (RealizedCache) -> the guard picks the scheduler -> all
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,6 +37,8 @@ class KvBudgetTooLargeError(ValueError):
     """The KV budget is more than the memory this worker can use: a pool that size would be
     promised in the realized report, then paid for by the OOM killer as it fills."""
 
+
+log = logging.getLogger(__name__)
 
 # Share of free memory the KV cache takes when the operator sets no budget.
 DEFAULT_KV_FRACTION = {"cpu": 0.1, "cuda": 0.8}
@@ -82,6 +85,14 @@ def realize_kv(
     planned = _plan(request, geometry, budget_bytes, source)
     choice = select_scheduler(request.requested, planned)  # checkpoint 3: the guard decides
     pool = KvPool(planned.kind, geometry, planned.num_blocks, planned.block_size, device)
+    if pool.commit_seconds:
+        log.info(
+            "KV cache: %d MiB committed on the host in %.2f s (%d blocks of %d tokens)",
+            pool.num_bytes >> 20,
+            pool.commit_seconds,
+            planned.num_blocks,
+            planned.block_size,
+        )
     scheduler = _scheduler(choice, planned, request.limits)
     windows = loaded.config.layer_windows
     attention = (
