@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -50,7 +49,6 @@ class Frontend:
     security: Security
     model: str  # the deployment's model, as the manifest names it
     metrics: CollectorRegistry
-    executor: Executor  # one thread per routed request, as the gRPC server has
 
 
 def _json(data: dict) -> str:
@@ -112,7 +110,7 @@ def build_app(frontend: Frontend) -> FastAPI:
     async def generate(request: Request, body, pb) -> Response:
         call = HttpCall()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
-        responses = RoutedResponses(frontend.router, pb, call, frontend.executor)
+        responses = RoutedResponses(frontend.router, pb, call)
         reply = Reply(isinstance(body, ChatCompletionRequest), body.model, pb.request_id)
         try:
             # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,

@@ -1,9 +1,9 @@
-"""An HTTP request on the router: the router is synchronous (it blocks on its gRPC call to the
-worker), the HTTP server is asyncio. Each request gets a thread that runs the router, as a gRPC
-stream does, and hands the responses over to the event loop one by one.
+"""An HTTP request on the router, on the HTTP server's event loop: `router.agenerate` runs in a
+task of that loop (the worker's multiplexed call is read there too, worker_mux.py), as a gRPC
+stream's handler runs on the gRPC server's loop. No thread is woken per response.
 
-    call = HttpCall()                     # what the router reads of a grpc.ServicerContext
-    responses = RoutedResponses(router, request, call, executor)
+    call = HttpCall()                     # what the router reads of a grpc.aio.ServicerContext
+    responses = RoutedResponses(router, request, call)
     async for response in responses: ...  # the router's error, if any, is raised here
     call.cancel()                         # the client went away: the worker aborts, KV is freed
 """
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
 
 from intentserve.v1 import inference_pb2
 
@@ -23,8 +22,8 @@ _END = object()
 
 class HttpCall:
     """The router's view of one HTTP request: never a deadline (the client sets none over
-    HTTP), active until `cancel()`, which runs every callback the router added (it cancels the
-    upstream call)."""
+    HTTP), active until `cancel()`, which runs every callback added (RoutedResponses': it
+    cancels the routing task, whose `finally` cancels the upstream call)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,6 +44,9 @@ class HttpCall:
     def is_active(self) -> bool:
         return not self._cancelled
 
+    def cancelled(self) -> bool:
+        return self._cancelled
+
     def cancel(self) -> None:
         """Idempotent; after the last response it changes nothing upstream."""
         with self._lock:
@@ -62,31 +64,25 @@ class _Failure:
 
 
 class RoutedResponses:
-    """`router.generate(request, call)` run on an executor thread; iterate it on the loop."""
+    """`router.agenerate(request, call)` run in a task of the running loop; iterate it there.
+    The task runs ahead of the reader by whatever the worker sends (a queue between them), and
+    `call.cancel()` cancels it."""
 
-    def __init__(
-        self, router, request: inference_pb2.GenerateRequest, call: HttpCall, executor: Executor
-    ) -> None:
-        self._router = router
-        self._request = request
-        self._call = call
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, router, request: inference_pb2.GenerateRequest, call: HttpCall) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
-        executor.submit(self._pump)
+        self._task = asyncio.get_running_loop().create_task(self._pump(router, request, call))
+        if not call.add_callback(self._task.cancel):
+            self._task.cancel()  # cancelled already: the router never starts
 
-    def _pump(self) -> None:
+    async def _pump(self, router, request: inference_pb2.GenerateRequest, call: HttpCall) -> None:
         try:
-            for response in self._router.generate(self._request, self._call):
-                self._put(response)
-        except Exception as error:  # the router's refusal, for the loop to raise
-            self._put(_Failure(error))
+            async with contextlib.aclosing(router.agenerate(request, call)) as responses:
+                async for response in responses:
+                    self._queue.put_nowait(response)
+        except Exception as error:  # the router's refusal, for the reader to raise
+            self._queue.put_nowait(_Failure(error))
         finally:
-            self._put(_END)
-
-    def _put(self, item: object) -> None:
-        # NOTE: the loop may be gone (the server stopped): there is no one left to tell.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._queue.put_nowait(_END)
 
     def __aiter__(self) -> RoutedResponses:
         return self

@@ -4,7 +4,8 @@
 The gRPC server is a `grpc.aio` one on an event loop in a thread of its own: every streamed
 response is written from that one thread, where a sync server spends a thread (and its wake-ups)
 per stream; on a small machine the controller's CPU per token is what serving costs beyond the
-engine. `ControllerServer`'s own API stays synchronous. The HTTP API keeps its own threads.
+engine. `ControllerServer`'s own API stays synchronous. The HTTP API routes on uvicorn's loop
+(controller/http/bridge.py), with channels of its own to the workers made there.
 
 Run one by hand with `python -m intentserve.controller.service.server` (configured by
 `INTENTSERVE_*` env vars).
@@ -68,9 +69,6 @@ from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
-# The HTTP API's threads beyond the admitted streams, so its health and metrics are never
-# queued behind streams.
-CONTROL_THREADS = 16
 T = TypeVar("T")
 SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
@@ -120,7 +118,7 @@ class ControllerServer:
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
             self._health_server, self.health_port = self._probe_server()
-            self._http, self._http_threads = self._http_api()
+            self._http = self._http_api()
         except BaseException:
             self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
             raise
@@ -133,22 +131,19 @@ class ControllerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._probe_health, server)
         return server, server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
 
-    def _http_api(self) -> tuple[HttpServer | None, futures.ThreadPoolExecutor | None]:
+    def _http_api(self) -> HttpServer | None:
         config = self.config
         if config.http_port is None:
-            return None, None
-        num_threads = config.max_outstanding_total + CONTROL_THREADS
-        threads = futures.ThreadPoolExecutor(num_threads, thread_name_prefix="http")
+            return None
         frontend = Frontend(
             self.metered_router,
             self.reconciler,
             config.security,
             config.desired.model,
             self.metrics,
-            threads,
         )
         app = build_app(frontend)
-        return HttpServer(app, config.host, config.http_port, config.security.tls), threads
+        return HttpServer(app, config.host, config.http_port, config.security.tls)
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
         """The gRPC server, made on the loop that runs it; its public and registry ports."""
@@ -240,7 +235,6 @@ class ControllerServer:
         self._loop.run(self._server.stop(grace_s))
         if self._http is not None:
             self._http.join()
-            self._http_threads.shutdown(wait=False, cancel_futures=True)
         self.router.close()
         self._loop.close()
 

@@ -50,6 +50,7 @@ class Behaviour(enum.Enum):
 
 INVALID_DETAILS = "stop.max_tokens: must be a positive integer, got 0"
 BREAK_DETAILS = "the engine loop is closed"
+PLAY_THREAD = "scripted-play"  # a thread per request the worker plays
 MAX_STREAMS = 40  # a thread per stream: 32 concurrent streams reach one worker in load tests
 
 
@@ -111,6 +112,7 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
                         threading.Thread(
                             target=self._play,
                             args=(command, cancels[command.stream], ended, events),
+                            name=f"{PLAY_THREAD}-{command.stream}",
                             daemon=True,
                         ).start()
                     elif command.stream in cancels:

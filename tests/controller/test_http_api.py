@@ -4,6 +4,7 @@ prometheus_client's parser against `status --json`."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import httpx2 as httpx
@@ -15,7 +16,7 @@ from intentserve.policy import Reason, ReasonCode, examples
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controller.conftest import DEPLOYMENT, eventually
-from tests.controller.scripted_worker import Behaviour
+from tests.controller.scripted_worker import PLAY_THREAD, Behaviour
 
 pytestmark = pytest.mark.integration
 
@@ -154,6 +155,34 @@ def test_a_client_that_goes_away_cancels_its_request(start_controller, make_work
         lambda: sample(server, "intentserve_requests_total", status="cancelled") == 1,
         what="counted as cancelled",
     )
+
+
+def test_streams_in_flight_take_no_thread_each(start_controller, make_worker):
+    # The router runs on the HTTP server's loop: eight open streams add no thread per stream
+    # (the bridge ran each request on a thread of its own before, woken per token).
+    server, _ = start_controller(http_port=0, paged_attention="on", max_outstanding_per_worker=8)
+    worker = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    url = f"{server.http_url}/v1/chat/completions"
+    body = {"model": MODEL, "messages": HI, "stream": True}
+    with httpx.stream("POST", url, json=body, timeout=10) as response:  # the first one makes
+        assert next(response.iter_lines()).startswith("data: ")  # the loop's worker channel
+    eventually(lambda: len(worker.cancelled_ids) == 1, what="the first stream cancelled")
+
+    def controller_threads() -> int:  # this process's, less the scripted worker's own
+        return sum(not t.name.startswith(PLAY_THREAD) for t in threading.enumerate())
+
+    before = controller_threads()
+    with contextlib.ExitStack() as streams:
+        lines = []  # NOTE: kept: httpx closes a response when its line iterator is collected
+        for _ in range(8):
+            response = streams.enter_context(httpx.stream("POST", url, json=body, timeout=10))
+            lines.append(response.iter_lines())
+            assert next(lines[-1]).startswith("data: ")
+        assert len(worker.requests) == 9 and len(worker.cancelled_ids) == 1  # all 8 open
+        assert controller_threads() - before <= 1
+    eventually(lambda: len(worker.cancelled_ids) == 9, what="the 8 streams cancelled")
 
 
 def test_counters_move_by_the_requests_and_tokens_served(start_controller, make_worker):
