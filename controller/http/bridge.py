@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
 
 from intentserve.v1 import inference_pb2
@@ -21,12 +20,12 @@ _END = object()
 
 
 class HttpCall:
-    """The router's view of one HTTP request: never a deadline (the client sets none over
-    HTTP), active until `cancel()`, which runs every callback added (RoutedResponses': it
-    cancels the routing task, whose `finally` cancels the upstream call)."""
+    """The router's view of one HTTP request (what it reads of a grpc.aio.ServicerContext):
+    never a deadline (the client sets none over HTTP), cancelled once `cancel()` ran, which runs
+    every callback added (RoutedResponses': it cancels the routing task, whose `finally` cancels
+    the upstream call). Used on the HTTP server's loop only."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._callbacks: list[Callable[[], object]] = []
         self._cancelled = False
 
@@ -35,25 +34,20 @@ class HttpCall:
 
     def add_callback(self, callback: Callable[[], object]) -> bool:
         """False when already cancelled (the caller then cancels at once), as grpc's does."""
-        with self._lock:
-            if self._cancelled:
-                return False
-            self._callbacks.append(callback)
-            return True
-
-    def is_active(self) -> bool:
-        return not self._cancelled
+        if self._cancelled:
+            return False
+        self._callbacks.append(callback)
+        return True
 
     def cancelled(self) -> bool:
         return self._cancelled
 
     def cancel(self) -> None:
         """Idempotent; after the last response it changes nothing upstream."""
-        with self._lock:
-            if self._cancelled:
-                return
-            self._cancelled = True
-            callbacks, self._callbacks = self._callbacks, []
+        if self._cancelled:
+            return
+        self._cancelled = True
+        callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
 

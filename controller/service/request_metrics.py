@@ -2,7 +2,6 @@
 to a front end, so that gRPC and HTTP requests are measured by the same code.
 
     metered = MeteredRouter(router, RequestMetrics(registry, deployment="local", model="smollm2"))
-    for response in metered.generate(request, context): ...   # as Router.generate
     async for response in metered.agenerate(request, context): ...   # as Router.agenerate
 
 Names and buckets follow vLLM's (`vllm:time_to_first_token_seconds` is
@@ -16,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from intentserve.controller.service.interceptor import STATUS_CODES
@@ -95,33 +94,12 @@ class RequestMetrics:
         self._ttft_s = self.ttft_s.labels(*self._labels)
         self._itl_s = self.itl_s.labels(*self._labels)
 
-    def observe(
-        self, responses: Generator[inference_pb2.GenerateResponse, None, None]
-    ) -> Iterator[inference_pb2.GenerateResponse]:
-        """Pass `responses` through, timing each token and counting how the request ended."""
-        seen = _Seen()
-        status = "ok"
-        try:
-            for response in responses:
-                seen.add(response, self)
-                yield response
-            if not seen.finish:
-                status = _CANCELLED  # the client went away
-        except GeneratorExit:
-            status = _CANCELLED
-            raise
-        except Exception as error:
-            status = _status_of(error)
-            raise
-        finally:
-            responses.close()  # NOTE: a consumer that stops early ends the routed call now
-            self._finished(status, seen)
-
     async def aobserve(
         self, responses: AsyncGenerator[inference_pb2.GenerateResponse, None]
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """`observe` on an event loop, where a client that went away is `CancelledError` (the
-        handler's task was cancelled) or a close of this generator."""
+        """Pass `responses` through, timing each token and counting how the request ended. A
+        client that went away is `CancelledError` (the handler's task was cancelled) or a close
+        of this generator."""
         seen = _Seen()
         status = "ok"
         try:
@@ -159,7 +137,7 @@ class RequestMetrics:
 
 
 class _Seen:
-    """What one request's responses have shown so far (shared by the sync and async paths)."""
+    """What one request's responses have shown so far."""
 
     def __init__(self) -> None:
         self.started_s = time.perf_counter()
@@ -183,23 +161,16 @@ class _Seen:
 
 
 class MeteredRouter:
-    """`Router.generate`, measured: what the front ends (gRPC Inference, HTTP) route through."""
+    """`Router.agenerate`, measured: what the front ends (gRPC Inference, HTTP) route through."""
 
     def __init__(self, router: Router, metrics: RequestMetrics) -> None:
         self._router = router
         self._metrics = metrics
 
-    def generate(
-        self, request: inference_pb2.GenerateRequest, context
-    ) -> Iterator[inference_pb2.GenerateResponse]:
-        """`context`: what the router reads of a grpc.ServicerContext (`time_remaining`,
-        `add_callback`, `is_active`)."""
-        yield from self._metrics.observe(self._router.generate(request, context))
-
     async def agenerate(
         self, request: inference_pb2.GenerateRequest, context
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """`Router.agenerate`, measured alike: the gRPC front end's path."""
+        """`Router.agenerate`, measured."""
         observed = self._metrics.aobserve(self._router.agenerate(request, context))
         async with contextlib.aclosing(observed) as responses:
             async for response in responses:

@@ -5,10 +5,9 @@ checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) pa
 A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
 stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
 
-Two front ends, one behaviour: `generate` for the HTTP API's threads (a grpc.ServicerContext-like
-call with `add_callback`), `agenerate` for the gRPC server's event loop, where a client's cancel
-or deadline arrives as `asyncio.CancelledError` in the handler and the worker's request is
-cancelled on the way out.
+Both front ends route on an event loop with `agenerate` (the gRPC server's, uvicorn's for the
+HTTP API): a client's cancel or deadline arrives as `asyncio.CancelledError` in the handler and
+the worker's request is cancelled on the way out.
 
 The router is a proxy: the request and response messages pass through unchanged (save the ids
 it fills in), so it handles `inference_pb2` messages directly and nothing else does.
@@ -21,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from intentserve.controller.service.channels import WorkerChannels
@@ -86,28 +85,12 @@ class Router:
         self._num_active = 0
         self._turn = itertools.count()  # breaks ties between equally loaded workers
 
-    def generate(
-        self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
-    ) -> Iterator[inference_pb2.GenerateResponse]:
-        self._admit(request)
-        try:
-            tried: dict[str, Exception] = {}
-            while True:
-                record = self._acquire(tried)
-                try:
-                    yield from self._forward(record, request, context)
-                    return
-                except _TryAnother as refusal:
-                    tried[record.worker_id] = refusal.failure
-                finally:
-                    self._deployment.registry.release(record.worker_id)
-        finally:
-            self._leave()
-
     async def agenerate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """`generate` on an event loop: the same admission, choice, retry and failures."""
+        """Admit the request, pick a worker (the next one when a worker refuses before
+        streaming), and pass its responses through; `context` is the front end's call
+        (`time_remaining`, `cancelled`)."""
         self._admit(request)
         try:
             tried: dict[str, Exception] = {}
@@ -185,49 +168,16 @@ class Router:
         reason = verdict.reason if not verdict.ready else _NO_READY_WORKER
         raise NotReady(reason)
 
-    def _forward(
-        self,
-        record: WorkerRecord,
-        request: inference_pb2.GenerateRequest,
-        context: grpc.ServicerContext,
-    ) -> Iterator[inference_pb2.GenerateResponse]:
-        timeout_s = _timeout_s(context)
-        stream = _Stream()
-        self._track(record.worker_id, stream, add=True)
-        started = False
-        try:
-            # NOTE: on the worker's multiplexed call, which carries a step's tokens for all
-            # its requests in one message; the worker enforces the deadline too.
-            mux = self.channels.mux(record.address, record.worker_id)
-            stream.call = call = mux.open(request, timeout_s)
-            # The client's cancel or deadline reaches the worker; so does an abort already asked.
-            if not context.add_callback(call.cancel) or stream.abort_reason is not None:
-                call.cancel()
-            for response in call:
-                started = True
-                if not response.worker_id:
-                    response.worker_id = record.worker_id
-                yield response
-        except grpc.RpcError as error:
-            if stream.abort_reason is None and not context.is_active():
-                return  # the client cancelled or its deadline passed: nobody to tell
-            if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
-                self._suspect(record, error, started)
-            raise _failure(record.worker_id, error, started, stream.abort_reason) from None
-        finally:
-            if stream.call is not None:
-                stream.call.cancel()  # a no-op once it ended; else the client went away
-            self._track(record.worker_id, stream, add=False)
-
     async def _aforward(
         self,
         record: WorkerRecord,
         request: inference_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """`_forward` on an event loop. The client's cancel or deadline cancels the handler's
-        task (asyncio.CancelledError, here while awaiting the next item or the write of one),
-        and the `finally` sends the worker the cancel."""
+        """One worker's responses, on its multiplexed call (a step's tokens for all its requests
+        in one message; the worker enforces the deadline too). The client's cancel or deadline
+        cancels the handler's task (asyncio.CancelledError, here while awaiting the next item or
+        the write of one), and the `finally` sends the worker the cancel."""
         timeout_s = _timeout_s(context)
         stream = _Stream()
         self._track(record.worker_id, stream, add=True)
@@ -271,15 +221,15 @@ class Router:
                 streams.discard(stream)
 
 
-def _timeout_s(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> float | None:
+def _timeout_s(context: grpc.aio.ServicerContext) -> float | None:
     """The client's remaining deadline, to forward; None when it set none."""
     remaining_s = context.time_remaining()
     return None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
 
 
 def _client_gone(context: grpc.aio.ServicerContext) -> bool:
-    """Whether the client cancelled or its deadline passed (the aio twin of `not is_active()`:
-    the worker, which holds the same deadline, may report it before the task is cancelled)."""
+    """Whether the client cancelled or its deadline passed (the worker, which holds the same
+    deadline, may report it before the task is cancelled)."""
     remaining_s = context.time_remaining()
     return context.cancelled() or (remaining_s is not None and remaining_s <= 0)
 
