@@ -20,12 +20,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def resident_fraction(tensor: torch.Tensor) -> float:
-    """The fraction of the pages under `tensor` that are resident, from mincore(2)."""
+def resident_fraction(address: int, num_bytes: int) -> float:
+    """The fraction of the pages under [address, address + num_bytes) that are resident, from
+    mincore(2)."""
     libc = ctypes.CDLL(None, use_errno=True)
     page = mmap.PAGESIZE
-    start = tensor.data_ptr() // page * page
-    end = -(-(tensor.data_ptr() + tensor.nbytes) // page) * page
+    start = address // page * page
+    end = -(-(address + num_bytes) // page) * page
     pages = (end - start) // page
     vec = (ctypes.c_ubyte * pages)()
     if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(end - start), vec) != 0:
@@ -33,13 +34,19 @@ def resident_fraction(tensor: torch.Tensor) -> float:
     return sum(b & 1 for b in vec) / pages
 
 
+def tensor_resident_fraction(tensor: torch.Tensor) -> float:
+    return resident_fraction(tensor.data_ptr(), tensor.nbytes)
+
+
 def test_fresh_host_memory_is_not_resident_until_touched():
-    # The measure itself: a large fresh allocation is mapped but not resident (glibc maps
-    # blocks over 32 MiB on their own), and is once written.
-    t = torch.empty(64 << 20, dtype=torch.uint8)
-    assert resident_fraction(t) < 0.05
-    t.fill_(1)
-    assert resident_fraction(t) == 1.0
+    # The measure itself, on a mapping of its own (torch's allocator may hand back memory an
+    # earlier test already touched): mapped, not resident; resident once written.
+    size = 64 << 20
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    assert resident_fraction(address, size) < 0.05
+    mapping.write(b"\1" * size)
+    assert resident_fraction(address, size) == 1.0
 
 
 def test_cpu_pool_pages_are_resident_when_built():
@@ -48,5 +55,5 @@ def test_cpu_pool_pages_are_resident_when_built():
     pool = KvPool(CacheKind.PAGED, geometry, 2048, 16, torch.device("cpu"))
     for tensor in (*pool.k, *pool.v):
         assert tensor.nbytes == 64 << 20
-        assert resident_fraction(tensor) == 1.0
-        assert not tensor.any()  # committed as zeros
+        assert tensor_resident_fraction(tensor) == 1.0
+        assert not tensor.any()  # committed as zeros (reused memory would hold old bytes)
