@@ -341,27 +341,21 @@ WORKER_CHANNEL_OPTIONS = (*STREAM_READER_OPTIONS, ("grpc.use_local_subchannel_po
 def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Channel]:
     """Channels to the workers: with TLS, the worker is verified as itself and the controller
     presents its own certificate (worker servers accept no one else)."""
-    tls = config.security.tls
-    if tls is None:
-        return lambda address, worker_id: grpc.insecure_channel(
-            address, options=WORKER_CHANNEL_OPTIONS
-        )
-    deployment = config.desired.deployment
-    return lambda address, worker_id: secure_channel(
-        address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
-    )
+    return _channel_factory(config, grpc.insecure_channel, secure_channel)
 
 
 def _worker_aio_channels(config: ControllerConfig) -> Callable[[str, str], grpc.aio.Channel]:
-    """`_worker_channels` for the gRPC front end's loop, where the workers' multiplexed calls
-    run (worker_mux.py): the same credentials and options."""
+    """`_worker_channels` for an event loop, where the workers' multiplexed calls of the
+    requests served there run (worker_mux.py): the same credentials and options."""
+    return _channel_factory(config, grpc.aio.insecure_channel, secure_aio_channel)
+
+
+def _channel_factory(config: ControllerConfig, insecure, secure) -> Callable[[str, str], object]:
     tls = config.security.tls
     if tls is None:
-        return lambda address, worker_id: grpc.aio.insecure_channel(
-            address, options=WORKER_CHANNEL_OPTIONS
-        )
+        return lambda address, worker_id: insecure(address, options=WORKER_CHANNEL_OPTIONS)
     deployment = config.desired.deployment
-    return lambda address, worker_id: secure_aio_channel(
+    return lambda address, worker_id: secure(
         address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
     )
 
