@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from bench.report import (
     decode_targets_table,
     main,
@@ -164,6 +166,20 @@ def test_the_served_path_is_judged_per_dtype_and_concurrency_on_every_run():
         "| 0.960 / 0.940 | in 1 of 2 runs |"
     )
     assert len(lines) == 2 + 3  # header, rule, one row per measured dtype and concurrency
+
+
+def test_runs_at_a_stream_interval_say_so_and_are_never_mixed_with_others():
+    runs = [_served_run({("bfloat16", 32): 0.96}) for _ in range(2)]
+    assert "streamInterval" not in served_path_targets_table(runs)  # the default: every token
+    for run in runs:
+        run["stream_interval"] = 4
+    table = served_path_targets_table(runs)
+    assert "| served >= 95% of the in-process engine, bfloat16, 32 streams, streamInterval 4 |" in (
+        table
+    )
+    runs[1]["stream_interval"] = 1
+    with pytest.raises(ValueError, match="runs at different stream intervals: 4, 1"):
+        served_path_targets_table(runs)
 
 
 def test_runs_with_a_side_load_row_show_it_beside_served_over_engine():

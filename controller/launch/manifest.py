@@ -191,6 +191,9 @@ class SchedulerSpec(_Section):
     max_num_seqs: int = Field(16, ge=1)
     max_model_len: int | None = Field(None, ge=2, description="default: the model's, capped")
     max_num_batched_tokens: int = Field(2048, ge=1)
+    # Tokens per streamed message of each request after its first (which goes out at once); the
+    # last message carries what is left. 1: every token as it comes.
+    stream_interval: int = Field(1, ge=1, description="tokens per streamed message")
 
 
 class ControllerSpec(_Section):
@@ -383,6 +386,7 @@ class Manifest(BaseSettings):
             "max_model_len": s.scheduler.max_model_len,
             "max_num_seqs": s.scheduler.max_num_seqs,
             "max_num_batched_tokens": s.scheduler.max_num_batched_tokens,
+            "stream_interval": s.scheduler.stream_interval,
             "num_threads": max(int(s.resources.num_cpus), 1),
             "host": host,
         }

@@ -100,6 +100,11 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
             "int8, int4, w8a8",
         ),
         ("spec: {replicas: 0}", "spec.replicas: invalid value 0; input should be greater"),
+        (
+            "spec: {scheduler: {streamInterval: 0}}",
+            "spec.scheduler.streamInterval: invalid value 0; input should be greater than or "
+            "equal to 1",
+        ),
         ("spec: {replicas: 2, minReady: 3}", "spec.minReady: invalid value 3; must be at most"),
         (
             "spec: {controller: {heartbeatIntervalS: 2, heartbeatTimeoutS: 1}}",
@@ -238,6 +243,14 @@ def test_a_worker_config_is_a_valid_worker_spec():
     )
     assert spec.num_threads == 1  # the KV budget reaches the worker from the controller, only
     assert m.worker_ids() == ["local-0", "local-1"]
+
+
+def test_the_stream_interval_reaches_the_worker_and_defaults_to_every_token(tmp_path):
+    default = load_manifest("deploy/local.yaml")
+    assert default.worker_config("w", "127.0.0.1:1", "127.0.0.1")["stream_interval"] == 1
+    path = manifest_file(tmp_path, MINIMAL + "spec: {scheduler: {streamInterval: 4}}\n")
+    config = load_manifest(path).worker_config("w", "127.0.0.1:1", "127.0.0.1")
+    assert WorkerSpec.from_dict(config).stream_interval == 4
 
 
 def test_the_model_dtypes_mirror_the_workers():

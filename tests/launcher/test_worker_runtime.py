@@ -90,6 +90,23 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
 
 
 @pytest.mark.integration
+def test_the_worker_streams_tokens_n_at_a_time_through_the_controller(
+    controller, runtime, tiny_model
+):
+    server = controller(paged_attention="on")
+    rt = runtime(server, tiny_model, stream_interval=4)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    assert server.wait_until_settled(5).ready
+    client = Client(server.address)
+    try:
+        chunks = list(client.generate("hello", max_tokens=10, timeout=30))
+    finally:
+        client.channel.close()
+    assert [len(c.token_ids) for c in chunks] == [1, 4, 4, 1]
+    assert chunks[-1].num_output_tokens == 10
+
+
+@pytest.mark.integration
 def test_a_built_worker_settles_its_heap_before_serving(
     controller, runtime, tiny_model, monkeypatch
 ):

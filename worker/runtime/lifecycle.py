@@ -163,6 +163,7 @@ class WorkerRuntime:
                 reservation.port,
                 capability=capability,
                 tls=self.spec.tls_identity,
+                stream_interval=self.spec.stream_interval,
             ).start()
             reservation.release()
             reservation = None

@@ -25,6 +25,7 @@ class WorkerSpec:
     max_model_len: int | None = None
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
+    stream_interval: int = 1  # tokens per streamed message after a request's first
     num_threads: int | None = None  # torch threads; None leaves the process default
     host: str = "127.0.0.1"  # where the worker's gRPC server binds
     advertise_host: str | None = None  # where the controller reaches it; default from `host`

@@ -65,9 +65,19 @@ class EngineLoop:
     """
 
     def __init__(
-        self, engine: Engine, *, name: str = "engine-loop", health: StepHealth | None = None
+        self,
+        engine: Engine,
+        *,
+        name: str = "engine-loop",
+        health: StepHealth | None = None,
+        stream_interval: int = 1,
     ) -> None:
+        """`stream_interval`: tokens per delivery of each stream after its first (RequestStream);
+        ValueError naming it when it is not a positive integer."""
+        if type(stream_interval) is not int or stream_interval < 1:
+            raise ValueError(f"stream_interval: {stream_interval!r}; allowed: an integer >= 1")
         self.engine = engine
+        self.stream_interval = stream_interval
         self._health = health
         self._wakeup = threading.Condition()
         self._ops: deque[tuple[Future | None, Callable[..., Any], tuple]] = deque()
@@ -101,7 +111,13 @@ class EngineLoop:
         once; its outputs go to `outbox` under `key`. If the engine refuses it when it is added
         (its id already in flight), that error is its only item. EngineLoopClosedError after
         `close()`."""
-        stream = RequestStream(prepared.request_id, self._cancel_later, outbox, key)
+        stream = RequestStream(
+            prepared.request_id,
+            self._cancel_later,
+            outbox,
+            key,
+            stream_interval=self.stream_interval,
+        )
         self._enqueue(None, self._add_started, (prepared, stream))
         return stream
 
@@ -196,7 +212,7 @@ class EngineLoop:
 
     def _add(self, prepared: PreparedRequest) -> RequestStream:
         request_id = self.engine.add(prepared)
-        stream = RequestStream(request_id, self._cancel_later)
+        stream = RequestStream(request_id, self._cancel_later, stream_interval=self.stream_interval)
         self._streams[request_id] = stream
         return stream
 

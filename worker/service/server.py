@@ -66,9 +66,11 @@ class WorkerServer:
         capability: Capability | None = None,
         max_streams: int | None = None,
         tls: TlsIdentity | None = None,
+        stream_interval: int = 1,
     ) -> None:
         """With `tls`, the server speaks TLS and serves only its controller (mutual TLS: the
-        peer must present the deployment's controller certificate); without it, plaintext."""
+        peer must present the deployment's controller certificate); without it, plaintext.
+        `stream_interval`: tokens per message of each stream after its first (EngineLoop)."""
         self.worker_id = worker_id
         self.host = host
         max_streams = max_streams or STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
@@ -81,6 +83,7 @@ class WorkerServer:
             engine,
             name=f"engine-loop-{worker_id}",
             health=StepHealth(self.health, HEALTH_NAMES, may_serve=lambda: not self._draining),
+            stream_interval=stream_interval,
         )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
