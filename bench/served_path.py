@@ -17,8 +17,9 @@ of the controller and the worker (spin-waiting torch threads count as busy).
 
 What explains the gap (not a target): at 32 and more streams each repeat also runs the
 in-process engine beside a side load, a process that takes the CPU the served run's controller
-and client just took, in as many wake-ups (one each per token), doing nothing else; and beside
-the client's share alone (one wake-up per token). When the engine's rate beside the first is
+and client just took, in as many wake-ups (one each per streamed message: per token, or per
+`--stream-interval` tokens), doing nothing else; and beside the client's share alone (one
+wake-up per message). When the engine's rate beside the first is
 close to the served rate, the served path loses to the two cores being shared, not to its own
 code; the second bounds what any served path can reach here while its client shares the cores.
 """
@@ -135,7 +136,7 @@ def side_load_run(
     max_tokens: int,
     served_tok_s: float,
     cpu_ms_per_1k: float,
-    wakeups_per_token: int,
+    wakeups_per_token: float,
 ) -> float:
     """The engine's tok/s beside a process that wakes `wakeups_per_token` times per served token
     and spins `cpu_ms_per_1k` CPU ms per 1000 tokens in all, doing nothing else."""
@@ -238,9 +239,10 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                 side = ""
                 if n >= SIDE_LOAD_MIN_STREAMS:
                     used = cpu_ms[("served", n)][-1]
+                    per_message = 1 / args.stream_interval  # wake-ups per token, each side
                     for name, cpu, wakeups in (
-                        ("side_load", used["controller"] + used["bench"], 2),
-                        ("client_load", used["bench"], 1),
+                        ("side_load", used["controller"] + used["bench"], 2 * per_message),
+                        ("client_load", used["bench"], per_message),
                     ):
                         rate = side_load_run(
                             engine, texts[:n], args.max_tokens, served_rate, cpu, wakeups
