@@ -131,7 +131,13 @@ class WorkerServer:
         self._server.start()
         for name in HEALTH_NAMES:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("worker %s serving on %s", self.worker_id, self.address)
+        interval = self.loop.stream_interval
+        log.info(
+            "worker %s serving on %s, streaming %s",
+            self.worker_id,
+            self.address,
+            "every token" if interval == 1 else f"{interval} tokens a message after the first",
+        )
         return self
 
     def set_draining(self, draining: bool) -> None:

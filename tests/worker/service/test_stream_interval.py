@@ -94,7 +94,8 @@ def test_the_interval_must_be_a_positive_count(tiny_engine):
 
 
 @pytest.mark.integration
-def test_served_tokens_go_out_n_at_a_time_on_both_calls(tiny_engine):
+def test_served_tokens_go_out_n_at_a_time_on_both_calls(tiny_engine, caplog):
+    caplog.set_level("INFO", logger="intentserve.worker.service.server")
     engine = tiny_engine(max_model_len=128, max_num_seqs=4)
     reference = engine.generate(["hello"], SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True))
     with WorkerServer(engine, "w-si", "tiny", stream_interval=4) as server:
@@ -116,3 +117,4 @@ def test_served_tokens_go_out_n_at_a_time_on_both_calls(tiny_engine):
     assert [len(c.token_ids) for c in chunks] == [1, 4, 4, 1]
     assert [t for c in chunks for t in c.token_ids] == list(reference[0].new_token_ids)
     assert chunks[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
+    assert "streaming 4 tokens a message after the first" in caplog.text
