@@ -64,5 +64,5 @@ with Deployment(m, work) as d:
         )
 
     run(2)
-    for _ in range(3):
+    for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
         run(64)
