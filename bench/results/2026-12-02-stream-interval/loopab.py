@@ -4,8 +4,9 @@ gRPC), same engine, alternated rounds. Says how much of served/engine the loop i
 import statistics
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import torch
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.sampling import SamplingParams

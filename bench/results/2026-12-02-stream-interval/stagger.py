@@ -3,9 +3,9 @@ import sys
 import tempfile
 import threading
 import time
-
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
 
