@@ -3,12 +3,13 @@ only, and the auth rules hold call by call."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
 from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.service.auth import Security
@@ -73,3 +74,33 @@ def test_the_operators_token_opens_admin_and_a_key_or_the_token_opens_inference(
     assert server.wait(5)
     operator.close()
     stranger.close()
+
+
+def test_the_asyncio_client_speaks_tls_and_is_held_to_the_same_rules(secure):
+    server, ca = secure
+
+    async def call(credentials: Credentials, what: str):
+        async with AsyncControllerClient(server.address, credentials=credentials) as client:
+            try:
+                if what == "status":
+                    return (await client.status())["deployment"]
+                return [chunk async for chunk in client.generate("hi", timeout_s=5)]
+            except grpc.RpcError as error:
+                return error.code()
+
+    def run(credentials: Credentials, what: str):
+        return asyncio.run(call(credentials, what))
+
+    assert run(Credentials(DEPLOYMENT, ca.cert_pem, TOKEN), "status") == DEPLOYMENT
+    assert run(Credentials(DEPLOYMENT, ca.cert_pem, None, "k1"), "status") is (
+        grpc.StatusCode.UNAUTHENTICATED  # an API key opens inference only
+    )
+    # Not ready, so inference is UNAVAILABLE: the key was accepted, readiness was not met.
+    assert run(Credentials(DEPLOYMENT, ca.cert_pem, None, "k1"), "generate") is (
+        grpc.StatusCode.UNAVAILABLE
+    )
+    assert run(Credentials(DEPLOYMENT, ca.cert_pem, None, "k2"), "generate") is (
+        grpc.StatusCode.UNAUTHENTICATED
+    )
+    other_ca = DeploymentCa.create(DEPLOYMENT).cert_pem  # the controller is not who it says
+    assert run(Credentials(DEPLOYMENT, other_ca, TOKEN), "status") is grpc.StatusCode.UNAVAILABLE
