@@ -151,12 +151,17 @@ def decode_targets_table(runs: list[dict]) -> str:
 
 def served_path_targets_table(runs: list[dict]) -> str:
     """bench/served_path.py results: served / in-process engine per dtype and concurrency, at
-    the runs' stream interval (named unless it is the default, every token)."""
+    the runs' stream interval and with their client (each named unless it is the default: every
+    token, a thread per stream)."""
     target = runs[0]["target"]
     intervals = [run.get("stream_interval", 1) for run in runs]
     if len(set(intervals)) > 1:
         raise ValueError(f"runs at different stream intervals: {', '.join(map(str, intervals))}")
-    interval = f", streamInterval {intervals[0]}" if intervals[0] != 1 else ""
+    clients = [run.get("client", "threads") for run in runs]
+    if len(set(clients)) > 1:
+        raise ValueError(f"runs with different clients: {', '.join(clients)}")
+    setting = f", streamInterval {intervals[0]}" if intervals[0] != 1 else ""
+    setting += f", {clients[0]} client" if clients[0] != "threads" else ""
     rows = []
     for first in runs[0]["rows"]:
         key = (first["dtype"], first["concurrency"])
@@ -168,7 +173,7 @@ def served_path_targets_table(runs: list[dict]) -> str:
         ]
         streams = f"{key[1]} stream{'s' * (key[1] != 1)}"
         rows.append(
-            (f"served >= {target:.0%} of the in-process engine, {key[0]}, {streams}{interval}",
+            (f"served >= {target:.0%} of the in-process engine, {key[0]}, {streams}{setting}",
              " / ".join(f"{x:.3f}" for x in ratios), met([x >= target for x in ratios]))
         )  # fmt: skip
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))

@@ -42,6 +42,7 @@ class Deployment:
         self.http_port = free_port()
         self._manifest, self._work, self._api_key, self._ready_s = manifest, work, api_key, ready_s
         self.client: ControllerClient | None = None
+        self.credentials: credentials.Credentials | None = None
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Deployment:
@@ -68,6 +69,7 @@ class Deployment:
         saved = credentials.load(self.address)
         if self._api_key is not None:
             saved = dataclasses.replace(saved, api_key=self._api_key)
+        self.credentials = saved
         self.client = ControllerClient(self.address, timeout_s=30, credentials=saved)
         return self
 

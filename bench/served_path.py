@@ -4,13 +4,16 @@ side by side in one run on this machine, at 1, 32 and 64 concurrent streams, fp3
 
     python bench/served_path.py                  # writes bench/results/served_path.json
     python bench/served_path.py --repeats 1 --max-tokens 32 --dtypes bfloat16   # a quick check
+    python bench/served_path.py --client asyncio   # the streams on one event loop
 
 Both sides run the same engine settings (paged, prefix caching off, the same KV budget and
 scheduler limits) under the same thread budget (`--num-cpus` torch threads in the bench process;
 `numCpus` for the worker). Each repeat measures the engine then the served path at every
 concurrency, interleaved (the machine's speed drifts); the figure is the median of `--repeats`.
 The workload: distinct chat prompts (the user's turn through the chat template), greedy, EOS
-ignored, `--max-tokens` new tokens each. The target: served >= 95% of the engine everywhere.
+ignored, `--max-tokens` new tokens each. The client: `ControllerClient`, a thread per stream (the
+default), or `--client asyncio`: `AsyncControllerClient`, every stream on one event loop. The
+target: served >= 95% of the engine everywhere.
 The guard: in fp32 the served greedy text of every prompt equals the engine's. Each row also
 records CPU ms per 1000 tokens: of the bench process (the engine in-process; or the client) and
 of the controller and the worker (spin-waiting torch threads count as busy).
@@ -34,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import argparse
+import asyncio
+import contextlib
+import functools
 import json
 import os
 import statistics
@@ -44,6 +50,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from intentserve.controller.cli.client import AsyncControllerClient
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.sampling import SamplingParams
@@ -117,6 +124,43 @@ def served_run(
         raise RuntimeError(f"{len(errors)} streams failed: {errors[0]!r}")
     assert counts == [max_tokens] * len(texts), counts
     return sum(counts) / elapsed, ["".join(p) for p in pieces]
+
+
+class LoopStreams:
+    """The served runs' streams on one event loop, through `AsyncControllerClient`: the loop and
+    the client's channel are kept from run to run, as the thread-per-stream client's are."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._client = AsyncControllerClient(
+            deployment.address, timeout_s=30, credentials=deployment.credentials
+        )
+
+    def run(self, texts: list[str], max_tokens: int) -> tuple[float, list[str]]:
+        """Output tokens/s of one concurrent greedy stream per text through the controller."""
+        return self._loop.run_until_complete(self._run(texts, max_tokens))
+
+    async def _run(self, texts: list[str], max_tokens: int) -> tuple[float, list[str]]:
+        async def one(text: str) -> tuple[int, str]:
+            count, pieces = 0, []
+            stream = self._client.generate(
+                text, chat=True, max_tokens=max_tokens, ignore_eos=True, timeout_s=600
+            )
+            async for chunk in stream:
+                count += len(chunk["token_ids"])
+                pieces.append(chunk["text"])
+            return count, "".join(pieces)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(t) for t in texts))
+        elapsed = time.perf_counter() - start
+        counts = [count for count, _ in results]
+        assert counts == [max_tokens] * len(texts), counts
+        return sum(counts) / elapsed, [text for _, text in results]
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()
 
 
 SIDE_LOAD = """
@@ -221,16 +265,19 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
     texts = prompts(streams)
     rates: dict[tuple[str, int], list[float]] = {}
     cpu_ms: dict[tuple[str, int], list[dict[str, float]]] = {}
-    with Deployment(manifest, work) as d:
+    with Deployment(manifest, work) as d, contextlib.ExitStack() as stack:
+        serve = functools.partial(served_run, d)
+        if args.client == "asyncio":
+            serve = stack.enter_context(contextlib.closing(LoopStreams(d))).run
         engine_run(engine, texts[:2], 8)  # warm-up: kernels, caches, connections
-        served_run(d, texts[:2], 8)
+        serve(texts[:2], 8)
         for r in range(args.repeats):
             for n in args.concurrency:
                 engine_cpu = cpu_meter(None)
                 engine_rate, engine_texts = engine_run(engine, texts[:n], args.max_tokens)
                 cpu_ms.setdefault(("engine", n), []).append(engine_cpu(n * args.max_tokens))
                 served_cpu = cpu_meter(d)
-                served_rate, served_texts = served_run(d, texts[:n], args.max_tokens)
+                served_rate, served_texts = serve(texts[:n], args.max_tokens)
                 cpu_ms.setdefault(("served", n), []).append(served_cpu(n * args.max_tokens))
                 if dtype == "float32":
                     check_same_texts(served_texts, engine_texts)
@@ -296,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the deployment's spec.scheduler.streamInterval (tokens per streamed message); "
         "the targets are judged at the default, 1",
     )
+    parser.add_argument(
+        "--client",
+        choices=("threads", "asyncio"),
+        default="threads",
+        help="the served runs' client: ControllerClient with a thread per stream (the default), "
+        "or AsyncControllerClient with every stream on one event loop",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "served_path.json")
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -304,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["INTENTSERVE_HOME"] = str(work / "home")
     rows = [row for dtype in args.dtypes.split(",") for row in measure_dtype(dtype, args, work)]
     interval = f" streamInterval {args.stream_interval}" if args.stream_interval != 1 else ""
+    interval += f" {args.client} client" if args.client != "threads" else ""
     for row in rows:
         ok = "met" if row["served_over_engine"] >= TARGET else "not met"
         cpu = row["served_cpu_ms_per_1k_tokens"]
@@ -327,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "num_cpus": args.num_cpus,
         "repeats": args.repeats,
         "stream_interval": args.stream_interval,
+        "client": args.client,
         "target": TARGET,
         "rows": rows,
         "machine": machine_info(),

@@ -182,6 +182,22 @@ def test_runs_at_a_stream_interval_say_so_and_are_never_mixed_with_others():
         served_path_targets_table(runs)
 
 
+def test_runs_with_the_asyncio_client_say_so_and_are_never_mixed_with_others():
+    runs = [_served_run({("bfloat16", 64): 0.96}) for _ in range(2)]
+    assert "client" not in served_path_targets_table(runs)  # the default: a thread per stream
+    for run in runs:
+        run["client"] = "asyncio"
+        run["stream_interval"] = 4
+    table = served_path_targets_table(runs)
+    assert (
+        "| served >= 95% of the in-process engine, bfloat16, 64 streams, streamInterval 4, "
+        "asyncio client |" in table
+    )
+    runs[0]["client"] = "threads"
+    with pytest.raises(ValueError, match="runs with different clients: threads, asyncio"):
+        served_path_targets_table(runs)
+
+
 def test_runs_with_a_side_load_row_show_it_beside_served_over_engine():
     runs = [_served_run({("bfloat16", 1): 0.97, ("bfloat16", 64): 0.90}) for _ in range(2)]
     for run, side, client in zip(runs, (0.88, 0.91), (0.93, 0.94), strict=True):
