@@ -12,8 +12,8 @@ scheduler limits) under the same thread budget (`--num-cpus` torch threads in th
 concurrency, interleaved (the machine's speed drifts); the figure is the median of `--repeats`.
 The workload: distinct chat prompts (the user's turn through the chat template), greedy, EOS
 ignored, `--max-tokens` new tokens each. The client: `ControllerClient`, a thread per stream (the
-default), or `--client asyncio`: `AsyncControllerClient`, every stream on one event loop. The
-target: served >= 95% of the engine everywhere.
+default), or `--client asyncio`: `AsyncControllerClient`, every stream on one `GenerateMany`
+call. The target: served >= 95% of the engine everywhere.
 The guard: in fp32 the served greedy text of every prompt equals the engine's. Each row also
 records CPU ms per 1000 tokens: of the bench process (the engine in-process; or the client) and
 of the controller and the worker (spin-waiting torch threads count as busy).
@@ -127,8 +127,9 @@ def served_run(
 
 
 class LoopStreams:
-    """The served runs' streams on one event loop, through `AsyncControllerClient`: the loop and
-    the client's channel are kept from run to run, as the thread-per-stream client's are."""
+    """The served runs' streams through `AsyncControllerClient` (one event loop, one
+    `GenerateMany` call): the loop and the client are kept from run to run, as the
+    thread-per-stream client's channel is."""
 
     def __init__(self, deployment: Deployment) -> None:
         self._loop = asyncio.new_event_loop()
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("threads", "asyncio"),
         default="threads",
         help="the served runs' client: ControllerClient with a thread per stream (the default), "
-        "or AsyncControllerClient with every stream on one event loop",
+        "or AsyncControllerClient with every stream on one GenerateMany call",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "served_path.json")
     args = parser.parse_args(argv)

@@ -10,14 +10,18 @@ The one place where the CLI touches protobuf: every response becomes plain data 
 dicts feed the tables and `--json`). Enum values read as lower-case words ("ready", "paged"),
 an unset message as None, and every other field is present with its value.
 
-Many concurrent streams are cheaper on the asyncio client: every stream's messages reach the one
-event loop, where the blocking client wakes a thread per stream for each message (measured on
-the 2-core AMD EPYC, 64 streams of a served bf16 model: ~40 against ~75-105 us of the client's
-CPU per token; docs/engine.md). At one stream the two cost the same.
+Many concurrent streams are cheaper on the asyncio client: they share one call
+(`Inference.GenerateMany`), whose messages carry what the controller has for many streams at
+once, where the blocking client has a call and a thread per stream, each woken per message
+(measured on the 2-core AMD EPYC, 64 streams of a served bf16 model: the client's process 20-27
+against 85-112 us of CPU per token, the controller 30-43 against 73-76; README, Python clients).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -205,11 +209,96 @@ class ControllerClient:
         self.close()
 
 
+class RequestFailed(grpc.RpcError):
+    """One request's end on the asyncio client's shared call, read as its own call's error
+    would be: `code()` and `details()`."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class _SharedCall:
+    """The asyncio client's `Inference.GenerateMany` call: each request's events reach its
+    queue by key; commands are written in order by one task (one write at a time on a call)."""
+
+    def __init__(self, channel: grpc.aio.Channel, metadata) -> None:
+        self._call = inference_pb2_grpc.InferenceStub(channel).GenerateMany(metadata=metadata)
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._keys = itertools.count(1)
+        self._commands: asyncio.Queue = asyncio.Queue()
+        self.ended: RequestFailed | None = None
+        loop = asyncio.get_running_loop()
+        self._tasks = (loop.create_task(self._read()), loop.create_task(self._write()))
+
+    def open(self, request: inference_pb2.GenerateRequest, timeout_s: float | None):
+        """Start `request`; its key and the queue its events (then, on the call's end, a
+        RequestFailed) arrive in."""
+        key, events = next(self._keys), asyncio.Queue()
+        self._queues[key] = events
+        command = inference_pb2.GenerateCommand(stream=key, start=request, timeout_s=timeout_s or 0)
+        self._commands.put_nowait(command)
+        return key, events
+
+    def cancel(self, key: int) -> None:
+        if self._queues.pop(key, None) is not None and self.ended is None:
+            self._commands.put_nowait(inference_pb2.GenerateCommand(stream=key, cancel=True))
+
+    async def aclose(self) -> None:
+        """End the call (the controller aborts what is left on it) and wait for its tasks."""
+        self._call.cancel()
+        self._tasks[1].cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(grpc.RpcError, asyncio.CancelledError):
+            await self._call.code()  # grpc's own task for the call's status ends here
+
+    async def _write(self) -> None:
+        while True:
+            command = await self._commands.get()
+            try:
+                await self._call.write(command)
+            except Exception:  # the call has ended: the reader says how
+                return
+
+    async def _read(self) -> None:
+        ended = RequestFailed(grpc.StatusCode.UNAVAILABLE, "the controller ended the call")
+        try:
+            async for message in self._call:
+                for event in message.events:
+                    events = self._queues.get(event.stream)
+                    if events is None:
+                        continue  # cancelled here already
+                    events.put_nowait(event)
+                    if event.HasField("error") or event.output.finish_reason:
+                        del self._queues[event.stream]
+        except grpc.RpcError as error:
+            ended = RequestFailed(error.code(), error.details() or "the call ended")
+        except asyncio.CancelledError:
+            ended = RequestFailed(grpc.StatusCode.CANCELLED, "the client was closed")
+        finally:
+            self.ended = ended
+            left, self._queues = self._queues, {}
+            for events in left.values():
+                events.put_nowait(ended)
+
+
 class AsyncControllerClient:
     """The controller's Inference, Status and health calls for asyncio applications: one
     grpc.aio channel, made on the event loop of the first call (use the client on that loop
-    only), carrying every concurrent stream. Errors are `grpc.aio.AioRpcError` (a
-    `grpc.RpcError`) with the status the controller gave."""
+    only). Every `generate` of the client shares one `Inference.GenerateMany` call: the tokens
+    the controller has for many streams at once come in one message, not one per stream. Errors
+    are `grpc.RpcError`s (`RequestFailed` for a request, `grpc.aio.AioRpcError` for Status and
+    health) with the status the controller gave."""
 
     def __init__(
         self,
@@ -224,6 +313,7 @@ class AsyncControllerClient:
         self._admin_auth = _bearer(self._credentials.admin_token)
         self._client_auth = _bearer(self._credentials.api_key or self._credentials.admin_token)
         self._channel: grpc.aio.Channel | None = None
+        self._shared: _SharedCall | None = None
 
     def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -245,7 +335,8 @@ class AsyncControllerClient:
         timeout_s: float | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream the chunks of one generation, as `ControllerClient.generate` does. Leaving the
-        loop early (or the task being cancelled) cancels the request on its worker."""
+        loop early (or the task being cancelled) cancels the request on its worker; the
+        controller holds the request to `timeout_s`."""
         request = generate_request(
             prompt,
             chat=chat,
@@ -257,13 +348,26 @@ class AsyncControllerClient:
             stop=stop,
             ignore_eos=ignore_eos,
         )
-        stub = inference_pb2_grpc.InferenceStub(self._open())
-        call = stub.Generate(request, timeout=timeout_s, metadata=self._client_auth)
+        if self._shared is None or self._shared.ended is not None:
+            self._shared = _SharedCall(self._open(), self._client_auth)
+        shared = self._shared
+        key, events = shared.open(request, timeout_s)
+        ended = False
         try:
-            async for chunk in call:
-                yield to_data(chunk)
+            while not ended:
+                event = await events.get()
+                if isinstance(event, RequestFailed):
+                    ended = True
+                    raise event
+                if event.HasField("error"):
+                    ended = True
+                    code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)
+                    raise RequestFailed(code, event.error.details)
+                ended = bool(event.output.finish_reason)
+                yield to_data(event.output)
         finally:
-            call.cancel()  # a no-op once the call has ended
+            if not ended:
+                shared.cancel(key)
 
     async def status(self) -> dict[str, Any]:
         stub = admin_pb2_grpc.AdminStub(self._open())
@@ -280,6 +384,9 @@ class AsyncControllerClient:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status).lower()
 
     async def close(self) -> None:
+        if self._shared is not None:
+            await self._shared.aclose()
+            self._shared = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

@@ -141,7 +141,22 @@ class AuthInterceptor(_Rules, grpc.aio.ServerInterceptor):
             return handler._replace(
                 unary_stream=_aguard_stream(handler.unary_stream, check, method)
             )
-        return handler
+        if handler.stream_stream is not None and method.startswith(INFERENCE):
+            return handler._replace(
+                stream_stream=_aguard_bidi(handler.stream_stream, check, method)
+            )
+        # NOTE: fail closed: a kind of call no guard above understands is refused, never let by.
+        return _refuse_all(handler, method)
+
+
+def _refuse_all(handler, method: str):
+    refusal = grpc.StatusCode.PERMISSION_DENIED, "this call is not served to anyone"
+
+    async def refused(request, context):
+        await _arefuse(context, refusal, method)
+
+    kind = next(k for k in ("stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    return handler._replace(**{kind: refused})
 
 
 def _log_refusal(context, refusal: tuple[grpc.StatusCode, str], method: str) -> None:
@@ -170,5 +185,18 @@ def _aguard_stream(behavior, check, method: str):
         if refusal is not None:
             await _arefuse(context, refusal, method)
         await write_all(behavior(request, context), context)
+
+    return guarded
+
+
+def _aguard_bidi(behavior, check, method: str):
+    """A request stream: the check reads the call's metadata only (an inference key), before
+    the first request is read."""
+
+    async def guarded(requests, context):
+        refusal = check(None, context)
+        if refusal is not None:
+            await _arefuse(context, refusal, method)
+        await write_all(behavior(requests, context), context)
 
     return guarded

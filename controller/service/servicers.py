@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from intentserve.controller.service import convert
+from intentserve.controller.service.client_mux import ClientStreams
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.explain import explain
 from intentserve.controller.service.request_metrics import MeteredRouter
@@ -50,6 +51,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         async with contextlib.aclosing(self._router.agenerate(request, context)) as responses:
             async for response in responses:
                 yield response
+
+    async def GenerateMany(self, request_iterator, context) -> AsyncIterator:
+        served = ClientStreams(self._router).serve(request_iterator)
+        async with contextlib.aclosing(served) as messages:
+            async for message in messages:
+                yield message
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):

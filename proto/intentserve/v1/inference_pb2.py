@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eintentserve/v1/inference.proto\x12\x0eintentserve.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"r\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\r\n\x0b_max_tokens\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xec\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.intentserve.v1.SamplingParams\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1e.intentserve.v1.StopConditions\x12\x0c\n\x04\x63hat\x18\x06 \x01(\x08\x12-\n\x08messages\x18\x07 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\"\xc5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.intentserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\\\n\tInference\x12O\n\x08Generate\x12\x1f.intentserve.v1.GenerateRequest\x1a .intentserve.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eintentserve/v1/inference.proto\x12\x0eintentserve.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"r\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\r\n\x0b_max_tokens\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xec\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.intentserve.v1.SamplingParams\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1e.intentserve.v1.StopConditions\x12\x0c\n\x04\x63hat\x18\x06 \x01(\x08\x12-\n\x08messages\x18\x07 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\"\xc5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.intentserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\"\x83\x01\n\x0fGenerateCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\".\n\rGenerateError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\"\x8c\x01\n\rGenerateEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.GenerateErrorH\x00\x42\x07\n\x05\x65vent\"?\n\x0eGenerateEvents\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.intentserve.v1.GenerateEvent*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb1\x01\n\tInference\x12O\n\x08Generate\x12\x1f.intentserve.v1.GenerateRequest\x1a .intentserve.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1f.intentserve.v1.GenerateCommand\x1a\x1e.intentserve.v1.GenerateEvents(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'intentserve.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=748
-  _globals['_FINISHREASON']._serialized_end=868
+  _globals['_FINISHREASON']._serialized_start=1138
+  _globals['_FINISHREASON']._serialized_end=1258
   _globals['_SAMPLINGPARAMS']._serialized_start=50
   _globals['_SAMPLINGPARAMS']._serialized_end=145
   _globals['_STOPCONDITIONS']._serialized_start=147
@@ -43,6 +43,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_end=546
   _globals['_GENERATERESPONSE']._serialized_start=549
   _globals['_GENERATERESPONSE']._serialized_end=746
-  _globals['_INFERENCE']._serialized_start=870
-  _globals['_INFERENCE']._serialized_end=962
+  _globals['_GENERATECOMMAND']._serialized_start=749
+  _globals['_GENERATECOMMAND']._serialized_end=880
+  _globals['_GENERATEERROR']._serialized_start=882
+  _globals['_GENERATEERROR']._serialized_end=928
+  _globals['_GENERATEEVENT']._serialized_start=931
+  _globals['_GENERATEEVENT']._serialized_end=1071
+  _globals['_GENERATEEVENTS']._serialized_start=1073
+  _globals['_GENERATEEVENTS']._serialized_end=1136
+  _globals['_INFERENCE']._serialized_start=1261
+  _globals['_INFERENCE']._serialized_end=1438
 # @@protoc_insertion_point(module_scope)

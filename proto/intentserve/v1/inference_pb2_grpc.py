@@ -40,6 +40,11 @@ class InferenceStub:
                 request_serializer=intentserve_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=intentserve_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/intentserve.v1.Inference/GenerateMany',
+                request_serializer=intentserve_dot_v1_dot_inference__pb2.GenerateCommand.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_inference__pb2.GenerateEvents.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -55,6 +60,15 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateMany(self, request_iterator, context):
+        """Many requests of one client on one call (the controller only; a worker answers
+        UNIMPLEMENTED): commands in, events out, each request routed and metered as its own Generate
+        call, with its errors as error events. Ending the call aborts every request on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -62,6 +76,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=intentserve_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=intentserve_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=intentserve_dot_v1_dot_inference__pb2.GenerateCommand.FromString,
+                    response_serializer=intentserve_dot_v1_dot_inference__pb2.GenerateEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -92,6 +111,33 @@ class Inference:
             '/intentserve.v1.Inference/Generate',
             intentserve_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             intentserve_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/intentserve.v1.Inference/GenerateMany',
+            intentserve_dot_v1_dot_inference__pb2.GenerateCommand.SerializeToString,
+            intentserve_dot_v1_dot_inference__pb2.GenerateEvents.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,90 @@
+"""`ClientStreams` (the controller's side of `Inference.GenerateMany`) on a router stand-in:
+what the requests produce together leaves in one message; a request's deadline and the call's
+end are kept."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+from intentserve.controller.service.client_mux import ClientStreams
+from intentserve.v1 import inference_pb2
+
+
+class StepRouter:
+    """Every request yields one token per `step()`, all in the same turn of the loop; the
+    request with prompt "slow" never yields."""
+
+    def __init__(self, num_tokens: int) -> None:
+        self.num_tokens = num_tokens
+        self.step_event = asyncio.Event()
+        self.closed: list[str] = []
+
+    def step(self) -> None:
+        self.step_event.set()
+        self.step_event = asyncio.Event()
+
+    async def agenerate(self, request, context):
+        try:
+            if request.prompt == "slow":
+                await asyncio.Event().wait()
+            for i in range(self.num_tokens):
+                await self.step_event.wait()
+                reason = inference_pb2.FINISH_REASON_LENGTH if i == self.num_tokens - 1 else 0
+                yield inference_pb2.GenerateResponse(
+                    request_id=request.request_id, token_ids=[i], finish_reason=reason
+                )
+        finally:
+            self.closed.append(request.request_id)
+
+
+async def commands(queue: asyncio.Queue):
+    while (command := await queue.get()) is not None:
+        yield command
+
+
+def start(key: int, prompt: str = "hi", timeout_s: float = 0.0) -> inference_pb2.GenerateCommand:
+    request = inference_pb2.GenerateRequest(request_id=f"r{key}", prompt=prompt)
+    return inference_pb2.GenerateCommand(stream=key, start=request, timeout_s=timeout_s)
+
+
+def test_a_steps_tokens_for_every_request_leave_in_one_message():
+    async def main() -> list[list[tuple[int, list[int]]]]:
+        router, queue = StepRouter(num_tokens=3), asyncio.Queue()
+        for key in range(1, 9):
+            queue.put_nowait(start(key))
+        messages = []
+        served = ClientStreams(router).serve(commands(queue))
+        reader = asyncio.ensure_future(anext(served))
+        for _ in range(3):
+            await asyncio.sleep(0.01)  # every request is waiting for the step
+            router.step()
+            messages.append(await reader)
+            reader = asyncio.ensure_future(anext(served))
+        queue.put_nowait(None)  # the client is done writing: the call ends
+        with contextlib.suppress(StopAsyncIteration):
+            await reader
+        return [[(e.stream, list(e.output.token_ids)) for e in m.events] for m in messages]
+
+    messages = asyncio.run(main())
+    assert [sorted(m) for m in messages] == [[(k, [i]) for k in range(1, 9)] for i in range(3)]
+
+
+def test_a_deadline_fails_its_request_only_and_the_call_end_closes_the_rest():
+    async def main():
+        router, queue = StepRouter(num_tokens=1), asyncio.Queue()
+        queue.put_nowait(start(1, "slow", timeout_s=0.05))
+        queue.put_nowait(start(2, "slow"))
+        served = ClientStreams(router).serve(commands(queue))
+        message = await anext(served)
+        await served.aclose()  # the call ended (the client went away)
+        await asyncio.sleep(0)
+        return message, router.closed
+
+    message, closed = asyncio.run(main())
+    (event,) = message.events
+    assert event.stream == 1
+    assert event.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert event.error.details == "deadline exceeded"
+    assert sorted(closed) == ["r1", "r2"]
