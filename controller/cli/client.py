@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.cli.credentials import load as load_credentials
-from intentserve.streaming import STREAM_READER_OPTIONS
+from intentserve.streaming import GENERATE_MANY_ACCEPTED, STREAM_READER_OPTIONS
 from intentserve.tls import CONTROLLER, server_name
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 
@@ -263,6 +263,14 @@ class _SharedCall:
             await self._call.code()  # grpc's own task for the call's status ends here
 
     async def _write(self) -> None:
+        # NOTE: the first write waits for the controller to accept the call: a write that meets
+        # a refused (ended) call would turn the refusal into INTERNAL (streaming.py).
+        try:
+            metadata = await self._call.initial_metadata()
+        except Exception:  # the call has ended: the reader says how
+            return
+        if metadata.get(GENERATE_MANY_ACCEPTED[0]) != GENERATE_MANY_ACCEPTED[1]:
+            return  # ended before it was accepted (trailers only): the reader says how
         while True:
             command = await self._commands.get()
             try:

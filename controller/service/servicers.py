@@ -16,6 +16,7 @@ from intentserve.controller.service.deployment import Deployment, deployment_sta
 from intentserve.controller.service.explain import explain
 from intentserve.controller.service.request_metrics import MeteredRouter
 from intentserve.controller.service.router import Router
+from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc, worker_pb2_grpc
 
 
@@ -53,6 +54,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 yield response
 
     async def GenerateMany(self, request_iterator, context) -> AsyncIterator:
+        await context.send_initial_metadata((GENERATE_MANY_ACCEPTED,))
         served = ClientStreams(self._router).serve(request_iterator)
         async with contextlib.aclosing(served) as messages:
             async for message in messages:

@@ -22,6 +22,12 @@ STREAM_READER_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+# The initial metadata the controller sends on an `Inference.GenerateMany` call once it has
+# accepted it (its guard passed). A client writes its first command after it: grpc's asyncio
+# client reports a write that meets an ended call as INTERNAL, hiding the status the controller
+# ended it with (a refusal).
+GENERATE_MANY_ACCEPTED: tuple[str, str] = ("intentserve-call", "accepted")
+
 END = object()  # put after a stream's last item
 
 

@@ -63,7 +63,9 @@ class InferenceServicer:
     def GenerateMany(self, request_iterator, context):
         """Many requests of one client on one call (the controller only; a worker answers
         UNIMPLEMENTED): commands in, events out, each request routed and metered as its own Generate
-        call, with its errors as error events. Ending the call aborts every request on it.
+        call, with its errors as error events. Ending the call aborts every request on it. Once the
+        controller accepts the call it sends the initial metadata "intentserve-call: accepted"; a
+        client may wait for it before its first command, so that a refusal is read as sent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
