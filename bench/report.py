@@ -179,7 +179,7 @@ def served_path_targets_table(runs: list[dict]) -> str:
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
     lines = [f"| target (issue 13) | runs {runs_label} | met |", "| --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    return "\n".join(lines) + side_load_table(runs)
+    return "\n".join(lines) + side_load_table(runs) + floor_table(runs)
 
 
 def side_load_table(runs: list[dict]) -> str:
@@ -207,6 +207,46 @@ def side_load_table(runs: list[dict]) -> str:
         "| engine beside the controller's and client's CPU / engine "
         "| engine beside the client's CPU alone / engine |",
         "| --- | --- | --- | --- |",
+    ]
+    return "\n".join(head + rows)
+
+
+def floor_table(runs: list[dict]) -> str:
+    """Not a target: at one stream, the in-process engine beside the bare two-hop gRPC chain
+    (bench/grpc_floor.py) against served / engine, with the chain's relay and client CPU per
+    message next to the served path's controller and client CPU per token (runs recorded with
+    it only)."""
+    rows = []
+    for first in runs[0]["rows"]:
+        key = (first["dtype"], first["concurrency"])
+        picked = [
+            next(r for r in run["rows"] if (r["dtype"], r["concurrency"]) == key) for run in runs
+        ]
+        if not all("floor_engine_over_engine" in r for r in picked):
+            continue
+        served = " / ".join(f"{r['served_over_engine']:.3f}" for r in picked)
+        floor = " / ".join(f"{r['floor_engine_over_engine']:.3f}" for r in picked)
+        chain = " / ".join(
+            f"{(f := r['floor_cpu_us_per_message'])['relay_us'] + f['client_us']:.0f}"
+            for r in picked
+        )
+        ours = " / ".join(
+            f"{(c := r['served_cpu_ms_per_1k_tokens'])['controller'] + c['bench']:.0f}"
+            for r in picked
+        )
+        streams = f"{key[1]} stream{'s' * (key[1] != 1)}"
+        rows.append(f"| {key[0]}, {streams} | {served} | {floor} | {chain} | {ours} |")
+    if not rows:
+        return ""
+    runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
+    head = [
+        "",
+        "",
+        f"| the one-stream ceiling (runs {runs_label}) | served / engine "
+        "| engine beside the bare two-hop gRPC chain / engine "
+        "| the chain's relay + client, us of CPU per message "
+        "| the served path's controller + client, us of CPU per token |",
+        "| --- | --- | --- | --- | --- |",
     ]
     return "\n".join(head + rows)
 

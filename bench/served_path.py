@@ -25,6 +25,9 @@ and client just took, in as many wake-ups (one each per streamed message: per to
 wake-up per message). When the engine's rate beside the first is
 close to the served rate, the served path loses to the two cores being shared, not to its own
 code; the second bounds what any served path can reach here while its client shares the cores.
+At one stream each repeat also runs the in-process engine beside the bare two-hop gRPC chain of
+bench/grpc_floor.py (no product code, plaintext) streaming a message per token at the engine's
+pace: what the engine keeps beside the cheapest gRPC served path, its ceiling there.
 """
 
 from __future__ import annotations
@@ -57,12 +60,14 @@ from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.registry import load_model
 from intentserve.worker.runtime.heap import settle_heap
 
+from bench.grpc_floor import Chain
 from bench.machine import machine_info
 from bench.served import Deployment
 from bench.workloads import MAX_MODEL_LEN, MODEL, PROMPTS
 
 TARGET = 0.95
 SIDE_LOAD_MIN_STREAMS = 32
+FLOOR_MAX_STREAMS = 1  # one message per token and stream: the bare chain stands for one stream
 KV_BYTES = 1 << 30
 MAX_NUM_BATCHED_TOKENS = 4096
 MANIFEST = """\
@@ -196,6 +201,15 @@ def side_load_run(
     return rate
 
 
+def floor_run(chain: Chain, engine, texts: list[str], max_tokens: int, engine_tok_s: float):
+    """The engine's tok/s beside the bare two-hop gRPC chain (bench/grpc_floor.py) streaming one
+    message per token at the engine's own pace, and the chain's CPU us per message."""
+    client = chain.stream(int(max_tokens * len(texts) * 1.5) + 20, 1 / engine_tok_s)
+    rate, _ = engine_run(engine, texts, max_tokens)
+    floor = chain.result(client, timeout_s=120 + 3 * max_tokens / engine_tok_s)
+    return rate, {k: floor[k] for k in ("upstream_us", "relay_us", "client_us")}
+
+
 def cpu_meter(deployment: Deployment | None) -> Callable[[int], dict[str, float]]:
     """Start counting CPU; the returned function gives CPU ms per 1000 tokens since then, of
     this process ("bench": the engine in-process, or the client) and, with a deployment, of its
@@ -266,7 +280,8 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
     texts = prompts(streams)
     rates: dict[tuple[str, int], list[float]] = {}
     cpu_ms: dict[tuple[str, int], list[dict[str, float]]] = {}
-    with Deployment(manifest, work) as d, contextlib.ExitStack() as stack:
+    floors: dict[int, list[dict[str, float]]] = {}
+    with Deployment(manifest, work) as d, contextlib.ExitStack() as stack, Chain() as chain:
         serve = functools.partial(served_run, d)
         if args.client == "asyncio":
             serve = stack.enter_context(contextlib.closing(LoopStreams(d))).run
@@ -285,6 +300,11 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                 rates.setdefault(("engine", n), []).append(engine_rate)
                 rates.setdefault(("served", n), []).append(served_rate)
                 side = ""
+                if n <= FLOOR_MAX_STREAMS:
+                    rate, floor = floor_run(chain, engine, texts[:n], args.max_tokens, engine_rate)
+                    rates.setdefault(("floor", n), []).append(rate)
+                    floors.setdefault(n, []).append(floor)
+                    side += f", engine beside the bare gRPC chain {rate:6.1f}"
                 if n >= SIDE_LOAD_MIN_STREAMS:
                     used = cpu_ms[("served", n)][-1]
                     per_message = 1 / args.stream_interval  # wake-ups per token, each side
@@ -319,7 +339,9 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                 "served_cpu_ms_per_1k_tokens": _median_each(cpu_ms[("served", n)]),
             }
         )
-        for name in ("side_load", "client_load"):
+        if n in floors:
+            rows[-1]["floor_cpu_us_per_message"] = _median_each(floors[n])
+        for name in ("side_load", "client_load", "floor"):
             if (name, n) in rates:
                 side_tok_s = statistics.median(rates[(name, n)])
                 rows[-1] |= {
@@ -375,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['side_load_engine_over_engine']:.3f} of the engine, beside the client's "
                 f"alone: {row['client_load_engine_over_engine']:.3f}"
                 if "side_load_engine_tok_s" in row
+                else ""
+            )
+            + (
+                f"; the engine beside the bare gRPC chain: {row['floor_engine_over_engine']:.3f} "
+                f"of the engine (relay {row['floor_cpu_us_per_message']['relay_us']:.0f} + client "
+                f"{row['floor_cpu_us_per_message']['client_us']:.0f} us of CPU per message)"
+                if "floor_engine_tok_s" in row
                 else ""
             )
         )
