@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from intentserve.controller.service.interceptor import STATUS_CODES
-from intentserve.controller.service.router import Router
+from intentserve.controller.service.router import Router, deadline_passed
 from intentserve.status import lookup
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -40,6 +40,7 @@ FINISH_REASONS = {
 }
 
 _CANCELLED = grpc.StatusCode.CANCELLED.name.lower()  # the client went away
+_DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED.name.lower()  # its deadline passed
 
 
 def _status_of(error: Exception) -> str:
@@ -95,11 +96,12 @@ class RequestMetrics:
         self._itl_s = self.itl_s.labels(*self._labels)
 
     async def aobserve(
-        self, responses: AsyncGenerator[inference_pb2.GenerateResponse, None]
+        self, responses: AsyncGenerator[inference_pb2.GenerateResponse, None], call=None
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """Pass `responses` through, timing each token and counting how the request ended. A
         client that went away is `CancelledError` (the handler's task was cancelled) or a close
-        of this generator."""
+        of this generator; so is a deadline, counted as `deadline_exceeded` (the code its client
+        got) when `call` (what has `time_remaining()`: the request's context) says it passed."""
         seen = _Seen()
         status = "ok"
         try:
@@ -116,6 +118,8 @@ class RequestMetrics:
             raise
         finally:
             await responses.aclose()  # NOTE: ends the routed call now (the worker's cancel)
+            if status == _CANCELLED and call is not None and deadline_passed(call):
+                status = _DEADLINE_EXCEEDED
             self._finished(status, seen)
 
     def _token(self, num_tokens: int, first_s: float | None, gap_s: float) -> None:
@@ -171,7 +175,7 @@ class MeteredRouter:
         self, request: inference_pb2.GenerateRequest, context
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """`Router.agenerate`, measured."""
-        observed = self._metrics.aobserve(self._router.agenerate(request, context))
+        observed = self._metrics.aobserve(self._router.agenerate(request, context), context)
         async with contextlib.aclosing(observed) as responses:
             async for response in responses:
                 yield response

@@ -227,11 +227,16 @@ def _timeout_s(context: grpc.aio.ServicerContext) -> float | None:
     return None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
 
 
+def deadline_passed(context) -> bool:
+    """Whether the call's deadline has passed (`context`: anything with `time_remaining()`)."""
+    remaining_s = context.time_remaining()
+    return remaining_s is not None and remaining_s <= 0
+
+
 def _client_gone(context: grpc.aio.ServicerContext) -> bool:
     """Whether the client cancelled or its deadline passed (the worker, which holds the same
     deadline, may report it before the task is cancelled)."""
-    remaining_s = context.time_remaining()
-    return context.cancelled() or (remaining_s is not None and remaining_s <= 0)
+    return context.cancelled() or deadline_passed(context)
 
 
 def _failure(

@@ -105,6 +105,11 @@ def test_the_deadline_ends_the_stream_and_reaches_the_worker(start_controller, m
         asyncio.run(main())
     assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert worker.cancelled.wait(5), "the worker never saw the deadline"
+    deadline = labels(server, {"status": "deadline_exceeded", "finish_reason": ""})
+    eventually(
+        lambda: server.metrics.get_sample_value("intentserve_requests_total", deadline) == 1,
+        what="the request counted as deadline_exceeded",
+    )
 
 
 def test_not_ready_fails_each_request_with_the_readiness_reason(start_controller):

@@ -121,6 +121,44 @@ def test_a_cancelled_task_is_counted_and_closes_the_routed_call(metered):
     assert value(registry, "intentserve_generation_tokens_total") == 1
 
 
+class Call:
+    """What the metrics read of a call: the time left before its deadline (None: none)."""
+
+    def __init__(self, remaining_s: float | None) -> None:
+        self.remaining_s = remaining_s
+
+    def time_remaining(self) -> float | None:
+        return self.remaining_s
+
+
+@pytest.mark.parametrize(
+    ("remaining_s", "status"),
+    [(0.0, "deadline_exceeded"), (5.0, "cancelled"), (None, "cancelled"), (2.0**63, "cancelled")],
+)
+def test_a_request_ended_by_its_deadline_counts_as_deadline_exceeded(metered, remaining_s, status):
+    # A deadline, like a client's cancel, ends the handler's stream early or cancels its task;
+    # the client got DEADLINE_EXCEEDED, so that is the status counted (grpc's "no deadline" is
+    # about 2**63 seconds left).
+    registry, metrics = metered
+    call = Call(remaining_s)
+    asyncio.run(collect(metrics.aobserve(astream(2, None), call)))
+
+    async def cancelled_task():
+        task = asyncio.ensure_future(collect(metrics.aobserve(astream_forever(), call)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_task())
+    assert value(registry, "intentserve_requests_total", status=status, finish_reason="") == 2
+
+
+async def astream_forever():
+    yield inference_pb2.GenerateResponse(token_ids=[1], num_output_tokens=1)
+    await asyncio.sleep(10)
+
+
 def test_an_http_call_runs_the_routers_callbacks_once_when_cancelled():
     call = HttpCall()
     ran: list[str] = []

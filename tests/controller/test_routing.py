@@ -243,7 +243,7 @@ def _labels(server, labels: dict[str, str]) -> dict[str, str]:
 
 
 def test_the_client_deadline_reaches_the_worker(start_controller, make_worker):
-    _, client, (worker,) = ready_workers(
+    server, client, (worker,) = ready_workers(
         start_controller, make_worker, 1, behaviour=Behaviour.BLOCK
     )
     stream = client.generate(timeout=0.5)
@@ -254,6 +254,14 @@ def test_the_client_deadline_reaches_the_worker(start_controller, make_worker):
     # The forwarded call carries the client's deadline (clock skew between the two reads aside).
     assert 0 < worker.deadlines_s[0] <= 0.5 + 0.05
     assert worker.cancelled.wait(5)
+    # Counted with the code its client got, not as a client's cancel.
+    deadline = _labels(server, {"status": "deadline_exceeded"})
+    eventually(
+        lambda: server.metrics.get_sample_value("intentserve_requests_total", deadline) == 1,
+        what="the request counted as deadline_exceeded",
+    )
+    cancelled = _labels(server, {"status": "cancelled"})
+    assert server.metrics.get_sample_value("intentserve_requests_total", cancelled) is None
 
 
 def test_a_worker_dying_ends_only_its_stream_and_new_requests_go_elsewhere(
