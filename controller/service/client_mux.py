@@ -50,6 +50,12 @@ class RequestCall:
 class ClientStreams:
     """One GenerateMany call: its requests' tasks by key, and the events waiting to be sent."""
 
+    # NOTE: a client that writes commands and never reads would otherwise make the controller
+    # hold a task and an event per command (each refusal is one) without end: while this many
+    # requests run or events wait, its commands wait unread, and grpc's flow control holds its
+    # writes.
+    MAX_PENDING_EVENTS = 4096
+
     def __init__(self, router) -> None:
         """`router`: anything with `agenerate(request, context)` (the server passes the
         metered one)."""
@@ -57,6 +63,8 @@ class ClientStreams:
         self._tasks: dict[int, tuple[asyncio.Task, RequestCall]] = {}
         self._pending: list[inference_pb2.GenerateEvent] = []
         self._news = asyncio.Event()
+        self._room = asyncio.Event()  # set while below MAX_PENDING_EVENTS (requests + events)
+        self._room.set()
         self._commands_ended = False
         self._failure: Exception | None = None  # a command that did not parse ends the call
 
@@ -72,6 +80,7 @@ class ClientStreams:
                     raise self._failure
                 if self._pending:
                     events, self._pending = self._pending, []
+                    self._check_room()
                     yield inference_pb2.GenerateEvents(events=events)
                 if self._commands_ended and not self._tasks and not self._pending:
                     return
@@ -84,6 +93,9 @@ class ClientStreams:
     async def _read(self, commands: AsyncIterator) -> None:
         try:
             async for command in commands:
+                if command.WhichOneof("command") != "cancel":  # a cancel always goes through
+                    self._check_room()
+                    await self._room.wait()
                 self._command(command)
         except Exception as error:  # a malformed command: the call ends with its status
             self._failure = error
@@ -137,6 +149,7 @@ class ClientStreams:
         finally:
             if self._tasks.get(key, (None,))[0] is asyncio.current_task():
                 del self._tasks[key]
+            self._check_room()
             self._news.set()
 
     def _fail(self, key: int, code: grpc.StatusCode, details: str) -> None:
@@ -145,7 +158,14 @@ class ClientStreams:
 
     def _emit(self, event: inference_pb2.GenerateEvent) -> None:
         self._pending.append(event)
+        self._check_room()
         self._news.set()
+
+    def _check_room(self) -> None:
+        if len(self._tasks) + len(self._pending) < self.MAX_PENDING_EVENTS:
+            self._room.set()
+        else:
+            self._room.clear()
 
 
 def _deadline(call: RequestCall) -> contextlib.AbstractAsyncContextManager:

@@ -88,3 +88,69 @@ def test_a_deadline_fails_its_request_only_and_the_call_end_closes_the_rest():
     assert event.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert event.error.details == "deadline exceeded"
     assert sorted(closed) == ["r1", "r2"]
+
+
+class RefusingRouter:
+    """Refuses every request at once (as a deployment that is not ready does)."""
+
+    async def agenerate(self, request, context):
+        from intentserve.controller.service.errors import Overloaded
+
+        raise Overloaded("every READY worker's queue is full")
+        yield  # an async generator, as the router's is
+
+
+def test_a_client_that_writes_without_reading_stops_being_read():
+    # Each refused start becomes an error event; a client that never reads them must not make
+    # the controller hold more and more of them: past a bound, its commands wait unread (grpc's
+    # flow control then holds the client's writes).
+    pulled = 0
+
+    async def flood():
+        nonlocal pulled
+        for key in range(1, 100_001):
+            pulled += 1
+            yield start(key)
+
+    async def main() -> tuple[int, int]:
+        streams = ClientStreams(RefusingRouter())
+        served = streams.serve(flood())
+        first = await anext(served)  # then the client stops reading
+        for _ in range(200):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        held = len(streams._pending)
+        await served.aclose()
+        return len(first.events), held
+
+    first, held = asyncio.run(main())
+    bound = ClientStreams.MAX_PENDING_EVENTS
+    assert 1 <= first <= bound
+    assert held <= bound
+    assert pulled <= 2 * bound + 2  # what the first message carried, then the bound again
+
+
+def test_a_cancel_goes_through_while_there_is_no_room_and_makes_room(monkeypatch):
+    monkeypatch.setattr(ClientStreams, "MAX_PENDING_EVENTS", 2)
+
+    async def main() -> tuple[list[str], list[int]]:
+        router, queue = StepRouter(num_tokens=1), asyncio.Queue()
+        queue.put_nowait(start(1, "slow"))
+        queue.put_nowait(start(2, "slow"))  # no room after this one: two requests run
+        streams = ClientStreams(router)
+        served = streams.serve(commands(queue))
+        reader = asyncio.ensure_future(anext(served))
+        await asyncio.sleep(0.02)
+        queue.put_nowait(inference_pb2.GenerateCommand(stream=1, cancel=True))
+        queue.put_nowait(start(3, "slow"))
+        await asyncio.sleep(0.05)
+        closed, running = list(router.closed), sorted(streams._tasks)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await served.aclose()
+        return closed, running
+
+    closed, running = asyncio.run(main())
+    assert closed == ["r1"]  # the cancel was read with no room, and ended request 1
+    assert running == [2, 3]  # which made room for the next start
