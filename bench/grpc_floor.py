@@ -7,11 +7,12 @@ path runs TLS on both hops: the figures are a floor for any served path built on
 
     python bench/grpc_floor.py                        # 1000 messages, one every 8 ms, 3 rounds
     python bench/grpc_floor.py --messages 200 --period-ms 2
+    python bench/grpc_floor.py --streams 64 --period-ms 40   # 64 calls, a thread each
 
 Each process's CPU (user and system) over a round, per message; the median of the rounds.
-`bench/served_path.py` measures it in its run and runs the in-process engine beside a load of
-the relay's and the client's CPU at one stream: what the engine would keep beside the cheapest
-gRPC served path, the ceiling of served / engine there.
+`bench/served_path.py` runs the in-process engine beside the chain at each concurrency, a
+message per token and stream at the engine's pace: what the engine keeps beside the cheapest
+gRPC served path with this client, the ceiling of served / engine there.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,14 +61,16 @@ async def _serve(port: int, stream) -> None:
 
 
 async def upstream(port: int) -> None:
-    """Streams `count` messages, one every `period` seconds (the request: b"count period")."""
+    """Streams `count` messages, one every `period` seconds (the request: b"count period"), on
+    ticks shared by every call (the tokens of one engine step leave together)."""
 
     async def stream(request: bytes, context):
-        count, period_s = request.decode().split()
-        due = time.perf_counter()
+        count, period = request.decode().split()
+        period_s = float(period)
+        due = (math.floor(time.perf_counter() / period_s) + 1) * period_s
         for _ in range(int(count)):
-            due += float(period_s)
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            due += period_s
             yield MESSAGE
 
     await _serve(port, stream)
@@ -83,8 +88,15 @@ async def relay(port: int, upstream_port: int) -> None:
 
 
 def client(
-    port: int, upstream_pid: int, relay_pid: int, messages: int, period_s: float, rounds: int
+    port: int,
+    upstream_pid: int,
+    relay_pid: int,
+    messages: int,
+    period_s: float,
+    rounds: int,
+    streams: int,
 ):
+    """`rounds` rounds of `streams` concurrent calls of `messages` messages, a thread each."""
     options = ((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),)
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
         call = channel.unary_stream(f"/{SERVICE}/Stream")
@@ -93,11 +105,20 @@ def client(
         print("ready", flush=True)
         samples = []
         for _ in range(rounds):
+            counts = [0] * streams
+
+            def read(i: int, counts: list[int] = counts) -> None:
+                counts[i] = sum(1 for _ in call(f"{messages} {period_s}".encode()))
+
+            threads = [threading.Thread(target=read, args=(i,)) for i in range(streams)]
             before = cpu_s(upstream_pid), cpu_s(relay_pid), time.process_time()
-            count = sum(1 for _ in call(f"{messages} {period_s}".encode()))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
             after = cpu_s(upstream_pid), cpu_s(relay_pid), time.process_time()
-            assert count == messages, count
-            us = [(b - a) * 1e6 / count for a, b in zip(before, after, strict=True)]
+            assert counts == [messages] * streams, counts
+            us = [(b - a) * 1e6 / sum(counts) for a, b in zip(before, after, strict=True)]
             samples.append(dict(zip(("upstream_us", "relay_us", "client_us"), us, strict=True)))
     print(json.dumps(samples), flush=True)
 
@@ -112,8 +133,8 @@ def _start(*args: str) -> subprocess.Popen:
 
 class Chain:
     """The upstream and relay processes, started on entry; each `stream` call starts a client
-    process that reads `rounds` calls of `messages` messages through them, and returns once
-    that client has connected (the messages flow from then on)."""
+    process that reads `rounds` rounds of `streams` concurrent calls of `messages` messages
+    through them, and returns once that client has connected (the messages flow from then on)."""
 
     def __enter__(self) -> Chain:
         up_port, self._port = free_port(), free_port()
@@ -125,9 +146,11 @@ class Chain:
             raise
         return self
 
-    def stream(self, messages: int, period_s: float, rounds: int = 1) -> subprocess.Popen:
+    def stream(
+        self, messages: int, period_s: float, rounds: int = 1, streams: int = 1
+    ) -> subprocess.Popen:
         upstream_pid, relay_pid = (p.pid for p in self._procs)
-        args = (self._port, upstream_pid, relay_pid, messages, period_s, rounds)
+        args = (self._port, upstream_pid, relay_pid, messages, period_s, rounds, streams)
         proc = subprocess.Popen(
             [sys.executable, __file__, "client", *map(str, args)],
             stdout=subprocess.PIPE,
@@ -155,13 +178,15 @@ class Chain:
             proc.wait()
 
 
-def measure(messages: int = 1000, period_s: float = 0.008, rounds: int = 3) -> dict:
-    """The chain alone: `rounds` rounds of `messages` messages, one every `period_s`."""
+def measure(
+    messages: int = 1000, period_s: float = 0.008, rounds: int = 3, streams: int = 1
+) -> dict:
+    """The chain alone: `rounds` rounds of `streams` calls of `messages` messages, one every
+    `period_s`."""
     with Chain() as chain:
-        floor = chain.result(
-            chain.stream(messages, period_s, rounds), 60 + 2 * rounds * messages * period_s
-        )
-    return floor | {"messages": messages, "period_s": period_s}
+        client = chain.stream(messages, period_s, rounds, streams)
+        floor = chain.result(client, 60 + 2 * rounds * messages * period_s)
+    return floor | {"messages": messages, "period_s": period_s, "streams": streams}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--period-ms", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=1, help="concurrent calls, a thread each")
     args = parser.parse_args(argv)
-    floor = measure(args.messages, args.period_ms / 1e3, args.rounds)
+    floor = measure(args.messages, args.period_ms / 1e3, args.rounds, args.streams)
     for i, r in enumerate(floor["rounds"], 1):
         print(
             f"round {i}: us of CPU per message: upstream {r['upstream_us']:.0f}, "
@@ -185,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"median: relay {floor['relay_us']:.0f} + client {floor['client_us']:.0f} us of CPU per "
-        f"message ({args.messages} messages, one every {args.period_ms:g} ms)"
+        f"message ({args.streams} x {args.messages} messages, one every {args.period_ms:g} ms)"
     )
     return 0
 

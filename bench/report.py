@@ -212,9 +212,9 @@ def side_load_table(runs: list[dict]) -> str:
 
 
 def floor_table(runs: list[dict]) -> str:
-    """Not a target: at one stream, the in-process engine beside the bare two-hop gRPC chain
+    """Not a target: the in-process engine beside the bare two-hop gRPC chain
     (bench/grpc_floor.py) against served / engine, with the chain's relay and client CPU per
-    message next to the served path's controller and client CPU per token (runs recorded with
+    message next to the served path's controller and client CPU per token (rows recorded with
     it only)."""
     rows = []
     for first in runs[0]["rows"]:
@@ -242,7 +242,7 @@ def floor_table(runs: list[dict]) -> str:
     head = [
         "",
         "",
-        f"| the one-stream ceiling (runs {runs_label}) | served / engine "
+        f"| the ceiling of a gRPC served path (runs {runs_label}) | served / engine "
         "| engine beside the bare two-hop gRPC chain / engine "
         "| the chain's relay + client, us of CPU per message "
         "| the served path's controller + client, us of CPU per token |",

@@ -25,9 +25,10 @@ and client just took, in as many wake-ups (one each per streamed message: per to
 wake-up per message). When the engine's rate beside the first is
 close to the served rate, the served path loses to the two cores being shared, not to its own
 code; the second bounds what any served path can reach here while its client shares the cores.
-At one stream each repeat also runs the in-process engine beside the bare two-hop gRPC chain of
-bench/grpc_floor.py (no product code, plaintext) streaming a message per token at the engine's
-pace: what the engine keeps beside the cheapest gRPC served path, its ceiling there.
+With the default client each repeat also runs the in-process engine beside the bare two-hop
+gRPC chain of bench/grpc_floor.py (no product code, plaintext; a call and a client thread per
+stream) streaming a message per token and stream at the engine's pace: what the engine keeps
+beside the cheapest gRPC served path with such a client, the ceiling of served / engine there.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ from bench.workloads import MAX_MODEL_LEN, MODEL, PROMPTS
 
 TARGET = 0.95
 SIDE_LOAD_MIN_STREAMS = 32
-FLOOR_MAX_STREAMS = 1  # one message per token and stream: the bare chain stands for one stream
 KV_BYTES = 1 << 30
 MAX_NUM_BATCHED_TOKENS = 4096
 MANIFEST = """\
@@ -203,8 +203,10 @@ def side_load_run(
 
 def floor_run(chain: Chain, engine, texts: list[str], max_tokens: int, engine_tok_s: float):
     """The engine's tok/s beside the bare two-hop gRPC chain (bench/grpc_floor.py) streaming one
-    message per token at the engine's own pace, and the chain's CPU us per message."""
-    client = chain.stream(int(max_tokens * len(texts) * 1.5) + 20, 1 / engine_tok_s)
+    message per token and stream (a call and a client thread each, as the default client) at
+    the engine's own pace, and the chain's CPU us per message."""
+    streams = len(texts)
+    client = chain.stream(int(max_tokens * 1.5) + 20, streams / engine_tok_s, streams=streams)
     rate, _ = engine_run(engine, texts, max_tokens)
     floor = chain.result(client, timeout_s=120 + 3 * max_tokens / engine_tok_s)
     return rate, {k: floor[k] for k in ("upstream_us", "relay_us", "client_us")}
@@ -300,7 +302,7 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                 rates.setdefault(("engine", n), []).append(engine_rate)
                 rates.setdefault(("served", n), []).append(served_rate)
                 side = ""
-                if n <= FLOOR_MAX_STREAMS:
+                if args.client == "threads":  # the chain's client is the default's kind
                     rate, floor = floor_run(chain, engine, texts[:n], args.max_tokens, engine_rate)
                     rates.setdefault(("floor", n), []).append(rate)
                     floors.setdefault(n, []).append(floor)

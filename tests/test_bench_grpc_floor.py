@@ -28,3 +28,9 @@ def test_a_client_that_cannot_finish_is_an_error_not_a_figure():
         client.kill()
         with pytest.raises(RuntimeError, match="the floor's client failed"):
             chain.result(client, timeout_s=10)
+
+
+def test_concurrent_streams_each_get_every_message():
+    floor = measure(messages=20, period_s=0.005, rounds=1, streams=8)
+    assert floor["streams"] == 8  # the client checked each call's count: 20
+    assert floor["relay_us"] >= 0 and floor["client_us"] >= 0

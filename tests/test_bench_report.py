@@ -210,7 +210,7 @@ def test_runs_with_a_side_load_row_show_it_beside_served_over_engine():
     assert "bfloat16, 1 streams" not in table  # that row was measured without a side load
 
 
-def test_one_stream_rows_show_the_engine_beside_the_bare_grpc_chain():
+def test_rows_with_the_floor_show_the_engine_beside_the_bare_grpc_chain():
     runs = [_served_run({("bfloat16", 1): 0.89, ("bfloat16", 64): 0.90}) for _ in range(2)]
     for run, floor, relay in zip(runs, (0.93, 0.94), (250.0, 310.0), strict=True):
         run["rows"][0]["floor_engine_over_engine"] = floor
@@ -225,12 +225,12 @@ def test_one_stream_rows_show_the_engine_beside_the_bare_grpc_chain():
             "worker": 15000.0,
         }
     table = served_path_targets_table(runs)
-    assert "| the one-stream ceiling (runs 1 / 2) |" in table
+    assert "| the ceiling of a gRPC served path (runs 1 / 2) |" in table
     row = "| bfloat16, 1 stream | 0.890 / 0.890 | 0.930 / 0.940 | 400 / 460 | 900 / 900 |"
     assert row in table.splitlines()
-    assert "bfloat16, 64 streams | 0.900 / 0.900 | 0.9" not in table  # measured at one stream only
+    assert "bfloat16, 64 streams | 0.900 / 0.900 | 0.9" not in table  # a row measured without it
     del runs[1]["rows"][0]["floor_engine_over_engine"]  # a run from before the floor: no table
-    assert "one-stream ceiling" not in served_path_targets_table(runs)
+    assert "ceiling of a gRPC served path" not in served_path_targets_table(runs)
 
 
 def test_the_weights_table_has_a_row_per_format_with_quality_and_speed():
