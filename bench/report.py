@@ -182,17 +182,23 @@ def served_path_targets_table(runs: list[dict]) -> str:
     return "\n".join(lines) + side_load_table(runs) + floor_table(runs)
 
 
-def side_load_table(runs: list[dict]) -> str:
-    """Not a target: the in-process engine beside a side load that takes what the served run's
-    controller and client took, next to served / engine (runs recorded with it only)."""
-    rows = []
+def _rows_measured_with(runs: list[dict], field: str):
+    """(dtype, concurrency) and that row of every run, for the rows every run measured `field`
+    in, in the first run's order."""
     for first in runs[0]["rows"]:
         key = (first["dtype"], first["concurrency"])
         picked = [
             next(r for r in run["rows"] if (r["dtype"], r["concurrency"]) == key) for run in runs
         ]
-        if not all("side_load_engine_over_engine" in r for r in picked):
-            continue
+        if all(field in r for r in picked):
+            yield key, picked
+
+
+def side_load_table(runs: list[dict]) -> str:
+    """Not a target: the in-process engine beside a side load that takes what the served run's
+    controller and client took, next to served / engine (runs recorded with it only)."""
+    rows = []
+    for key, picked in _rows_measured_with(runs, "side_load_engine_over_engine"):
         served = " / ".join(f"{r['served_over_engine']:.3f}" for r in picked)
         side = " / ".join(f"{r['side_load_engine_over_engine']:.3f}" for r in picked)
         client = " / ".join(f"{r.get('client_load_engine_over_engine', 0):.3f}" for r in picked)
@@ -217,13 +223,7 @@ def floor_table(runs: list[dict]) -> str:
     message next to the served path's controller and client CPU per token (rows recorded with
     it only)."""
     rows = []
-    for first in runs[0]["rows"]:
-        key = (first["dtype"], first["concurrency"])
-        picked = [
-            next(r for r in run["rows"] if (r["dtype"], r["concurrency"]) == key) for run in runs
-        ]
-        if not all("floor_engine_over_engine" in r for r in picked):
-            continue
+    for key, picked in _rows_measured_with(runs, "floor_engine_over_engine"):
         served = " / ".join(f"{r['served_over_engine']:.3f}" for r in picked)
         floor = " / ".join(f"{r['floor_engine_over_engine']:.3f}" for r in picked)
         chain = " / ".join(
