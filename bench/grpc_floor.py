@@ -17,35 +17,29 @@ gRPC served path with this client, the ceiling of served / engine there.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# ruff: noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script, and as its own processes
+
 import argparse
 import asyncio
 import json
 import math
-import os
-import socket
 import statistics
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import grpc.experimental
 
+from bench.served import cpu_s, free_port
+
 MESSAGE = b"x" * 48  # about a serialized one-token response
 SERVICE = "floor.Stream"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _serve(port: int, stream) -> None:

@@ -203,18 +203,12 @@ def side_load_table(runs: list[dict]) -> str:
         side = " / ".join(f"{r['side_load_engine_over_engine']:.3f}" for r in picked)
         client = " / ".join(f"{r.get('client_load_engine_over_engine', 0):.3f}" for r in picked)
         rows.append(f"| {key[0]}, {key[1]} streams | {served} | {side} | {client} |")
-    if not rows:
-        return ""
-    runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
-    head = [
-        "",
-        "",
-        f"| the gap explained (runs {runs_label}) | served / engine "
-        "| engine beside the controller's and client's CPU / engine "
-        "| engine beside the client's CPU alone / engine |",
-        "| --- | --- | --- | --- |",
-    ]
-    return "\n".join(head + rows)
+    columns = (
+        "served / engine",
+        "engine beside the controller's and client's CPU / engine",
+        "engine beside the client's CPU alone / engine",
+    )
+    return _explaining_table(runs, "the gap explained", columns, rows)
 
 
 def floor_table(runs: list[dict]) -> str:
@@ -236,17 +230,26 @@ def floor_table(runs: list[dict]) -> str:
         )
         streams = f"{key[1]} stream{'s' * (key[1] != 1)}"
         rows.append(f"| {key[0]}, {streams} | {served} | {floor} | {chain} | {ours} |")
+    columns = (
+        "served / engine",
+        "engine beside the bare two-hop gRPC chain / engine",
+        "the chain's relay + client, us of CPU per message",
+        "the served path's controller + client, us of CPU per token",
+    )
+    return _explaining_table(runs, "the ceiling of a gRPC served path", columns, rows)
+
+
+def _explaining_table(runs: list[dict], title: str, columns: tuple[str, ...], rows: list[str]):
+    """A table under the targets (after a blank line), headed `title (runs 1 / 2 / ...)` and
+    `columns`; "" without rows."""
     if not rows:
         return ""
     runs_label = " / ".join(str(i + 1) for i in range(len(runs)))
     head = [
         "",
         "",
-        f"| the ceiling of a gRPC served path (runs {runs_label}) | served / engine "
-        "| engine beside the bare two-hop gRPC chain / engine "
-        "| the chain's relay + client, us of CPU per message "
-        "| the served path's controller + client, us of CPU per token |",
-        "| --- | --- | --- | --- | --- |",
+        f"| {title} (runs {runs_label}) | " + " | ".join(columns) + " |",
+        "|" + " --- |" * (len(columns) + 1),
     ]
     return "\n".join(head + rows)
 

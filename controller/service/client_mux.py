@@ -158,10 +158,11 @@ class ClientStreams:
 
     def _emit(self, event: inference_pb2.GenerateEvent) -> None:
         self._pending.append(event)
-        self._check_room()
         self._news.set()
 
     def _check_room(self) -> None:
+        """The reader checks before each start; what drains requests or events checks again,
+        to wake it."""
         if len(self._tasks) + len(self._pending) < self.MAX_PENDING_EVENTS:
             self._room.set()
         else:
