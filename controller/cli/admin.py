@@ -176,5 +176,9 @@ def add_parsers(commands) -> None:
     gen.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     gen.add_argument(
-        "--timeout", type=float, default=None, metavar="S", help="deadline of the call"
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the request's deadline, held by the controller (default none)",
     )

@@ -10,11 +10,13 @@ The one place where the CLI touches protobuf: every response becomes plain data 
 dicts feed the tables and `--json`). Enum values read as lower-case words ("ready", "paged"),
 an unset message as None, and every other field is present with its value.
 
-Many concurrent streams are cheaper on the asyncio client: they share one call
-(`Inference.GenerateMany`), whose messages carry what the controller has for many streams at
-once, where the blocking client has a call and a thread per stream, each woken per message
-(measured on the 2-core AMD EPYC, 64 streams of a served bf16 model: the client's process 20-27
-against 85-112 us of CPU per token, the controller 30-43 against 73-76; README, Python clients).
+Both clients put every stream of one client on one call (`Inference.GenerateMany`), whose
+messages carry what the controller has for many streams at once: the blocking client from any
+number of threads (its call lives on an event loop in a thread of its own), the asyncio client
+on its loop. Measured on the 2-core AMD EPYC, 64 streams of a served bf16 model (README, Python
+clients): the asyncio client's process 20-27 us of CPU per token, the blocking client's 34-38
+(a thread per stream, woken per token), where a call per stream had cost 71-112, and the
+controller 27-33 against 66-76.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterator
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import grpc
@@ -130,8 +135,12 @@ class ControllerClient:
         self._client_auth = _bearer(credentials.api_key or credentials.admin_token)
         self._channel = open_channel(address, credentials)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
-        self._inference = inference_pb2_grpc.InferenceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        # The streams' shared call and its event loop thread, made at the first generate.
+        self._streams = _Streams(address, credentials, self._client_auth)
+        self._loop: _LoopThread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
 
     def status(self) -> dict[str, Any]:
         request = admin_pb2.StatusRequest()
@@ -182,7 +191,11 @@ class ControllerClient:
         ignore_eos: bool = False,
         timeout_s: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Stream the chunks of one generation (`text`, `token_ids`, ..., `finish_reason` last)."""
+        """Stream the chunks of one generation (`text`, `token_ids`, ..., `finish_reason` last).
+        Safe from many threads at once: their streams share the client's one call. An error is
+        a `grpc.RpcError` (`RequestFailed`) with the code and details the request's own
+        `Generate` call would have ended with. Leaving the loop early (or closing the iterator)
+        cancels the request on its worker; the controller holds the request to `timeout_s`."""
         request = generate_request(
             prompt,
             chat=chat,
@@ -194,12 +207,49 @@ class ControllerClient:
             stop=stop,
             ignore_eos=ignore_eos,
         )
-        for chunk in self._inference.Generate(
-            request, timeout=timeout_s, metadata=self._client_auth
-        ):
-            yield to_data(chunk)
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        loop = self._loop_thread()
+        shared, key = loop.call(self._streams.start, request, timeout_s, events)
+        # NOTE: the controller ends the request at timeout_s and says DEADLINE_EXCEEDED itself
+        # (and counts it so); the wait here is longer by a grace, only so that a controller
+        # that stops answering cannot hold the caller.
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s + DEADLINE_GRACE_S
+        ended = False
+        try:
+            while not ended:
+                try:
+                    event = events.get(
+                        timeout=None if deadline is None else max(0.0, deadline - time.monotonic())
+                    )
+                except queue.Empty:
+                    raise RequestFailed(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"no answer from the controller within timeout_s ({timeout_s} s) "
+                        f"+ {DEADLINE_GRACE_S} s",
+                    ) from None
+                ended = True  # unless it reads as a chunk that does not finish the request
+                chunk, ended = _chunk(event)
+                yield chunk
+        finally:
+            if not ended:
+                loop.soon(shared.cancel, key)
+
+    def _loop_thread(self) -> _LoopThread:
+        with self._lock:
+            if self._closed:
+                raise ValueError("the client is closed")
+            if self._loop is None:
+                self._loop = _LoopThread()
+            return self._loop
 
     def close(self) -> None:
+        """End the streams' call (what still runs on it ends CANCELLED) and the channels."""
+        with self._lock:
+            loop, self._loop, self._closed = self._loop, None, True
+        if loop is not None:
+            with contextlib.suppress(Exception):  # closing: what is left ends with the loop
+                loop.run(self._streams.aclose(), timeout_s=10)
+            loop.close()
         self._channel.close()
 
     def __enter__(self) -> ControllerClient:
@@ -234,21 +284,21 @@ class _SharedCall:
 
     def __init__(self, channel: grpc.aio.Channel, metadata) -> None:
         self._call = inference_pb2_grpc.InferenceStub(channel).GenerateMany(metadata=metadata)
-        self._queues: dict[int, asyncio.Queue] = {}
+        self._queues: dict[int, Any] = {}  # key -> the request's queue (put_nowait)
         self._keys = itertools.count(1)
         self._commands: asyncio.Queue = asyncio.Queue()
         self.ended: RequestFailed | None = None
         loop = asyncio.get_running_loop()
         self._tasks = (loop.create_task(self._read()), loop.create_task(self._write()))
 
-    def open(self, request: inference_pb2.GenerateRequest, timeout_s: float | None):
-        """Start `request`; its key and the queue its events (then, on the call's end, a
-        RequestFailed) arrive in."""
-        key, events = next(self._keys), asyncio.Queue()
+    def open(self, request: inference_pb2.GenerateRequest, timeout_s: float | None, events) -> int:
+        """Start `request`; its key. Its events (then, on the call's end, a RequestFailed)
+        arrive in `events` (an asyncio.Queue, or a queue.SimpleQueue read by another thread)."""
+        key = next(self._keys)
         self._queues[key] = events
         command = inference_pb2.GenerateCommand(stream=key, start=request, timeout_s=timeout_s or 0)
         self._commands.put_nowait(command)
-        return key, events
+        return key
 
     def cancel(self, key: int) -> None:
         if self._queues.pop(key, None) is not None and self.ended is None:
@@ -300,6 +350,86 @@ class _SharedCall:
                 events.put_nowait(ended)
 
 
+DEADLINE_GRACE_S = 1.0
+
+
+def _chunk(event: inference_pb2.GenerateEvent | RequestFailed) -> tuple[dict[str, Any], bool]:
+    """One request's event on a shared call as its own call would read: a chunk and whether
+    it is the last, or (raised) the error its call would have ended with."""
+    if isinstance(event, RequestFailed):
+        raise event
+    if event.HasField("error"):
+        code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)
+        raise RequestFailed(code, event.error.details)
+    return to_data(event.output), bool(event.output.finish_reason)
+
+
+class _Streams:
+    """A client's requests on its shared call (a new one once the last has ended) over a
+    grpc.aio channel; used on one event loop."""
+
+    def __init__(self, address: str, credentials: Credentials, metadata) -> None:
+        self._address = address
+        self._credentials = credentials
+        self._metadata = metadata
+        self._channel: grpc.aio.Channel | None = None
+        self._shared: _SharedCall | None = None
+
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = open_channel(self._address, self._credentials, aio=True)
+        return self._channel
+
+    def start(
+        self, request: inference_pb2.GenerateRequest, timeout_s: float | None, events
+    ) -> tuple[_SharedCall, int]:
+        """Start `request` with `events` as its queue; the call it runs on and its key."""
+        if self._shared is None or self._shared.ended is not None:
+            self._shared = _SharedCall(self.channel(), self._metadata)
+        return self._shared, self._shared.open(request, timeout_s, events)
+
+    async def aclose(self) -> None:
+        if self._shared is not None:
+            await self._shared.aclose()
+            self._shared = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread of its own, for the blocking client."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="intentserve-client-loop", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, fn, *args):
+        """fn(*args) on the loop; its result (or its exception) here."""
+        return self.run(_called(fn, *args), timeout_s=None)
+
+    def run(self, coro: Coroutine, timeout_s: float | None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def soon(self, fn, *args) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed, and the call with it
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+async def _called(fn, *args):
+    return fn(*args)
+
+
 class AsyncControllerClient:
     """The controller's Inference, Status and health calls for asyncio applications: one
     grpc.aio channel, made on the event loop of the first call (use the client on that loop
@@ -320,13 +450,10 @@ class AsyncControllerClient:
         self._credentials = credentials if credentials is not None else load_credentials(address)
         self._admin_auth = _bearer(self._credentials.admin_token)
         self._client_auth = _bearer(self._credentials.api_key or self._credentials.admin_token)
-        self._channel: grpc.aio.Channel | None = None
-        self._shared: _SharedCall | None = None
+        self._streams = _Streams(address, self._credentials, self._client_auth)
 
     def _open(self) -> grpc.aio.Channel:
-        if self._channel is None:
-            self._channel = open_channel(self.address, self._credentials, aio=True)
-        return self._channel
+        return self._streams.channel()
 
     async def generate(
         self,
@@ -356,23 +483,15 @@ class AsyncControllerClient:
             stop=stop,
             ignore_eos=ignore_eos,
         )
-        if self._shared is None or self._shared.ended is not None:
-            self._shared = _SharedCall(self._open(), self._client_auth)
-        shared = self._shared
-        key, events = shared.open(request, timeout_s)
+        events: asyncio.Queue = asyncio.Queue()
+        shared, key = self._streams.start(request, timeout_s, events)
         ended = False
         try:
             while not ended:
                 event = await events.get()
-                if isinstance(event, RequestFailed):
-                    ended = True
-                    raise event
-                if event.HasField("error"):
-                    ended = True
-                    code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)
-                    raise RequestFailed(code, event.error.details)
-                ended = bool(event.output.finish_reason)
-                yield to_data(event.output)
+                ended = True  # unless it reads as a chunk that does not finish the request
+                chunk, ended = _chunk(event)
+                yield chunk
         finally:
             if not ended:
                 shared.cancel(key)
@@ -392,12 +511,7 @@ class AsyncControllerClient:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status).lower()
 
     async def close(self) -> None:
-        if self._shared is not None:
-            await self._shared.aclose()
-            self._shared = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        await self._streams.aclose()
 
     async def __aenter__(self) -> AsyncControllerClient:
         return self

@@ -1,0 +1,189 @@
+"""`ControllerClient.generate`, the blocking client: every stream of one client, from any
+number of threads, shares one `Inference.GenerateMany` call; each stream still reads as its own
+call would (chunks, its error's code and details, leaving early, its deadline), and a controller
+that stops answering cannot hold a caller past its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.credentials import Credentials
+from intentserve.policy import examples
+from intentserve.streaming import GENERATE_MANY_ACCEPTED
+from intentserve.v1 import inference_pb2, inference_pb2_grpc
+
+from tests.controller.conftest import DEPLOYMENT, eventually
+from tests.controller.scripted_worker import Behaviour
+
+pytestmark = pytest.mark.integration
+
+PLAINTEXT = Credentials(DEPLOYMENT)
+
+
+def ready(start_controller, make_worker, **worker_kwargs):
+    server, _ = start_controller(paged_attention="on", max_outstanding_per_worker=64)
+    worker = make_worker(server, "w0", examples.cpu(), **worker_kwargs)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    return server, worker
+
+
+class CountingInference(inference_pb2_grpc.InferenceServicer):
+    """A stand-in controller's Inference: counts its calls of each kind; GenerateMany answers
+    each start with `num_tokens` one-token events (or nothing at all when `silent`)."""
+
+    def __init__(self, num_tokens: int = 3, silent: bool = False) -> None:
+        self.num_tokens = num_tokens
+        self.silent = silent
+        self.calls = {"Generate": 0, "GenerateMany": 0}
+
+    async def Generate(self, request, context):
+        self.calls["Generate"] += 1
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this stand-in serves GenerateMany")
+
+    async def GenerateMany(self, request_iterator, context):
+        self.calls["GenerateMany"] += 1
+        await context.send_initial_metadata((GENERATE_MANY_ACCEPTED,))
+        async for command in request_iterator:
+            if self.silent or not command.HasField("start"):
+                continue
+            for k in range(self.num_tokens):
+                output = inference_pb2.GenerateResponse(
+                    text=f"{command.start.prompt}{k}",
+                    token_ids=[k],
+                    finish_reason=(
+                        inference_pb2.FINISH_REASON_LENGTH if k == self.num_tokens - 1 else 0
+                    ),
+                )
+                event = inference_pb2.GenerateEvent(stream=command.stream, output=output)
+                yield inference_pb2.GenerateEvents(events=[event])
+
+
+@pytest.fixture
+def stand_in():
+    """Serve a CountingInference on loopback from its own event loop thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = []
+
+    def start(servicer: CountingInference) -> str:
+        async def serve() -> int:
+            server = grpc.aio.server()
+            inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            servers.append(server)
+            return port
+
+        port = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_the_threads_of_one_client_share_one_call(stand_in):
+    servicer = CountingInference(num_tokens=3)
+    address = stand_in(servicer)
+    with ControllerClient(address, credentials=PLAINTEXT) as client:
+
+        def run(i: int) -> list[str]:
+            return [c["text"] for c in client.generate(f"p{i}-", max_tokens=3, timeout_s=30)]
+
+        with ThreadPoolExecutor(32) as pool:
+            texts = list(pool.map(run, range(32)))
+    assert texts == [[f"p{i}-0", f"p{i}-1", f"p{i}-2"] for i in range(32)]
+    assert servicer.calls == {"Generate": 0, "GenerateMany": 1}
+
+
+def test_a_controller_that_stops_answering_cannot_hold_the_caller_past_its_deadline(stand_in):
+    address = stand_in(CountingInference(silent=True))
+    with ControllerClient(address, credentials=PLAINTEXT) as client:
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as error:
+            list(client.generate("hello", timeout_s=0.5))
+        waited = time.monotonic() - start
+    assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "timeout_s" in error.value.details()
+    assert 0.5 <= waited < 4
+
+
+def test_streams_from_many_threads_match_their_own_calls(start_controller, make_worker):
+    server, worker = ready(start_controller, make_worker, num_tokens=12, token_delay_s=0.005)
+    with ControllerClient(server.address, credentials=PLAINTEXT) as client:
+
+        def run(_: int) -> list[str]:
+            return [c["text"] for c in client.generate("hello", max_tokens=12, timeout_s=30)]
+
+        with ThreadPoolExecutor(64) as pool:
+            texts = list(pool.map(run, range(64)))
+    assert texts == [[f"t{k} " for k in range(12)]] * 64
+    assert worker.num_requests == 64
+
+
+def test_leaving_a_stream_early_cancels_it_on_the_worker(start_controller, make_worker):
+    server, worker = ready(start_controller, make_worker, behaviour=Behaviour.BLOCK)
+    with ControllerClient(server.address, credentials=PLAINTEXT) as client:
+        stream = client.generate("hello", timeout_s=30)
+        assert next(stream)["token_ids"] == [1]
+        assert not worker.cancelled.is_set()
+        stream.close()
+        assert worker.cancelled.wait(5), "the worker never saw the cancel"
+    eventually(
+        lambda: server.deployment.registry.get("w0").num_outstanding == 0,
+        what="the request released",
+    )
+
+
+def test_the_deadline_is_the_controllers_and_counted_as_such(start_controller, make_worker):
+    server, worker = ready(start_controller, make_worker, behaviour=Behaviour.BLOCK)
+    client = ControllerClient(server.address, credentials=PLAINTEXT)
+    with client, pytest.raises(grpc.RpcError) as error:
+        list(client.generate("hello", timeout_s=0.5))
+    assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert worker.cancelled.wait(5), "the worker never saw the deadline"
+    deadline = {
+        "deployment": DEPLOYMENT,
+        "model_name": server.deployment.desired.model,
+        "status": "deadline_exceeded",
+        "finish_reason": "",
+    }
+    eventually(
+        lambda: server.metrics.get_sample_value("intentserve_requests_total", deadline) == 1,
+        what="the request counted as deadline_exceeded",
+    )
+
+
+def test_a_refusal_reads_as_its_own_calls_would(start_controller):
+    server, _ = start_controller(paged_attention="on")
+    with ControllerClient(server.address, credentials=PLAINTEXT) as client:
+        with pytest.raises(grpc.RpcError) as error:
+            list(client.generate("hello", timeout_s=5))
+        # the client's call survives a refused request: the next one is refused the same way
+        with pytest.raises(grpc.RpcError) as again:
+            list(client.generate("hello", timeout_s=5))
+    for refused in (error.value, again.value):
+        assert refused.code() is grpc.StatusCode.UNAVAILABLE
+        assert refused.details() == (
+            "deployment is not ready: not_enough_replicas: 0 of 1 required replicas verified"
+        )
+
+
+def test_a_closed_client_refuses_to_generate(start_controller, make_worker):
+    server, _ = ready(start_controller, make_worker, num_tokens=2)
+    client = ControllerClient(server.address, credentials=PLAINTEXT)
+    assert len(list(client.generate("hello", max_tokens=2, timeout_s=30))) == 2
+    client.close()
+    client.close()  # twice is harmless
+    with pytest.raises(ValueError, match="closed"):
+        next(client.generate("hello", max_tokens=2))
