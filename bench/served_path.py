@@ -12,8 +12,9 @@ scheduler limits) under the same thread budget (`--num-cpus` torch threads in th
 concurrency, interleaved (the machine's speed drifts); the figure is the median of `--repeats`.
 The workload: distinct chat prompts (the user's turn through the chat template), greedy, EOS
 ignored, `--max-tokens` new tokens each. The client: `ControllerClient`, a thread per stream (the
-default), or `--client asyncio`: `AsyncControllerClient`, every stream on one `GenerateMany`
-call. The target: served >= 95% of the engine everywhere.
+default; the client's streams share one `GenerateMany` call), or `--client asyncio`:
+`AsyncControllerClient`, every stream a task on one event loop, on one `GenerateMany` call.
+The target: served >= 95% of the engine everywhere.
 The guard: in fp32 the served greedy text of every prompt equals the engine's. Each row also
 records CPU ms per 1000 tokens: of the bench process (the engine in-process; or the client) and
 of the controller and the worker (spin-waiting torch threads count as busy).
@@ -28,7 +29,8 @@ code; the second bounds what any served path can reach here while its client sha
 With the default client each repeat also runs the in-process engine beside the bare two-hop
 gRPC chain of bench/grpc_floor.py (no product code, plaintext; a call and a client thread per
 stream) streaming a message per token and stream at the engine's pace: what the engine keeps
-beside the cheapest gRPC served path with such a client, the ceiling of served / engine there.
+beside the cheapest gRPC served path with a call per stream, the ceiling of served / engine for
+a client of that shape (the default client's until it put its streams on one call, bdf11d9).
 """
 
 from __future__ import annotations
@@ -203,8 +205,8 @@ def side_load_run(
 
 def floor_run(chain: Chain, engine, texts: list[str], max_tokens: int, engine_tok_s: float):
     """The engine's tok/s beside the bare two-hop gRPC chain (bench/grpc_floor.py) streaming one
-    message per token and stream (a call and a client thread each, as the default client) at
-    the engine's own pace, and the chain's CPU us per message."""
+    message per token and stream (a call and a client thread each) at the engine's own pace,
+    and the chain's CPU us per message."""
     streams = len(texts)
     client = chain.stream(int(max_tokens * 1.5) + 20, streams / engine_tok_s, streams=streams)
     rate, _ = engine_run(engine, texts, max_tokens)
@@ -373,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("threads", "asyncio"),
         default="threads",
         help="the served runs' client: ControllerClient with a thread per stream (the default), "
-        "or AsyncControllerClient with every stream on one GenerateMany call",
+        "or AsyncControllerClient with every stream a task on one event loop (both put a "
+        "client's streams on one GenerateMany call)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "served_path.json")
     args = parser.parse_args(argv)

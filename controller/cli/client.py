@@ -13,10 +13,11 @@ an unset message as None, and every other field is present with its value.
 Both clients put every stream of one client on one call (`Inference.GenerateMany`), whose
 messages carry what the controller has for many streams at once: the blocking client from any
 number of threads (its call lives on an event loop in a thread of its own), the asyncio client
-on its loop. Measured on the 2-core AMD EPYC, 64 streams of a served bf16 model (README, Python
-clients): the asyncio client's process 20-27 us of CPU per token, the blocking client's 34-38
-(a thread per stream, woken per token), where a call per stream had cost 71-112, and the
-controller 27-33 against 66-76.
+on its loop. Measured on the 2-core AMD EPYC, 64 streams of a served bf16 model, alternated on
+one deployment (README, Python clients): the blocking client's process 39-43 us of CPU per token
+(a thread per stream, woken per token) where a call per stream had cost 78-87, the asyncio
+client's 24-27, and the controller 34-38 against 70-76. A lone stream pays for the loop's hop:
+the client ~0.1 ms more CPU per token, its rate unchanged within the noise.
 """
 
 from __future__ import annotations
