@@ -23,6 +23,7 @@ the client ~0.1 ms more CPU per token, its rate unchanged within the noise.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import queue
@@ -375,8 +376,11 @@ class _Streams:
         self._metadata = metadata
         self._channel: grpc.aio.Channel | None = None
         self._shared: _SharedCall | None = None
+        self._closed = False
 
     def channel(self) -> grpc.aio.Channel:
+        if self._closed:
+            raise ValueError("the client is closed")
         if self._channel is None:
             self._channel = open_channel(self._address, self._credentials, aio=True)
         return self._channel
@@ -390,6 +394,7 @@ class _Streams:
         return self._shared, self._shared.open(request, timeout_s, events)
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._shared is not None:
             await self._shared.aclose()
             self._shared = None
@@ -409,8 +414,28 @@ class _LoopThread:
         self._thread.start()
 
     def call(self, fn, *args):
-        """fn(*args) on the loop; its result (or its exception) here."""
-        return self.run(_called(fn, *args), timeout_s=None)
+        """fn(*args) on the loop; its result (or its exception) here. ValueError when the loop
+        has stopped (the client was closed) before it ran."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(fn(*args))
+                except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+                    done.set_exception(error)
+
+        try:
+            self._loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop is closed
+            raise ValueError("the client is closed") from None
+        while True:
+            try:
+                return done.result(timeout=0.5)
+            except concurrent.futures.TimeoutError:
+                if not self._thread.is_alive():
+                    done.cancel()
+                    raise ValueError("the client is closed") from None
 
     def run(self, coro: Coroutine, timeout_s: float | None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
@@ -425,10 +450,6 @@ class _LoopThread:
         self._thread.join(10)
         if not self._thread.is_alive():
             self._loop.close()
-
-
-async def _called(fn, *args):
-    return fn(*args)
 
 
 class AsyncControllerClient:

@@ -200,3 +200,17 @@ def test_a_command_that_does_not_parse_ends_the_call_naming_it(start_controller,
         asyncio.run(main())
     assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "prompt" in error.value.details()
+
+
+def test_a_closed_client_refuses_to_generate(start_controller, make_worker):
+    server, _ = ready(start_controller, make_worker, num_tokens=2)
+
+    async def main() -> None:
+        client = AsyncControllerClient(server.address, credentials=PLAINTEXT)
+        assert len(await collect(client, max_tokens=2, timeout_s=30)) == 2
+        await client.close()
+        await client.close()  # twice is harmless
+        with pytest.raises(ValueError, match="the client is closed"):
+            await collect(client, max_tokens=2)
+
+    asyncio.run(main())

@@ -187,3 +187,57 @@ def test_a_closed_client_refuses_to_generate(start_controller, make_worker):
     client.close()  # twice is harmless
     with pytest.raises(ValueError, match="closed"):
         next(client.generate("hello", max_tokens=2))
+
+
+def test_closing_the_client_ends_the_streams_still_running(start_controller, make_worker):
+    server, worker = ready(start_controller, make_worker, behaviour=Behaviour.BLOCK)
+    client = ControllerClient(server.address, credentials=PLAINTEXT)
+    stream = client.generate("hello", timeout_s=30)
+    assert next(stream)["token_ids"] == [1]
+    client.close()
+    with pytest.raises(grpc.RpcError) as error:
+        next(stream)
+    assert error.value.code() is grpc.StatusCode.CANCELLED
+    assert worker.cancelled.wait(5), "closing the client did not cancel its request"
+
+
+def test_closing_while_threads_start_streams_leaves_none_of_them_waiting(stand_in):
+    address = stand_in(CountingInference(num_tokens=3))
+    client = ControllerClient(address, credentials=PLAINTEXT)
+    outcomes: list[object] = []
+
+    def run() -> None:
+        for _ in range(200):  # no timeout_s: a stream the close missed would wait for ever
+            try:
+                list(client.generate("p", max_tokens=3))
+                outcomes.append("ok")
+            except ValueError:
+                outcomes.append("closed")
+                return
+            except grpc.RpcError as error:
+                outcomes.append(error.code())
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    eventually(lambda: outcomes.count("ok") >= 8, what="streams running")
+    client.close()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads), "a stream outlived its client"
+    assert outcomes.count("closed") == 8
+    assert set(outcomes) <= {"ok", "closed", grpc.StatusCode.CANCELLED}
+
+
+def test_a_hand_off_to_a_stopped_or_closed_loop_says_the_client_is_closed():
+    from intentserve.controller.cli.client import _LoopThread
+
+    stopped = _LoopThread()
+    assert stopped.call(lambda: 42) == 42
+    stopped.soon(stopped._loop.stop)  # stopped, not yet closed: what a racing close leaves
+    stopped._thread.join(5)
+    with pytest.raises(ValueError, match="the client is closed"):
+        stopped.call(lambda: 1)
+    stopped.close()
+    with pytest.raises(ValueError, match="the client is closed"):
+        stopped.call(lambda: 1)
