@@ -8,9 +8,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
-from intentserve.policy import Capability
+from intentserve.policy import Capability, examples
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 from tests.controller.scripted_worker import ScriptedWorker
@@ -26,6 +27,20 @@ FAST = {
     # Scripted workers speak plaintext; tests/test_security.py runs the controller with TLS.
     "insecure": True,
 }
+
+
+# What a Python client of the plaintext test controller is given.
+PLAINTEXT = Credentials(DEPLOYMENT)
+
+
+def ready(start_controller, make_worker, **worker_kwargs):
+    """A controller (paged attention on, 64 requests per worker) with one verified scripted
+    worker "w0" (`worker_kwargs`: its behaviour), READY."""
+    server, _ = start_controller(paged_attention="on", max_outstanding_per_worker=64)
+    worker = make_worker(server, "w0", examples.cpu(), **worker_kwargs)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    return server, worker
 
 
 def eventually(predicate: Callable[[], object], timeout_s: float = 5.0, what: str = "") -> object:

@@ -9,24 +9,13 @@ import asyncio
 import grpc
 import pytest
 from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
-from intentserve.controller.cli.credentials import Credentials
 from intentserve.policy import examples
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
-from tests.controller.conftest import DEPLOYMENT, eventually
+from tests.controller.conftest import DEPLOYMENT, PLAINTEXT, eventually, ready
 from tests.controller.scripted_worker import Behaviour
 
 pytestmark = pytest.mark.integration
-
-PLAINTEXT = Credentials(DEPLOYMENT)
-
-
-def ready(start_controller, make_worker, **worker_kwargs):
-    server, _ = start_controller(paged_attention="on", max_outstanding_per_worker=64)
-    worker = make_worker(server, "w0", examples.cpu(), **worker_kwargs)
-    assert worker.up().verified
-    eventually(lambda: server.verdict().ready, what="READY")
-    return server, worker
 
 
 async def collect(client: AsyncControllerClient, **kwargs) -> list[dict]:

@@ -13,25 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
-from intentserve.policy import examples
 from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
-from tests.controller.conftest import DEPLOYMENT, eventually
+from tests.controller.conftest import DEPLOYMENT, PLAINTEXT, eventually, ready
 from tests.controller.scripted_worker import Behaviour
 
 pytestmark = pytest.mark.integration
-
-PLAINTEXT = Credentials(DEPLOYMENT)
-
-
-def ready(start_controller, make_worker, **worker_kwargs):
-    server, _ = start_controller(paged_attention="on", max_outstanding_per_worker=64)
-    worker = make_worker(server, "w0", examples.cpu(), **worker_kwargs)
-    assert worker.up().verified
-    eventually(lambda: server.verdict().ready, what="READY")
-    return server, worker
 
 
 class CountingInference(inference_pb2_grpc.InferenceServicer):
