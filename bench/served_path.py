@@ -304,7 +304,7 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                 rates.setdefault(("engine", n), []).append(engine_rate)
                 rates.setdefault(("served", n), []).append(served_rate)
                 side = ""
-                if args.client == "threads":  # the chain's client is the default's kind
+                if args.client == "threads":  # the chain has a client thread per stream, as it
                     rate, floor = floor_run(chain, engine, texts[:n], args.max_tokens, engine_rate)
                     rates.setdefault(("floor", n), []).append(rate)
                     floors.setdefault(n, []).append(floor)
