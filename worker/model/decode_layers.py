@@ -57,6 +57,7 @@ class _Ends(ctypes.Structure):
 
 class _Proj(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("weight", "bias_or_comp", "scales", "inv_smooth")]
+    _fields_ += [("gemm_flags", _I64)]
 
 
 class _Layer(ctypes.Structure):
@@ -81,8 +82,9 @@ def _proj(module) -> _Proj:
             module.comp.data_ptr(),
             module.scales.data_ptr(),
             _ptr(module.inv_smooth),
+            0,
         )
-    return _Proj(module.packed.data_ptr(), _ptr(module.bias), None, None)
+    return _Proj(module.packed.data_ptr(), _ptr(module.bias), None, None, module.gemm_flags)
 
 
 def _kind(module) -> str:

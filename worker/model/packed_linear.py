@@ -60,11 +60,22 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+# bf16_gemm.c's flags: the weight is packed grouped (below)
+GEMM_GROUPED = 0x100
+
+
 class Bf16Linear(nn.Module):
-    """A bfloat16 projection on bf16_gemm.c: the weight packed as [out/16][in/2][16][2], a float32
-    bias added to the float32 sums before their one rounding to bfloat16. `out_dtype=float32`
-    keeps the sums unrounded (the LM head: logits are wanted in float32 anyway, and the kernel
-    writing them saves a conversion pass over [rows, vocab])."""
+    """A bfloat16 projection on bf16_gemm.c, a float32 bias added to the float32 sums before their
+    one rounding to bfloat16. `out_dtype=float32` keeps the sums unrounded (the LM head: logits
+    are wanted in float32 anyway, and the kernel writing them saves a conversion pass over
+    [rows, vocab]).
+
+    The weight is packed in blocks of 16 output channels, a vector holding 2 consecutive inputs
+    of a block's 16 channels, in groups of 3 blocks: `grouped` [groups][in/2][blocks][16][2],
+    where one step of the kernel's tile reads adjacent vectors (one stream of the memory, which
+    a one-row GEMV is bound by); or, where the calls run on AMX tiles (whose B operand is a
+    block's vectors in a row), `[out/16][in/2][16][2]`. Both have each group at the same
+    place."""
 
     dtype = torch.bfloat16  # what x must be for the kernel to run
     isa_name = "bf16 GEMM kernel"
@@ -81,15 +92,42 @@ class Bf16Linear(nn.Module):
             raise ValueError(f"out_dtype: {out_dtype} is not one of bfloat16, float32")
         self.out_dtype = out_dtype
         self.out_features, self.in_features = weight.shape
+        self.grouped = self._grouped(gemm)
         self.register_buffer("packed", self._pack(weight.detach()))
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.gemm = gemm
         self.out_buffer = None  # a kept output buffer, set by step_buffers.keep_step_buffers
 
+    @staticmethod
+    def _grouped(gemm) -> bool:
+        return not gemm.amx(-1)
+
+    @property
+    def gemm_flags(self) -> int:
+        """How the weight is packed, as bf16_gemm.c's `flags` say it."""
+        return GEMM_GROUPED if self.grouped else 0
+
     def _pack(self, weight: Tensor) -> Tensor:
         w = weight.to(torch.bfloat16)
         blocks = w.reshape(self.out_features // 16, 16, self.in_features // 2, 2)
-        return blocks.permute(0, 2, 1, 3).contiguous()
+        if not self.grouped:
+            return blocks.permute(0, 2, 1, 3).contiguous()
+        groups = [
+            blocks[g : g + 3].permute(2, 0, 1, 3).reshape(-1)  # [in/2][blocks][16][2]
+            for g in range(0, blocks.shape[0], 3)
+        ]
+        return torch.cat(groups)
+
+    def _unpack(self) -> Tensor:  # -> [out/16, 16, in/2, 2]
+        if not self.grouped:
+            return self.packed.permute(0, 2, 1, 3)
+        k2n, blocks, done, parts = self.in_features // 2, self.out_features // 16, 0, []
+        for g in range(0, blocks, 3):
+            n = min(3, blocks - g) * k2n * 32
+            group = self.packed[done : done + n].view(k2n, -1, 16, 2)
+            parts.append(group.permute(1, 2, 0, 3))
+            done += n
+        return torch.cat(parts)
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
@@ -97,7 +135,7 @@ class Bf16Linear(nn.Module):
         return out_features % 16 == 0 and in_features % 2 == 0
 
     def weight(self) -> Tensor:  # [out, in] bfloat16, unpacked
-        return self.packed.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
+        return self._unpack().reshape(self.out_features, self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
         if x.dtype != self.dtype or x.dim() != 2:  # not what the model sends; still right
@@ -113,7 +151,7 @@ class Bf16Linear(nn.Module):
             None if self.bias is None else self.bias.data_ptr(),
             self.out_features,
             out.data_ptr(),
-            self.out_dtype == torch.float32,
+            int(self.out_dtype == torch.float32) | self.gemm_flags,
         )
         if status != 0:
             raise RuntimeError(f"the {self.isa_name} is not built for this CPU")
@@ -129,6 +167,10 @@ class F32Linear(Bf16Linear):
 
     def __init__(self, weight: Tensor, bias: Tensor | None, gemm: F32Gemm) -> None:
         super().__init__(weight, bias, gemm, torch.float32)
+
+    @staticmethod
+    def _grouped(gemm) -> bool:
+        return False  # f32_gemm.c has one order
 
     def _pack(self, weight: Tensor) -> Tensor:
         w = weight.float()

@@ -36,9 +36,12 @@ def operands(rows, out_features, in_features, seed=0):
 
 
 # rows: one stream, tails of 4/2/1, whole 8-row tiles and mixes; channels in groups of 3 blocks
-# of 16, with and without a short last group; SmolLM2's widths and small ones
+# of 16, with and without a short last group (of 2 blocks, of 1); SmolLM2's widths and small ones
+SHAPES = [(960, 576), (80, 1536), (48, 34), (64, 32)]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 17, 32, 40, 64])
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 34)])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_the_kernel_is_the_float32_matmul_rounded_once_to_bfloat16(
     gemm, rows, out_features, in_features
 ):
@@ -51,13 +54,38 @@ def test_the_kernel_is_the_float32_matmul_rounded_once_to_bfloat16(
     assert ((got.float() - exact).abs() <= step + 1e-5).all()
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 34)])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_a_rows_result_does_not_depend_on_the_rest_of_its_batch(gemm, out_features, in_features):
     x, w, bias = operands(64, out_features, in_features, seed=3)
     module = Bf16Linear(w, bias, gemm)
     together = module(x)
     for start, stop in ((0, 1), (5, 6), (8, 16), (13, 37), (16, 48), (63, 64)):
         assert torch.equal(module(x[start:stop]), together[start:stop])
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 64])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_a_weight_packed_in_either_order_gives_the_same_bits(
+    kernel, monkeypatch, rows, out_features, in_features
+):
+    # grouped where the calls run on AVX512-BF16, in blocks where they run on AMX tiles; a
+    # weight packed in blocks still runs on AVX512-BF16 when the tiles are switched off
+    x, w, bias = operands(rows, out_features, in_features, seed=5)
+    was = kernel.amx(0)
+    try:
+        grouped = Bf16Linear(w, bias, kernel)
+        monkeypatch.setattr(Bf16Linear, "_grouped", staticmethod(lambda gemm: False))
+        in_blocks = Bf16Linear(w, bias, kernel)
+    finally:
+        kernel.amx(was)
+    assert grouped.grouped and not in_blocks.grouped
+    assert not torch.equal(grouped.packed, in_blocks.packed)
+    kernel.amx(0)
+    try:
+        assert torch.equal(grouped(x), in_blocks(x))
+        assert torch.equal(grouped.weight(), w) and torch.equal(in_blocks.weight(), w)
+    finally:
+        kernel.amx(was)
 
 
 def test_amx_off_by_environment_keeps_the_avx512_path(kernel, monkeypatch):
@@ -73,7 +101,7 @@ def test_amx_off_by_environment_keeps_the_avx512_path(kernel, monkeypatch):
 def test_the_packed_weight_unpacks_to_the_weight_and_other_inputs_still_get_the_right_answer(
     gemm,
 ):
-    x, w, bias = operands(5, 96, 64)
+    x, w, bias = operands(5, 112, 64)  # two groups of 3 blocks and one of 1
     module = Bf16Linear(w, bias, gemm)
     assert torch.equal(module.weight(), w)
     as_float = module(x.float())  # float32 input: the torch fallback, in float32

@@ -1,8 +1,13 @@
 /* The bfloat16 projections' matmul on CPUs with AVX512-BF16: out = x . w^T (+ bias), with
  *
  *   x    [m, k] bfloat16, a step's activations
- *   w    [n, k] bfloat16, packed once at load as [n / 16][k / 2][16][2]: one 64-byte vector holds
- *        2 consecutive inputs of 16 output channels, the operand layout of vdpbf16ps
+ *   w    [n, k] bfloat16, packed once at load in blocks of 16 output channels, one 64-byte vector
+ *        holding 2 consecutive inputs of a block's 16 channels (the operand layout of vdpbf16ps),
+ *        in one of two orders (the `flags` argument says which):
+ *        - blocks:  [n / 16][k / 2][16][2], each block's k / 2 vectors in a row (AMX tiles' B);
+ *        - grouped (GROUPED): the blocks in groups of 3 (the last group 1-3), each group
+ *          [k / 2][blocks in it][16][2]: the vectors one step of a tile reads are adjacent, so a
+ *          tile reads one stream, not three. Groups start where they do in the other order.
  *   bias [n] float32 or NULL
  *   out  [m, n] bfloat16: the float32 sums (+ bias) rounded to nearest even; or float32, the
  *        sums as they are (an LM head's logits: no rounding, and no conversion pass after)
@@ -62,6 +67,14 @@ int bf16_gemm_amx(int64_t set) { return amx_switch(set, HAVE_AMX); }
 #define STREAM_F32 2
 #define STREAM_MIN_BYTES (2 << 20)
 
+/* `flags` bit: the weight is packed grouped (above). One row's GEMV streams the weights, and a
+ * tile's three blocks read as three streams 18 KB apart (SmolLM2, k = 576) ran slower than one:
+ * SmolLM2's 120 layer GEMVs and its head at one row, cold, 2 threads (a C harness, five rounds
+ * alternated, AMD EPYC without AMX, 2026-12-03): 6.65-7.80 ms in blocks against 6.21-7.44 ms
+ * grouped, the software prefetch as here in both. AMX tiles read the blocks order (a tile's B
+ * is 16 rows 64 bytes apart), so a grouped weight runs on AVX512-BF16 whatever the switch. */
+#define GROUPED 0x100
+
 /* NOTE: not inlined: inlined into the tile loops, its rounding constants were hoisted into
  * vector registers, and the 8x3 tile had to keep one of its accumulators on the stack. */
 static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR], const float *bias,
@@ -96,6 +109,7 @@ static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR], const float
 #define AHEAD 16
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t k,
                                                        const uint16_t *panel, int64_t k2n,
+                                                       const int64_t stride, const int64_t boff,
                                                        const uint16_t *next, const int cold,
                                                        const float *bias, void *out, int64_t n,
                                                        const int mr, const int nr,
@@ -106,13 +120,14 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
     for (int64_t k2 = 0; k2 < k2n; ++k2) {
         __m512bh b[NR];
         for (int j = 0; j < nr; ++j)
-            b[j] = (__m512bh)_mm512_loadu_si512(panel + (j * k2n + k2) * 32);
+            b[j] = (__m512bh)_mm512_loadu_si512(panel + j * boff + k2 * stride);
         if (cold && k2 + AHEAD < k2n)
             for (int j = 0; j < nr; ++j)
-                _mm_prefetch((const char *)(panel + (j * k2n + k2 + AHEAD) * 32), _MM_HINT_T0);
-        else if (next)
+                _mm_prefetch((const char *)(panel + j * boff + (k2 + AHEAD) * stride),
+                             _MM_HINT_T0);
+        else if (next) /* a full group, ordered as this one */
             for (int j = 0; j < nr; ++j)
-                _mm_prefetch((const char *)(next + (j * k2n + k2 + AHEAD - k2n) * 32),
+                _mm_prefetch((const char *)(next + j * boff + (k2 + AHEAD - k2n) * stride),
                              _MM_HINT_T0);
         for (int i = 0; i < mr; ++i) {
             int32_t pair;
@@ -140,20 +155,23 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
 
 static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
                                                            const uint16_t *panel, int64_t k2n,
+                                                           const int64_t stride,
+                                                           const int64_t boff,
                                                            const uint16_t *next,
                                                            const float *bias, void *out,
                                                            int64_t n, const int out_f32) {
     ZERO3(0) ZERO3(1) ZERO3(2) ZERO3(3) ZERO3(4) ZERO3(5) ZERO3(6) ZERO3(7)
-    const uint16_t *p0 = panel, *p1 = panel + k2n * 32, *p2 = panel + 2 * k2n * 32;
+    const uint16_t *p0 = panel, *p1 = panel + boff, *p2 = panel + 2 * boff;
     /* NOTE: no branch in the loop (with one, GCC spilled the accumulators on one path and the
      * tile ran ~20% slower): with nothing to fetch ahead, it prefetches its own lines. */
     if (!next) next = panel;
     for (int64_t k2 = 0; k2 < k2n; ++k2) {
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(p0 + k2 * 32);
-        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(p1 + k2 * 32);
-        const __m512bh b2 = (__m512bh)_mm512_loadu_si512(p2 + k2 * 32);
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(p0 + k2 * stride);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(p1 + k2 * stride);
+        const __m512bh b2 = (__m512bh)_mm512_loadu_si512(p2 + k2 * stride);
         const int32_t *xk = xi + k2 * 8;
-        /* the next group's weights, 3 lines a step, while these compute */
+        /* the next group's weights (one span in either order), 3 lines a step, while these
+         * compute */
         _mm_prefetch((const char *)(next + k2 * 96), _MM_HINT_T0);
         _mm_prefetch((const char *)(next + k2 * 96 + 32), _MM_HINT_T0);
         _mm_prefetch((const char *)(next + k2 * 96 + 64), _MM_HINT_T0);
@@ -165,7 +183,8 @@ static inline __attribute__((always_inline)) void tile_8x3(const int32_t *xi,
 }
 
 #define TILE(R, C)                                                                              \
-    tile(x + r0 * k, k, panel, k2n, r0 ? NULL : next, !r0, bias ? bias + 16 * blk : NULL,       \
+    tile(x + r0 * k, k, panel, k2n, stride, boff, r0 ? NULL : next, !r0,                        \
+         bias ? bias + 16 * blk : NULL,                                                         \
          (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, R, C, out_f32)
 
 #if HAVE_AMX
@@ -240,7 +259,8 @@ static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *pac
 #endif
 
 static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
-                const float *bias, int64_t n, void *out, const int float32_out) {
+                const float *bias, int64_t n, void *out, const int float32_out,
+                const int grouped) {
     const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + NR - 1) / NR;
     const int64_t full_rows = m / MR * MR;
     int owned = 0;
@@ -259,22 +279,23 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < full_rows / MR; ++t) interleave_tile(x, k * 2, MR, t, interleaved);
     for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
-        const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
-        /* A whole group of NR blocks at once; a short last group block by block. */
-        for (int64_t blk = first; blk < last; blk += (last - first == NR ? NR : 1)) {
-            const uint16_t *panel = packed + blk * k2n * 32;
-            const uint16_t *next =
-                !stolen && blk + 2 * NR <= blocks ? panel + NR * k2n * 32 : NULL;
-            int64_t r0 = 0;
-            if (last - first == NR) {
-                for (; r0 < full_rows; r0 += MR)
-                    tile_8x3(interleaved + r0 * k2n, panel, k2n, r0 ? NULL : next,
-                             bias ? bias + 16 * blk : NULL,
-                             (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, out_f32);
-                TILE_TAILS(NR)
-            } else {
-                TILE_TAILS(1)
-            }
+        /* a group of NR blocks (the last may have fewer), where it starts in either order; a
+         * step's vectors of its blocks are `stride` apart, and a block's from the next `boff` */
+        const int64_t blk = g * NR, nb = blk + NR <= blocks ? NR : blocks - blk;
+        const uint16_t *panel = packed + blk * k2n * 32;
+        const int64_t stride = grouped ? nb * 32 : 32, boff = grouped ? 32 : k2n * 32;
+        const uint16_t *next = !stolen && blk + 2 * NR <= blocks ? panel + NR * k2n * 32 : NULL;
+        int64_t r0 = 0;
+        if (nb == NR) {
+            for (; r0 < full_rows; r0 += MR)
+                tile_8x3(interleaved + r0 * k2n, panel, k2n, stride, boff, r0 ? NULL : next,
+                         bias ? bias + 16 * blk : NULL,
+                         (char *)out + (r0 * n + 16 * blk) * (out_f32 ? 4 : 2), n, out_f32);
+            TILE_TAILS(NR)
+        } else if (nb == 2) {
+            TILE_TAILS(2)
+        } else {
+            TILE_TAILS(1)
         }
     }
     if (out_f32 == STREAM_F32) _mm_sfence(); /* this thread's streamed stores, before the join */
@@ -284,16 +305,18 @@ static int gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
 }
 #endif
 
-/* Returns 0, or -1 (nothing written) where this build has no AVX512-BF16 or memory ran out;
+/* flags: 1 for float32 out (else bfloat16), | GROUPED for a weight packed grouped. Returns 0,
+ * or -1 (nothing written) where this build has no AVX512-BF16 or memory ran out;
  * k % 2 == 0, n % 16 == 0. */
 int bf16_gemm(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed, const float *bias,
-              int64_t n, void *out, int64_t out_f32) {
+              int64_t n, void *out, int64_t flags) {
 #if HAVE_BF16
+    const int float32_out = (int)(flags & 1), grouped = (flags & GROUPED) != 0;
 #if HAVE_AMX
-    if (k % 32 == 0 && bf16_gemm_amx(-1) == 1)
-        return gemm_amx(x, m, k, packed, bias, n, out, (int)out_f32);
+    if (!grouped && k % 32 == 0 && bf16_gemm_amx(-1) == 1)
+        return gemm_amx(x, m, k, packed, bias, n, out, float32_out);
 #endif
-    return gemm(x, m, k, packed, bias, n, out, (int)out_f32);
+    return gemm(x, m, k, packed, bias, n, out, float32_out, grouped);
 #else
     return -1;
 #endif

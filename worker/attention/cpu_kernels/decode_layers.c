@@ -58,10 +58,12 @@ struct dims {
     int64_t elem_bytes; /* the activations' and the KV cache's: 2 (bfloat16) or 4 (float32) */
 };
 
-/* One projection: bf16 or float32: weight (packed), bias or NULL; w8a8: weight (packed int8), the
- * channels' compensation (comp), their scales, the inputs' 1 / smoothing factor or NULL. */
+/* One projection: bf16 or float32: weight (packed), bias or NULL, the GEMM's flags (bf16_gemm.c:
+ * how the weight is packed); w8a8: weight (packed int8), the channels' compensation (comp), their
+ * scales, the inputs' 1 / smoothing factor or NULL. */
 struct proj {
     const void *weight, *bias_or_comp, *scales, *inv_smooth;
+    int64_t gemm_flags;
 };
 
 /* The model's ends: token ids [m] and positions [m] (int64, bounds checked here), the embedding
@@ -87,7 +89,7 @@ static inline int project(const struct kernels *kern, const struct dims *d,
     if (d->w8a8)
         return kern->w8a8_linear(x, p->inv_smooth, m, in, p->weight, p->bias_or_comp,
                                  out_features, p->scales, out);
-    return kern->gemm(x, m, in, p->weight, p->bias_or_comp, out_features, out, 0);
+    return kern->gemm(x, m, in, p->weight, p->bias_or_comp, out_features, out, p->gemm_flags);
 }
 
 /* out [m, hidden]: the final hidden states of the step's m tokens (every layer, then the final
