@@ -159,8 +159,9 @@ class Bf16Linear(nn.Module):
 
 
 class F32Linear(Bf16Linear):
-    """A float32 projection on f32_gemm.c: the weight packed as [out/16][in][16], a float32 bias
-    added to the sums; out float32."""
+    """A float32 projection on f32_gemm.c: the weight in blocks of 16 output channels, grouped 3
+    blocks at a time as [groups][in][blocks][16] (one stream per tile, as Bf16Linear's grouped
+    order), a float32 bias added to the sums; out float32."""
 
     dtype = torch.float32
     isa_name = "float32 GEMM kernel"
@@ -170,18 +171,24 @@ class F32Linear(Bf16Linear):
 
     @staticmethod
     def _grouped(gemm) -> bool:
-        return False  # f32_gemm.c has one order
+        return False  # f32_gemm.c has one order, and no flag for it
 
     def _pack(self, weight: Tensor) -> Tensor:
-        w = weight.float()
-        return w.reshape(self.out_features // 16, 16, self.in_features).transpose(1, 2).contiguous()
+        blocks = weight.float().reshape(self.out_features // 16, 16, self.in_features)
+        groups = [blocks[g : g + 3].permute(2, 0, 1).reshape(-1) for g in range(0, len(blocks), 3)]
+        return torch.cat(groups)  # each group [in][blocks][16]
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
         return weight.shape[0] % 16 == 0
 
     def weight(self) -> Tensor:  # [out, in] float32, unpacked
-        return self.packed.transpose(1, 2).reshape(self.out_features, self.in_features)
+        k, blocks, done, parts = self.in_features, self.out_features // 16, 0, []
+        for g in range(0, blocks, 3):
+            n = min(3, blocks - g) * k * 16
+            parts.append(self.packed[done : done + n].view(k, -1, 16).permute(1, 2, 0))
+            done += n
+        return torch.cat(parts).reshape(self.out_features, self.in_features)
 
 
 def _projections(model: LlamaModel) -> list[tuple[nn.Module, str]]:

@@ -37,9 +37,13 @@ def within_float32_sums(got, x, w, bias):
 
 
 # rows: one stream, tails of 4/2/1, whole 8-row tiles and mixes; channels in groups of 3 blocks
-# of 16, with and without a short last group; SmolLM2's widths, an odd k and small ones
+# of 16, with and without a short last group (of 2 blocks, of 1); SmolLM2's widths, an odd k and
+# small ones
+SHAPES = [(960, 576), (80, 1536), (48, 33), (64, 33)]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 7, 8, 13, 17, 32, 40, 64])
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 33)])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_the_kernel_is_the_float32_matmul(gemm, rows, out_features, in_features):
     x, w, bias = operands(rows, out_features, in_features)
     got = F32Linear(w, bias, gemm)(x)
@@ -56,7 +60,7 @@ def test_without_a_bias_and_over_two_megabytes_of_output(gemm):
     assert within_float32_sums(got, x, w, None)
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 1536), (48, 33)])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_a_rows_result_does_not_depend_on_the_rest_of_its_batch(gemm, out_features, in_features):
     x, w, bias = operands(64, out_features, in_features, seed=3)
     module = F32Linear(w, bias, gemm)
@@ -68,7 +72,7 @@ def test_a_rows_result_does_not_depend_on_the_rest_of_its_batch(gemm, out_featur
 def test_the_packed_weight_unpacks_to_the_weight_and_other_inputs_still_get_the_right_answer(
     gemm,
 ):
-    x, w, bias = operands(5, 96, 64)
+    x, w, bias = operands(5, 112, 64)  # two groups of 3 blocks and one of 1
     module = F32Linear(w, bias, gemm)
     assert torch.equal(module.weight(), w)
     as_double = module(x.double())  # not what the model sends: the torch fallback

@@ -1,8 +1,10 @@
 /* The float32 projections' matmul on CPUs with AVX-512: out = x . w^T (+ bias), with
  *
  *   x    [m, k] float32, a step's activations
- *   w    [n, k] float32, packed once at load as [n / 16][k][16]: one 64-byte vector holds one
- *        input of 16 output channels
+ *   w    [n, k] float32, packed once at load in blocks of 16 output channels, one 64-byte vector
+ *        holding one input of a block's 16 channels, grouped as bf16_gemm.c's: each group of 3
+ *        blocks (the last 1-3) is [k][blocks in it][16], so a step of a tile reads adjacent
+ *        vectors (one stream of the memory, which a one-row GEMV is bound by)
  *   bias [n] float32 or NULL
  *   out  [m, n] float32
  *
@@ -60,7 +62,8 @@ static __attribute__((noinline)) void store_tile(__m512 acc[MR][NR], const float
  * stream's 14.8 -> 14.3). */
 #define AHEAD 16
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t k,
-                                                       const float *panel, const float *next,
+                                                       const float *panel, const int64_t stride,
+                                                       const float *next,
                                                        const int cold, const float *bias,
                                                        float *out, int64_t n, const int mr,
                                                        const int nr, const int stream) {
@@ -69,13 +72,15 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t k
         for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; ++kk) {
         __m512 b[NR];
-        for (int j = 0; j < nr; ++j) b[j] = _mm512_loadu_ps(panel + (j * k + kk) * 16);
+        for (int j = 0; j < nr; ++j) b[j] = _mm512_loadu_ps(panel + kk * stride + j * 16);
         if (cold && kk + AHEAD < k)
             for (int j = 0; j < nr; ++j)
-                _mm_prefetch((const char *)(panel + (j * k + kk + AHEAD) * 16), _MM_HINT_T0);
-        else if (next)
+                _mm_prefetch((const char *)(panel + (kk + AHEAD) * stride + j * 16),
+                             _MM_HINT_T0);
+        else if (next) /* a full group, as this one */
             for (int j = 0; j < nr; ++j)
-                _mm_prefetch((const char *)(next + (j * k + kk + AHEAD - k) * 16), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + (kk + AHEAD - k) * stride + j * 16),
+                             _MM_HINT_T0);
         for (int i = 0; i < mr; ++i) {
             const __m512 xv = _mm512_set1_ps(x[i * k + kk]);
             for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_fmadd_ps(xv, b[j], acc[i][j]);
@@ -103,14 +108,14 @@ static inline __attribute__((always_inline)) void tile_8x3(const float *x, int64
                                                            float *out, int64_t n,
                                                            const int stream) {
     ZERO3(0) ZERO3(1) ZERO3(2) ZERO3(3) ZERO3(4) ZERO3(5) ZERO3(6) ZERO3(7)
-    const float *p0 = panel, *p1 = panel + k * 16, *p2 = panel + 2 * k * 16;
+    const float *p0 = panel, *p1 = panel + 16, *p2 = panel + 32; /* a full group: 48 a step */
     /* NOTE: no branch in the loop (bf16_gemm.c): with nothing to fetch ahead, it prefetches
      * its own lines. */
     if (!next) next = panel;
     for (int64_t kk = 0; kk < k; ++kk) {
-        const __m512 b0 = _mm512_loadu_ps(p0 + kk * 16);
-        const __m512 b1 = _mm512_loadu_ps(p1 + kk * 16);
-        const __m512 b2 = _mm512_loadu_ps(p2 + kk * 16);
+        const __m512 b0 = _mm512_loadu_ps(p0 + kk * 48);
+        const __m512 b1 = _mm512_loadu_ps(p1 + kk * 48);
+        const __m512 b2 = _mm512_loadu_ps(p2 + kk * 48);
         _mm_prefetch((const char *)(next + kk * 48), _MM_HINT_T0);
         _mm_prefetch((const char *)(next + kk * 48 + 16), _MM_HINT_T0);
         _mm_prefetch((const char *)(next + kk * 48 + 32), _MM_HINT_T0);
@@ -122,7 +127,7 @@ static inline __attribute__((always_inline)) void tile_8x3(const float *x, int64
 }
 
 #define TILE(R, C)                                                                              \
-    tile(x + r0 * k, k, panel, r0 ? NULL : next, !r0, bias ? bias + 16 * blk : NULL,            \
+    tile(x + r0 * k, k, panel, stride, r0 ? NULL : next, !r0, bias ? bias + 16 * blk : NULL,    \
          out + r0 * n + 16 * blk, n, R, C, stream)
 
 static void gemm(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,
@@ -136,20 +141,21 @@ static void gemm(const float *x, int64_t m, int64_t k, const float *packed, cons
     share_init(shares, groups);
 #pragma omp barrier
     for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
-        const int64_t first = g * NR, last = first + NR < blocks ? first + NR : blocks;
-        /* A whole group of NR blocks at once; a short last group block by block. */
-        for (int64_t blk = first; blk < last; blk += (last - first == NR ? NR : 1)) {
-            const float *panel = packed + blk * k * 16;
-            const float *next = !stolen && blk + 2 * NR <= blocks ? panel + NR * k * 16 : NULL;
-            int64_t r0 = 0;
-            if (last - first == NR) {
-                for (; r0 < full_rows; r0 += MR)
-                    tile_8x3(x + r0 * k, k, panel, r0 ? NULL : next,
-                             bias ? bias + 16 * blk : NULL, out + r0 * n + 16 * blk, n, stream);
-                TILE_TAILS(NR)
-            } else {
-                TILE_TAILS(1)
-            }
+        /* a group of NR blocks (the last may have fewer), its step's vectors `stride` apart */
+        const int64_t blk = g * NR, nb = blk + NR <= blocks ? NR : blocks - blk;
+        const float *panel = packed + blk * k * 16;
+        const int64_t stride = nb * 16;
+        const float *next = !stolen && blk + 2 * NR <= blocks ? panel + NR * k * 16 : NULL;
+        int64_t r0 = 0;
+        if (nb == NR) {
+            for (; r0 < full_rows; r0 += MR)
+                tile_8x3(x + r0 * k, k, panel, r0 ? NULL : next, bias ? bias + 16 * blk : NULL,
+                         out + r0 * n + 16 * blk, n, stream);
+            TILE_TAILS(NR)
+        } else if (nb == 2) {
+            TILE_TAILS(2)
+        } else {
+            TILE_TAILS(1)
         }
     }
     if (stream) _mm_sfence(); /* this thread's streamed stores, before the join */
