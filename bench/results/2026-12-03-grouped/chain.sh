@@ -1,5 +1,5 @@
 #!/bin/bash
-# The engine bench (issue 13 parts 2 and 4) after the grouped bf16 packing (374fd2e): three runs
+# The engine bench (issue 13 parts 2 and 4) after the grouped bf16 and float32 packing (374fd2e, and the float32 one after it): three runs
 # back to back, nothing else running.
 cd /work/main
 R=bench/results/2026-12-03-grouped
