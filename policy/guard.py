@@ -56,6 +56,9 @@ class RealizedCache:
     # realized as a mask; every layer still keeps K/V blocks for the whole sequence.
     sliding_window: int = 0
     num_windowed_layers: int = 0
+    # Tokens per streamed message after a request's first (the worker's `streamInterval`; 0: a
+    # worker that does not report it).
+    stream_interval: int = 0
 
     def describe_window(self) -> str:
         """How the model's sliding window is realized, in words ("" when it has none)."""

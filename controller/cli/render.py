@@ -76,6 +76,9 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
             f", sliding window {realized['sliding_window']} tokens on "
             f"{realized['num_windowed_layers']} layers (masked)"
         )
+    if realized.get("stream_interval"):
+        n = realized["stream_interval"]
+        text += f", {n} token{'s' * (n > 1)} per message"
     return text
 
 

@@ -235,6 +235,7 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         weight_bytes=realized.weight_bytes,
         sliding_window=realized.sliding_window,
         num_windowed_layers=realized.num_windowed_layers,
+        stream_interval=realized.stream_interval,
     )
 
 
@@ -262,6 +263,7 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         weight_bytes=msg.weight_bytes,
         sliding_window=msg.sliding_window,
         num_windowed_layers=msg.num_windowed_layers,
+        stream_interval=msg.stream_interval,
     )
 
 

@@ -11,9 +11,12 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.cli.client import to_data
+from intentserve.controller.cli.render import describe_realized
 from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
 from intentserve.controller.service.state import WorkerState
+from intentserve.convert import realized_to_pb
 from intentserve.worker.runtime import lifecycle
 from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
 from intentserve.worker.runtime.spec import WorkerSpec
@@ -104,6 +107,10 @@ def test_the_worker_streams_tokens_n_at_a_time_through_the_controller(
         client.channel.close()
     assert [len(c.token_ids) for c in chunks] == [1, 4, 4, 1]
     assert chunks[-1].num_output_tokens == 10
+    # what the worker serves with is in its report, and `intentserve status` says it
+    realized = worker_record(server).realized
+    assert realized.stream_interval == 4
+    assert "4 tokens per message" in describe_realized(to_data(realized_to_pb(realized)))
 
 
 @pytest.mark.integration

@@ -41,6 +41,7 @@ realized = st.builds(
     weight_bytes=st.integers(0, 1 << 40),
     sliding_window=st.integers(0, 1 << 20),
     num_windowed_layers=st.integers(0, 256),
+    stream_interval=st.integers(0, 1 << 16),
 )
 
 

@@ -39,6 +39,8 @@ class RealizedReport:
         ]
         if c.sliding_window:
             lines.append(c.describe_window())
+        if c.stream_interval:
+            lines.append(f"streamed {c.stream_interval} token(s) per message after the first")
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")
         if self.matmuls:

@@ -11,6 +11,7 @@ with the reason (and the controller knows it); one that cannot even register end
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -26,6 +27,7 @@ from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.builder import build_engine
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.kv_setup import KvBudgetTooLargeError
+from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.model.facts import read_model_facts
 from intentserve.worker.model.registry import load_model
 from intentserve.worker.runtime.heap import settle_heap
@@ -191,7 +193,7 @@ class WorkerRuntime:
                 if registration is None:
                     return
             try:
-                problem = self._client.report_realized(engine.realized)
+                problem = self._client.report_realized(self._report(engine))
             except NotRegistered as error:
                 log.info("worker %s: %s; registering again", self.spec.worker_id, error)
                 self._register_again.set()
@@ -207,9 +209,18 @@ class WorkerRuntime:
                 log.error("worker %s not verified: %s", self.spec.worker_id, problem)
                 self._set(Phase.REJECTED, str(problem))
                 return
-            log.info("worker %s verified:\n%s", self.spec.worker_id, engine.realized.describe())
+            log.info(
+                "worker %s verified:\n%s", self.spec.worker_id, self._report(engine).describe()
+            )
             self._set(Phase.SERVING, engine.realized.describe().splitlines()[1])
             self._register_again.wait()
+
+    def _report(self, engine: Engine) -> RealizedReport:
+        """The engine's report with what this worker serves it with (tokens per message)."""
+        cache = dataclasses.replace(
+            engine.realized.cache, stream_interval=self.spec.stream_interval
+        )
+        return dataclasses.replace(engine.realized, cache=cache)
 
     def _probe(self) -> Capability:
         return probe_capability(
