@@ -60,6 +60,11 @@ class RealizedCache:
     # worker that does not report it).
     stream_interval: int = 0
 
+    def describe_stream(self) -> str:
+        """Tokens per streamed message, in words ("" when not reported)."""
+        n = self.stream_interval
+        return f"{n} token{'s' * (n > 1)} per streamed message" if n else ""
+
     def describe_window(self) -> str:
         """How the model's sliding window is realized, in words ("" when it has none)."""
         if not self.sliding_window:

@@ -93,8 +93,7 @@ def describe_realized(realized: RealizedCache | None) -> str:
     if realized.sliding_window:
         parts.append(realized.describe_window())
     if realized.stream_interval:
-        n = realized.stream_interval
-        parts.append(f"{n} token{'s' * (n > 1)} per streamed message")
+        parts.append(realized.describe_stream())
     text = ", ".join(parts)
     if realized.fallback_reasons:
         text += "; fallbacks: " + "; ".join(str(r) for r in realized.fallback_reasons)

@@ -40,7 +40,7 @@ class RealizedReport:
         if c.sliding_window:
             lines.append(c.describe_window())
         if c.stream_interval:
-            lines.append(f"streamed {c.stream_interval} token(s) per message after the first")
+            lines.append(c.describe_stream())
         if self.decode_attention:
             lines.append(f"decode attention: {self.decode_attention}")
         if self.matmuls:

@@ -19,6 +19,7 @@ plain weight. CUDA keeps plain `nn.Linear`.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,28 @@ class PackedLinear(nn.Module):
 
 # bf16_gemm.c's flags: the weight is packed grouped (below)
 GEMM_GROUPED = 0x100
+GROUP_BLOCKS = 3  # blocks of 16 channels in a group: the kernels' tiles are 48 channels wide
+
+
+def _group_blocks(blocks: Tensor) -> Tensor:
+    """[blocks, 16, steps, *vector] -> the grouped order, flat: each group of GROUP_BLOCKS blocks
+    (the last may have fewer) as [steps][blocks in it][16][*vector], groups one after another."""
+    order = (2, 0, 1, *range(3, blocks.dim()))
+    groups = range(0, len(blocks), GROUP_BLOCKS)
+    return torch.cat([blocks[g : g + GROUP_BLOCKS].permute(order).reshape(-1) for g in groups])
+
+
+def _ungroup_blocks(packed: Tensor, num_blocks: int, step_shape: tuple[int, ...]) -> Tensor:
+    """The inverse of `_group_blocks`: -> [blocks, 16, *step_shape] (steps, then the vector)."""
+    per_block = 16 * math.prod(step_shape)
+    order = (1, 2, 0, *range(3, len(step_shape) + 2))
+    parts, done = [], 0
+    for g in range(0, num_blocks, GROUP_BLOCKS):
+        n = min(GROUP_BLOCKS, num_blocks - g) * per_block
+        group = packed[done : done + n].view(step_shape[0], -1, 16, *step_shape[1:])
+        parts.append(group.permute(order))
+        done += n
+    return torch.cat(parts)
 
 
 class Bf16Linear(nn.Module):
@@ -112,22 +135,12 @@ class Bf16Linear(nn.Module):
         blocks = w.reshape(self.out_features // 16, 16, self.in_features // 2, 2)
         if not self.grouped:
             return blocks.permute(0, 2, 1, 3).contiguous()
-        groups = [
-            blocks[g : g + 3].permute(2, 0, 1, 3).reshape(-1)  # [in/2][blocks][16][2]
-            for g in range(0, blocks.shape[0], 3)
-        ]
-        return torch.cat(groups)
+        return _group_blocks(blocks)
 
     def _unpack(self) -> Tensor:  # -> [out/16, 16, in/2, 2]
         if not self.grouped:
             return self.packed.permute(0, 2, 1, 3)
-        k2n, blocks, done, parts = self.in_features // 2, self.out_features // 16, 0, []
-        for g in range(0, blocks, 3):
-            n = min(3, blocks - g) * k2n * 32
-            group = self.packed[done : done + n].view(k2n, -1, 16, 2)
-            parts.append(group.permute(1, 2, 0, 3))
-            done += n
-        return torch.cat(parts)
+        return _ungroup_blocks(self.packed, self.out_features // 16, (self.in_features // 2, 2))
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
@@ -174,21 +187,15 @@ class F32Linear(Bf16Linear):
         return False  # f32_gemm.c has one order, and no flag for it
 
     def _pack(self, weight: Tensor) -> Tensor:
-        blocks = weight.float().reshape(self.out_features // 16, 16, self.in_features)
-        groups = [blocks[g : g + 3].permute(2, 0, 1).reshape(-1) for g in range(0, len(blocks), 3)]
-        return torch.cat(groups)  # each group [in][blocks][16]
+        return _group_blocks(weight.float().reshape(self.out_features // 16, 16, self.in_features))
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
         return weight.shape[0] % 16 == 0
 
     def weight(self) -> Tensor:  # [out, in] float32, unpacked
-        k, blocks, done, parts = self.in_features, self.out_features // 16, 0, []
-        for g in range(0, blocks, 3):
-            n = min(3, blocks - g) * k * 16
-            parts.append(self.packed[done : done + n].view(k, -1, 16).permute(1, 2, 0))
-            done += n
-        return torch.cat(parts).reshape(self.out_features, self.in_features)
+        blocks = _ungroup_blocks(self.packed, self.out_features // 16, (self.in_features,))
+        return blocks.reshape(self.out_features, self.in_features)
 
 
 def _projections(model: LlamaModel) -> list[tuple[nn.Module, str]]:

@@ -192,8 +192,9 @@ class WorkerRuntime:
                 registration = self._reregister(registration, capability)
                 if registration is None:
                     return
+            report = self._report(engine)
             try:
-                problem = self._client.report_realized(self._report(engine))
+                problem = self._client.report_realized(report)
             except NotRegistered as error:
                 log.info("worker %s: %s; registering again", self.spec.worker_id, error)
                 self._register_again.set()
@@ -209,10 +210,8 @@ class WorkerRuntime:
                 log.error("worker %s not verified: %s", self.spec.worker_id, problem)
                 self._set(Phase.REJECTED, str(problem))
                 return
-            log.info(
-                "worker %s verified:\n%s", self.spec.worker_id, self._report(engine).describe()
-            )
-            self._set(Phase.SERVING, engine.realized.describe().splitlines()[1])
+            log.info("worker %s verified:\n%s", self.spec.worker_id, report.describe())
+            self._set(Phase.SERVING, report.describe().splitlines()[1])
             self._register_again.wait()
 
     def _report(self, engine: Engine) -> RealizedReport:
