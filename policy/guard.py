@@ -76,6 +76,40 @@ class RealizedCache:
 
 
 @dataclass(frozen=True)
+class SchedulerIntent:
+    """The scheduler settings of the manifest a worker must report realized as written; None:
+    not the controller's to check (a controller run on its own, workers started elsewhere; or
+    `maxModelLen` not written, so the model's own, capped, is the worker's choice)."""
+
+    stream_interval: int | None = None
+    max_model_len: int | None = None
+
+    def describe(self) -> str:
+        """The settings checked, as the manifest names them ("" when none is)."""
+        named = (("streamInterval", self.stream_interval), ("maxModelLen", self.max_model_len))
+        return ", ".join(f"{name} {value}" for name, value in named if value is not None)
+
+
+def check_scheduler(intent: SchedulerIntent, realized: RealizedCache) -> Reason | None:
+    """The violation, if the worker serves with other scheduler settings than the manifest's."""
+    wanted, got = intent.stream_interval, realized.stream_interval
+    if wanted is not None and got != wanted:
+        serves = f"sends {realized.describe_stream()}" if got else "does not report one"
+        return Reason(
+            ReasonCode.SCHEDULER_SETTING_MISMATCH,
+            f"spec.scheduler.streamInterval is {wanted}, but the worker {serves}",
+        )
+    wanted, got = intent.max_model_len, realized.max_model_len
+    if wanted is not None and got != wanted:
+        return Reason(
+            ReasonCode.SCHEDULER_SETTING_MISMATCH,
+            f"spec.scheduler.maxModelLen is {wanted}, but the worker serves sequences of up to "
+            f"{got} tokens",
+        )
+    return None
+
+
+@dataclass(frozen=True)
 class SchedulerChoice:
     kind: SchedulerKind
     reason: Reason | None = None  # why the default scheduler runs, when it does

@@ -37,6 +37,7 @@ class ReasonCode(enum.Enum):
     SCHEDULER_MISMATCH = "scheduler_mismatch"
     FALLBACK_WITHOUT_REASON = "fallback_without_reason"
     WEIGHT_FORMAT_MISMATCH = "weight_format_mismatch"
+    SCHEDULER_SETTING_MISMATCH = "scheduler_setting_mismatch"
     # A realized report that cannot be true against the worker's capability and the budget.
     REALIZED_REPORT_IMPLAUSIBLE = "realized_report_implausible"
     # Deployment readiness.

@@ -37,6 +37,7 @@ from intentserve.policy import (
     KvCacheDtype,
     Mode,
     PagedAttentionConfig,
+    SchedulerIntent,
     WeightFormat,
     paged_attention_intent,
 )
@@ -344,6 +345,10 @@ class Manifest(BaseSettings):
             min_ready=s.min_ready or s.replicas,
             model=s.model.name,
             weights=s.model.weights,
+            scheduler=SchedulerIntent(
+                stream_interval=s.scheduler.stream_interval,
+                max_model_len=s.scheduler.max_model_len,
+            ),
         )
         return ControllerConfig(
             desired=desired,

@@ -28,6 +28,7 @@ from intentserve.policy import (
     Verdict,
     WorkerReport,
     check_plausible,
+    check_scheduler,
     check_weight_format,
     readiness,
     resolve,
@@ -77,6 +78,7 @@ class Deployment:
             problem = (
                 verify_report(self.desired.policy, realized)
                 or _check_weights(current.resolution, realized)
+                or check_scheduler(self.desired.scheduler, realized)
                 or check_plausible(realized, current.capability, self.desired.kv_budget)
             )
         self.registry.realized(worker_id, realized, problem, self._clock())

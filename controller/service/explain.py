@@ -11,11 +11,16 @@ from intentserve.policy import Capability, PagedAttentionConfig, RealizedCache, 
 
 def explain(desired: DesiredState, record: WorkerRecord, verdict: Verdict) -> list[str]:
     """One sentence per link of the chain, in order, then the deployment's verdict."""
+    intent = [
+        describe_intent(desired.policy),
+        f"kv budget {desired.kv_budget.describe()}",
+        f"weights '{desired.weights.value}'",
+    ]
+    if scheduler := desired.scheduler.describe():
+        intent.append(f"scheduler {scheduler} (each worker must report them)")
+    devices = ", ".join(sorted(d.value for d in desired.auto_devices)) or "no device"
     return [
-        f"intent: {describe_intent(desired.policy)}; kv budget {desired.kv_budget.describe()}; "
-        f"weights '{desired.weights.value}'; "
-        "'auto' enables it on "
-        f"{', '.join(sorted(d.value for d in desired.auto_devices)) or 'no device'}",
+        f"intent: {'; '.join(intent)}; 'auto' enables it on {devices}",
         f"capability: {_capability(record.capability)}",
         *_decisions(record.resolution),
         f"realized: {describe_realized(record.realized)}",

@@ -9,7 +9,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from intentserve.policy import DeviceKind, KvBudget, PagedAttentionConfig, WeightFormat
+from intentserve.policy import (
+    DeviceKind,
+    KvBudget,
+    PagedAttentionConfig,
+    SchedulerIntent,
+    WeightFormat,
+)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -31,6 +37,9 @@ class DesiredState:
     min_ready: int  # verified replicas needed before the deployment is ready
     model: str = DEFAULT_MODEL  # as the manifest names it: the id clients ask for over HTTP
     weights: WeightFormat = WeightFormat.AUTO  # how each worker holds the projection weights
+    # The scheduler settings each worker must report as written (from the manifest; a controller
+    # run on its own checks none)
+    scheduler: SchedulerIntent = SchedulerIntent()
 
     @property
     def worker_ids(self) -> tuple[str, ...]:

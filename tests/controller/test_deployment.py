@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.errors import UnknownWorker, WrongState
+from intentserve.controller.service.explain import explain
 from intentserve.controller.service.registry import WorkerLoad
 from intentserve.controller.service.state import (
     DeploymentState,
@@ -17,6 +18,7 @@ from intentserve.policy import (
     KvBudget,
     Reason,
     ReasonCode,
+    SchedulerIntent,
     WeightFormat,
     WeightFormatStatus,
     examples,
@@ -286,3 +288,63 @@ def test_a_worker_holding_another_weight_format_than_resolved_is_not_counted_rea
     resolution = deployment.register("w0", "w0:1", QUANTIZED_CPU)
     assert deployment.report_realized("w0", realized_for(None, resolution), None) is None
     assert state_of(deployment) is WorkerState.READY
+
+
+def make_scheduler(**intent):
+    deployment, _, _ = make("auto")
+    deployment.desired = replace(deployment.desired, scheduler=SchedulerIntent(**intent))
+    return deployment
+
+
+def test_a_worker_streaming_at_another_interval_than_the_manifest_is_not_counted_ready():
+    deployment = make_scheduler(stream_interval=4)
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
+    honest = replace(realized_for(None, resolution), stream_interval=4)
+    for reported, says in ((1, "sends 1 token per streamed message"), (0, "does not report one")):
+        problem = deployment.report_realized("w0", replace(honest, stream_interval=reported), None)
+        assert problem.code is ReasonCode.SCHEDULER_SETTING_MISMATCH
+        assert "spec.scheduler.streamInterval is 4" in problem.message and says in problem.message
+        assert state_of(deployment) is WorkerState.REJECTED
+        assert deployment_state(deployment.verdict()) is not DeploymentState.READY
+        deployment.register("w0", "w0:1", examples.cpu())  # it registers again
+    assert deployment.report_realized("w0", honest, None) is None
+    assert state_of(deployment) is WorkerState.READY
+
+
+def test_a_worker_serving_another_max_model_len_than_the_manifest_is_not_counted_ready():
+    deployment = make_scheduler(max_model_len=1024)
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
+    honest = replace(realized_for(None, resolution), max_model_len=1024)
+    problem = deployment.report_realized("w0", replace(honest, max_model_len=2048), None)
+    assert problem.code is ReasonCode.SCHEDULER_SETTING_MISMATCH
+    assert "spec.scheduler.maxModelLen is 1024" in problem.message
+    assert "2048" in problem.message
+    deployment.register("w0", "w0:1", examples.cpu())
+    assert deployment.report_realized("w0", honest, None) is None
+
+
+def test_scheduler_settings_the_controller_was_not_given_are_not_checked():
+    # A controller run on its own (workers started elsewhere) knows no scheduler settings.
+    deployment, _, _ = make("auto")
+    assert deployment.desired.scheduler == SchedulerIntent()
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
+    realized = replace(realized_for(None, resolution), stream_interval=7, max_model_len=99)
+    assert deployment.report_realized("w0", realized, None) is None
+
+
+def test_explain_names_the_scheduler_settings_each_worker_must_report():
+    deployment = make_scheduler(stream_interval=4, max_model_len=1024)
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
+    realized = replace(realized_for(None, resolution), stream_interval=4, max_model_len=1024)
+    assert deployment.report_realized("w0", realized, None) is None
+    lines = explain(deployment.desired, deployment.registry.get("w0"), deployment.verdict())
+    assert (
+        "; scheduler streamInterval 4, maxModelLen 1024 (each worker must report them);"
+        in (lines[0])
+    )
+    assert "4 tokens per streamed message" in next(x for x in lines if x.startswith("realized"))
+    unchecked = make("auto")[0].desired
+    assert (
+        "scheduler"
+        not in explain(unchecked, deployment.registry.get("w0"), deployment.verdict())[0]
+    )

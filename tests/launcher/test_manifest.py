@@ -13,7 +13,14 @@ from intentserve.controller.launch.manifest import (
     ManifestError,
     load_manifest,
 )
-from intentserve.policy import DeviceKind, KvBudget, Mode, PagedAttentionConfig, WeightFormat
+from intentserve.policy import (
+    DeviceKind,
+    KvBudget,
+    Mode,
+    PagedAttentionConfig,
+    SchedulerIntent,
+    WeightFormat,
+)
 from intentserve.worker.model.dtype import ALLOWED_DTYPES
 from intentserve.worker.runtime.spec import WorkerSpec
 
@@ -251,6 +258,16 @@ def test_the_stream_interval_reaches_the_worker_and_defaults_to_every_token(tmp_
     path = manifest_file(tmp_path, MINIMAL + "spec: {scheduler: {streamInterval: 4}}\n")
     config = load_manifest(path).worker_config("w", "127.0.0.1:1", "127.0.0.1")
     assert WorkerSpec.from_dict(config).stream_interval == 4
+
+
+def test_the_scheduler_settings_a_worker_must_report_travel_to_the_desired_state(tmp_path):
+    default = load_manifest("deploy/local.yaml").controller_config().desired
+    # deploy/local.yaml sets maxModelLen 2048 and leaves streamInterval at its default, 1
+    assert default.scheduler == SchedulerIntent(stream_interval=1, max_model_len=2048)
+    path = manifest_file(tmp_path, MINIMAL + "spec: {scheduler: {streamInterval: 4}}\n")
+    desired = load_manifest(path).controller_config().desired
+    # maxModelLen not written: the model's own (capped) is the worker's to choose
+    assert desired.scheduler == SchedulerIntent(stream_interval=4, max_model_len=None)
 
 
 def test_the_model_dtypes_mirror_the_workers():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -17,6 +18,7 @@ from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
 from intentserve.controller.service.state import WorkerState
 from intentserve.convert import realized_to_pb
+from intentserve.policy import ReasonCode, SchedulerIntent
 from intentserve.worker.runtime import lifecycle
 from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
 from intentserve.worker.runtime.spec import WorkerSpec
@@ -38,9 +40,13 @@ def tiny_model(tmp_path_factory) -> str:
 def controller():
     servers: list[ControllerServer] = []
 
-    def start(**overrides) -> ControllerServer:
-        settings = {**FAST, "kv_cache_bytes": KV_BYTES, **overrides}
-        servers.append(ControllerServer(ControllerSettings(**settings).config()).start())
+    def start(scheduler: SchedulerIntent | None = None, **overrides) -> ControllerServer:
+        """`scheduler`: the settings a manifest would have the controller check (a controller
+        run from its settings alone checks none)."""
+        config = ControllerSettings(**{**FAST, "kv_cache_bytes": KV_BYTES, **overrides}).config()
+        if scheduler is not None:
+            config = replace(config, desired=replace(config.desired, scheduler=scheduler))
+        servers.append(ControllerServer(config).start())
         return servers[-1]
 
     yield start
@@ -111,6 +117,30 @@ def test_the_worker_streams_tokens_n_at_a_time_through_the_controller(
     realized = worker_record(server).realized
     assert realized.stream_interval == 4
     assert "4 tokens per message" in describe_realized(to_data(realized_to_pb(realized)))
+
+
+@pytest.mark.integration
+def test_a_worker_streaming_at_another_interval_than_asked_is_rejected_not_ready(
+    controller, runtime, tiny_model
+):
+    server = controller(SchedulerIntent(stream_interval=2), paged_attention="on")
+    rt = runtime(server, tiny_model, stream_interval=4)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.REJECTED
+    record = worker_record(server)
+    assert record.state is WorkerState.REJECTED
+    assert record.problem.code is ReasonCode.SCHEDULER_SETTING_MISMATCH
+    assert record.problem.message == (
+        "spec.scheduler.streamInterval is 2, but the worker sends 4 tokens per streamed message"
+    )
+    assert not server.deployment.verdict().ready
+
+
+@pytest.mark.integration
+def test_a_worker_serving_the_settings_asked_for_is_ready(controller, runtime, tiny_model):
+    server = controller(SchedulerIntent(stream_interval=4, max_model_len=64), paged_attention="on")
+    rt = runtime(server, tiny_model, stream_interval=4, max_model_len=64)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    assert server.wait_until_settled(5).ready
 
 
 @pytest.mark.integration
