@@ -3,6 +3,7 @@ cannot be had (no compiler, a compiler error, turned off), never a crash."""
 
 import platform
 import shutil
+import time
 
 import pytest
 from intentserve.worker.attention import cpu_kernels
@@ -129,6 +130,42 @@ def test_the_cache_report_says_what_is_not_built(fresh_cache, capsys):
     out = capsys.readouterr().out
     assert f"cache {fresh_cache}, -march=native" in out
     assert "paged_decode: not built (run with --build)" in out
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")
+@pytest.mark.integration
+def test_build_ahead_compiles_the_missing_kernels_side_by_side(fresh_cache, monkeypatch, capsys):
+    """`--jobs 2`: the compilers of two kernels run at once (what `intentserve up` does while Ray
+    starts), each into the cache as `build` alone would, then each is loaded."""
+    running, most = [], []
+    real_run = cpu_kernels.subprocess.run
+
+    def counting_run(*args, **kwargs):
+        running.append(1)
+        most.append(len(running))
+        time.sleep(0.2)  # so that two compilers overlap however fast the first one is
+        try:
+            return real_run(*args, **kwargs)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", counting_run)
+    assert kernels_main(["--build", "--jobs", "2"]) == 0
+    built = sorted(p.name.rsplit("-", 1)[0] for p in fresh_cache.glob("*.so"))
+    assert built == sorted(cpu_kernels.KERNEL_NAMES)
+    assert len(most) == len(cpu_kernels.KERNEL_NAMES) and max(most) == 2
+    out = capsys.readouterr().out
+    assert all(f"{name}: {fresh_cache}" in out for name in cpu_kernels.KERNEL_NAMES)
+    assert kernels_main(["--build", "--jobs", "2"]) == 0  # all cached: nothing compiles again
+    assert len(most) == len(cpu_kernels.KERNEL_NAMES)
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
+def test_jobs_must_be_a_positive_count(jobs, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        kernels_main(["--build", "--jobs", jobs])
+    assert exit_.value.code == 2
+    assert "--jobs" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (HAS_CC and X86_64), reason="needs a C compiler on an x86-64 host")

@@ -1,15 +1,19 @@
-"""`python -m intentserve.worker.attention.cpu_kernels [--build]`: the CPU kernels' cache.
+"""`python -m intentserve.worker.attention.cpu_kernels [--build [--jobs N]]`: the kernels' cache.
 
 Without `--build` it says, per kernel, whether this host would find it built; with `--build` it
-compiles what is missing and loads each kernel, as a worker would (an image runs this at build
-time, with INTENTSERVE_KERNEL_CACHE and INTENTSERVE_KERNEL_MARCH set as its workers see them).
-Exit 1 when a kernel cannot be had, with the reason.
+compiles what is missing, N compilers at a time, and loads each kernel, as a worker would (an image
+runs this at build time, with INTENTSERVE_KERNEL_CACHE and INTENTSERVE_KERNEL_MARCH set as its
+workers see them; `intentserve up` runs it while Ray starts). Exit 1 when a kernel cannot be had,
+with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from intentserve.worker.attention import cpu_kernels
 from intentserve.worker.attention.cpu_kernels import KERNEL_NAMES, KernelUnavailable
@@ -21,9 +25,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[1],
     )
     parser.add_argument("--build", action="store_true", help="compile and load every kernel")
+    parser.add_argument(
+        "--jobs",
+        type=_positive,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="with --build: compilers run at once (default: this host's CPUs)",
+    )
     args = parser.parse_args(argv)
     march = cpu_kernels._march()
-    print(f"cache {cpu_kernels._cache_dir()}, -march={march}")
+    print(f"cache {cpu_kernels._cache_dir()}, -march={march}", flush=True)
+    if args.build and args.jobs > 1:
+        # The compilers side by side first (each its own process; a failure is kept by the load
+        # below, which builds again and says why), then every kernel loaded, in order.
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(_try_build, KERNEL_NAMES))
     failed = 0
     for name in KERNEL_NAMES:
         try:
@@ -34,6 +50,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{name}: {path or 'not built (run with --build)'}")
     return 1 if failed else 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a whole number >= 1")
+    return value
+
+
+def _try_build(name: str) -> None:
+    with contextlib.suppress(KernelUnavailable):  # the load that follows says why
+        cpu_kernels.build(name)
 
 
 if __name__ == "__main__":
