@@ -27,7 +27,6 @@ from intentserve.controller.cli.client import to_data
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
-from intentserve.controller.launch.kernels import KernelBuild
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.controller.launch.ray_target import choose_ray_target
 from intentserve.controller.launch.security import (
@@ -41,7 +40,7 @@ from intentserve.controller.service.deployment import deployment_state
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.state import WorkerState
-from intentserve.policy import DeviceKind, Verdict
+from intentserve.policy import Verdict
 
 if TYPE_CHECKING:
     from intentserve.controller.launch.launcher import RayLauncher
@@ -215,20 +214,9 @@ def _up(
     prepared: DeploymentSecurity,
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
-    kernels = None
-    if launcher.embedded and r.device is DeviceKind.CPU:  # the workers run here, on the CPU
-        kernels = KernelBuild.start()
-        progress.say("cpu kernels: compiling any this host lacks while Ray starts")
-    try:
-        described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
-    except BaseException:
-        if kernels is not None:
-            kernels.stop()
-        raise
+    described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
     _install_signals(server, progress.signals)  # NOTE: ray.init installed its own SIGTERM one
     progress.say(f"ray: {described}, GCS at {launcher.gcs_address()}")
-    if kernels is not None:
-        progress.say(f"cpu kernels: {kernels.finish()}")
     security = manifest.spec.security
     if not launcher.embedded and security.insecure and not security.insecure_network:
         raise LaunchError(

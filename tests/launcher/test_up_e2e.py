@@ -86,10 +86,6 @@ def test_up_local_becomes_ready_and_serves_the_engines_greedy_text(local, refere
     assert status["state"] == "ready"
     assert [w["state"] for w in status["workers"]] == ["ready", "ready"]
     assert "] READY after" in local.stdout
-    # the workers' CPU kernels were compiled (or found) while Ray started, before the actors
-    kernels = local.stdout.index("] cpu kernels: ready for this host in ")
-    assert local.stdout.index("] ray: embedded Ray cluster") < kernels
-    assert kernels < local.stdout.index("] workers: 2 actors created")
     with ControllerClient(local.address) as client:
         assert client.health() == "serving"
     chunks = generate(local.address)

@@ -3,8 +3,7 @@
 Without `--build` it says, per kernel, whether this host would find it built; with `--build` it
 compiles what is missing, N compilers at a time, and loads each kernel, as a worker would (an image
 runs this at build time, with INTENTSERVE_KERNEL_CACHE and INTENTSERVE_KERNEL_MARCH set as its
-workers see them; `intentserve up` runs it while Ray starts). Exit 1 when a kernel cannot be had,
-with the reason.
+workers see them). Exit 1 when a kernel cannot be had, with the reason.
 """
 
 from __future__ import annotations
