@@ -21,9 +21,9 @@ of the controller and the worker (spin-waiting torch threads count as busy).
 
 What explains the gap (not a target): at 32 and more streams each repeat also runs the
 in-process engine beside a side load, a process that takes the CPU the served run's controller
-and client just took, in as many wake-ups (one each per streamed message: per token, or per
-`--stream-interval` tokens), doing nothing else; and beside the client's share alone (one
-wake-up per message). When the engine's rate beside the first is
+and client just took, in as many wake-ups as they take (`wakeups_per_token`: each hop's message
+per worker step, and with the thread-per-stream client each stream's delivery), doing nothing
+else; and beside the client's share alone. When the engine's rate beside the first is
 close to the served rate, the served path loses to the two cores being shared, not to its own
 code; the second bounds what any served path can reach here while its client shares the cores.
 With the default client each repeat also runs the in-process engine beside the bare two-hop
@@ -203,6 +203,17 @@ def side_load_run(
     return rate
 
 
+def wakeups_per_token(client: str, stream_interval: int, streams: int) -> tuple[float, float]:
+    """Wake-ups per served token of the client's process and of the controller's, with every
+    stream on one `GenerateMany` call: a worker step's outputs cross each hop in one message, so
+    the controller's loop wakes for one message in and one out a step (2 / streams a token) and
+    the client's reader once a step (1 / streams); with `client` "threads" each stream's caller
+    thread also wakes for each delivery of its tokens (1 / stream_interval a token)."""
+    per_step = 1 / streams
+    callers = 1 / stream_interval if client == "threads" else 0.0
+    return callers + per_step, 2 * per_step
+
+
 def floor_run(chain: Chain, engine, texts: list[str], max_tokens: int, engine_tok_s: float):
     """The engine's tok/s beside the bare two-hop gRPC chain (bench/grpc_floor.py) streaming one
     message per token and stream (a call and a client thread each) at the engine's own pace,
@@ -311,10 +322,10 @@ def measure_dtype(dtype: str, args: argparse.Namespace, work: Path) -> list[dict
                     side += f", engine beside the bare gRPC chain {rate:6.1f}"
                 if n >= SIDE_LOAD_MIN_STREAMS:
                     used = cpu_ms[("served", n)][-1]
-                    per_message = 1 / args.stream_interval  # wake-ups per token, each side
+                    client, controller = wakeups_per_token(args.client, args.stream_interval, n)
                     for name, cpu, wakeups in (
-                        ("side_load", used["controller"] + used["bench"], 2 * per_message),
-                        ("client_load", used["bench"], per_message),
+                        ("side_load", used["controller"] + used["bench"], client + controller),
+                        ("client_load", used["bench"], client),
                     ):
                         rate = side_load_run(
                             engine, texts[:n], args.max_tokens, served_rate, cpu, wakeups

@@ -27,3 +27,13 @@ def test_a_decode_step_reads_the_weights_and_every_sequences_kv_at_its_mean_cont
     expected = weights + int((prompt_tokens + 3 * 8) * kv_per_token)
     assert decode_read_bytes(models, 3, 16) == expected
     assert loaded.dtype in (torch.float32, torch.bfloat16)
+
+
+def test_the_side_load_wakes_as_often_as_the_served_runs_client_and_controller():
+    from bench.served_path import wakeups_per_token
+
+    # 64 streams on one call: one message a step each way through the controller; the
+    # thread-per-stream client wakes each stream's thread per token, its reader per step
+    assert wakeups_per_token("threads", 1, 64) == (1 + 1 / 64, 2 / 64)
+    assert wakeups_per_token("threads", 4, 32) == (1 / 4 + 1 / 32, 2 / 32)
+    assert wakeups_per_token("asyncio", 1, 64) == (1 / 64, 2 / 64)
