@@ -126,7 +126,22 @@ def status_text(status: dict[str, Any]) -> str:
             f"reason: {reason['code']}: {reason['message']}",
             f"policy: {describe_policy(status['policy'], status.get('kv_budget'))}",
             f"weights: {status.get('weights') or 'auto'}",
+            *_scheduler_lines(status.get("scheduler")),
             "",
             workers_text(status["workers"]),
         ]
     )
+
+
+def _scheduler_lines(scheduler: dict[str, Any] | None) -> list[str]:
+    """The spec.scheduler settings the controller checks in each worker's report (none: no
+    line)."""
+    named = [
+        f"{name} {scheduler[field]}"
+        for name, field in (("streamInterval", "stream_interval"), ("maxModelLen", "max_model_len"))
+        if scheduler and scheduler.get(field) is not None
+    ]
+    if not named:
+        return []
+    them = "them" if len(named) > 1 else "it"
+    return [f"scheduler: {', '.join(named)} (each worker must report {them})"]

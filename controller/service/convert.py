@@ -17,7 +17,14 @@ from intentserve.controller.service.state import (
     HeartbeatAction,
     WorkerState,
 )
-from intentserve.policy import Capability, RealizedCache, Reason, Resolution, Verdict
+from intentserve.policy import (
+    Capability,
+    RealizedCache,
+    Reason,
+    Resolution,
+    SchedulerIntent,
+    Verdict,
+)
 from intentserve.v1 import admin_pb2, worker_pb2
 
 
@@ -123,9 +130,19 @@ def status_to_pb(
         policy=convert.policy_to_pb(desired.policy),
         kv_budget=convert.kv_budget_to_pb(desired.kv_budget),
         weights=convert.weight_format_to_pb(desired.weights),
+        scheduler=_scheduler_to_pb(desired.scheduler),
         min_ready=verdict.min_ready,
         num_verified=verdict.num_verified,
         workers=[worker_status_to_pb(r, now_s) for r in workers],
+    )
+
+
+def _scheduler_to_pb(intent: SchedulerIntent) -> admin_pb2.SchedulerSettings | None:
+    """The settings checked; None (the field unset) where none is."""
+    if intent.stream_interval is None and intent.max_model_len is None:
+        return None
+    return admin_pb2.SchedulerSettings(
+        stream_interval=intent.stream_interval, max_model_len=intent.max_model_len
     )
 
 

@@ -7,9 +7,12 @@ test_lifecycle.py (registration, health, Admin).
 """
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from intentserve import convert
+from intentserve.controller.cli.client import to_data
+from intentserve.controller.cli.render import status_text
 from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
 from intentserve.controller.service.deployment import Deployment
 from intentserve.controller.service.router import Router
@@ -23,6 +26,7 @@ from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     KvBudget,
     ReasonCode,
+    SchedulerIntent,
     examples,
     paged_attention_config,
 )
@@ -147,6 +151,26 @@ def test_status_reports_the_deployment_and_every_worker():
     assert worker_state_from_pb(w1.state) is WorkerState.LOADING
     assert not w1.HasField("realized")
     assert w1.reasons[0].code == ReasonCode.WORKER_PENDING.value
+    assert not status.HasField("scheduler")  # a controller given no scheduler settings
+
+
+def test_status_and_the_cli_name_the_scheduler_settings_the_controller_checks():
+    harness = Harness()
+    harness.deployment.desired = replace(
+        harness.deployment.desired, scheduler=SchedulerIntent(stream_interval=4)
+    )
+    status = harness.call(ADMIN, "Status", admin_pb2.StatusRequest())
+    assert status.scheduler.stream_interval == 4
+    assert not status.scheduler.HasField("max_model_len")  # not written: not checked
+    lines = status_text(to_data(status)).splitlines()
+    assert lines[4] == "scheduler: streamInterval 4 (each worker must report it)"
+    harness.deployment.desired = replace(
+        harness.deployment.desired, scheduler=SchedulerIntent(stream_interval=1, max_model_len=512)
+    )
+    status = harness.call(ADMIN, "Status", admin_pb2.StatusRequest())
+    assert status_text(to_data(status)).splitlines()[4] == (
+        "scheduler: streamInterval 1, maxModelLen 512 (each worker must report them)"
+    )
 
 
 def test_explain_tells_the_chain_in_order(harness):

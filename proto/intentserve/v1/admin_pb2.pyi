@@ -71,7 +71,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., device_kind: _Optional[_Union[_common_pb2.DeviceKind, str]] = ..., decisions: _Optional[_Iterable[_Union[_common_pb2.Decision, _Mapping]]] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., num_outstanding: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("deployment", "state", "reason", "policy", "min_ready", "num_verified", "workers", "kv_budget", "weights")
+    __slots__ = ("deployment", "state", "reason", "policy", "min_ready", "num_verified", "workers", "kv_budget", "weights", "scheduler")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class StatusResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     KV_BUDGET_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     state: DeploymentState
     reason: _common_pb2.Reason
@@ -90,7 +91,16 @@ class StatusResponse(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     kv_budget: _common_pb2.KvBudget
     weights: _common_pb2.WeightFormat
-    def __init__(self, deployment: _Optional[str] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., policy: _Optional[_Union[_common_pb2.PagedAttentionPolicy, _Mapping]] = ..., min_ready: _Optional[int] = ..., num_verified: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., kv_budget: _Optional[_Union[_common_pb2.KvBudget, _Mapping]] = ..., weights: _Optional[_Union[_common_pb2.WeightFormat, str]] = ...) -> None: ...
+    scheduler: SchedulerSettings
+    def __init__(self, deployment: _Optional[str] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., policy: _Optional[_Union[_common_pb2.PagedAttentionPolicy, _Mapping]] = ..., min_ready: _Optional[int] = ..., num_verified: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., kv_budget: _Optional[_Union[_common_pb2.KvBudget, _Mapping]] = ..., weights: _Optional[_Union[_common_pb2.WeightFormat, str]] = ..., scheduler: _Optional[_Union[SchedulerSettings, _Mapping]] = ...) -> None: ...
+
+class SchedulerSettings(_message.Message):
+    __slots__ = ("stream_interval", "max_model_len")
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    stream_interval: int
+    max_model_len: int
+    def __init__(self, stream_interval: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
     __slots__ = ("worker_id",)
