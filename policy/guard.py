@@ -85,9 +85,12 @@ class SchedulerIntent:
     max_model_len: int | None = None
 
     def describe(self) -> str:
-        """The settings checked, as the manifest names them ("" when none is)."""
+        """The settings checked, as the manifest names them, and that each worker must report
+        them ("" when none is checked)."""
         named = (("streamInterval", self.stream_interval), ("maxModelLen", self.max_model_len))
-        return ", ".join(f"{name} {value}" for name, value in named if value is not None)
+        said = [f"{name} {value}" for name, value in named if value is not None]
+        them = "them" if len(said) > 1 else "it"
+        return f"{', '.join(said)} (each worker must report {them})" if said else ""
 
 
 def check_scheduler(intent: SchedulerIntent, realized: RealizedCache) -> Reason | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from intentserve.policy import SchedulerIntent
+
 WORKER_COLUMNS = (
     "WORKER",
     "STATE",
@@ -136,12 +138,5 @@ def status_text(status: dict[str, Any]) -> str:
 def _scheduler_lines(scheduler: dict[str, Any] | None) -> list[str]:
     """The spec.scheduler settings the controller checks in each worker's report (none: no
     line)."""
-    named = [
-        f"{name} {scheduler[field]}"
-        for name, field in (("streamInterval", "stream_interval"), ("maxModelLen", "max_model_len"))
-        if scheduler and scheduler.get(field) is not None
-    ]
-    if not named:
-        return []
-    them = "them" if len(named) > 1 else "it"
-    return [f"scheduler: {', '.join(named)} (each worker must report {them})"]
+    said = SchedulerIntent(**scheduler).describe() if scheduler else ""
+    return [f"scheduler: {said}"] if said else []

@@ -17,7 +17,7 @@ def explain(desired: DesiredState, record: WorkerRecord, verdict: Verdict) -> li
         f"weights '{desired.weights.value}'",
     ]
     if scheduler := desired.scheduler.describe():
-        intent.append(f"scheduler {scheduler} (each worker must report them)")
+        intent.append(f"scheduler {scheduler}")
     devices = ", ".join(sorted(d.value for d in desired.auto_devices)) or "no device"
     return [
         f"intent: {'; '.join(intent)}; 'auto' enables it on {devices}",
