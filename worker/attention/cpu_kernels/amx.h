@@ -50,12 +50,20 @@ struct amx_tile_config {
     uint8_t rows[16];
 };
 
-/* The tile configuration is a thread's own: each thread loads it before its first tile op. */
-static inline void amx_configure(void) {
+/* The tile configuration is a thread's own: each thread loads it before its first tile op.
+ * `rows` (1-16): how many rows of x the call has, where under 16; else 16. With fewer, the
+ * tiles that hold x and the sums of a pass over one slice of rows (0-1 and 4, amx_pass) are
+ * that many rows tall: a pass then loads, multiplies and stores only the rows there are, while
+ * the weights' tiles stay 16 rows (of pairs or quadruples of k). A row's sums do not depend on
+ * the tile's height (tested: a row alone gives the bits it gets in a batch). On the 2-core AMX
+ * VM (2026-12-03, one process, alternated, medians of the decode steps, the greedy tokens the
+ * same) one stream's step went 12.4 -> 11.5 ms in bf16 and 7.7 -> 7.0 ms in w8a8. */
+static inline void amx_configure(const int rows) {
     struct amx_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    if (rows < 16) cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = (uint8_t)rows;
     _tile_loadconfig(&cfg);
 }
 

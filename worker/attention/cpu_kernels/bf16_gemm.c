@@ -25,7 +25,10 @@
  * (Xeon, 2026-12-02; in one process, the paths alternated): SmolLM2's 120 layer matmuls at 32
  * rows took 48-60 ms on the AVX512-BF16 path and 15-20 ms on AMX, at 64 rows 108-127 against
  * 21-35, at one row 14.1-14.5 against 14.3-15.2 (with the prefetch below; 18 ms without). All
- * rows go to the tiles, one included, so a row's result still does not depend on its batch. */
+ * rows go to the tiles, one included, so a row's result still does not depend on its batch (the
+ * two paths' sums differ in their last bits). Under 16 rows the tiles of x and of the sums are
+ * only as tall as the rows (amx.h, amx_configure): one stream's step 12.4 -> 11.5 ms, 4 streams'
+ * 14.4 -> 13.4 (2026-12-03, the same VM class; bench/results/2026-12-03-amx-short-tiles). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +75,10 @@ int bf16_gemm_amx(int64_t set) { return amx_switch(set, HAVE_AMX); }
  * SmolLM2's 120 layer GEMVs and its head at one row, cold, 2 threads (a C harness, five rounds
  * alternated, AMD EPYC without AMX, 2026-12-03): 6.65-7.80 ms in blocks against 6.21-7.44 ms
  * grouped, the software prefetch as here in both. AMX tiles read the blocks order (a tile's B
- * is 16 rows 64 bytes apart), so a grouped weight runs on AVX512-BF16 whatever the switch. */
+ * is 16 rows 64 bytes apart), so a grouped weight runs on AVX512-BF16 whatever the switch.
+ * Tiles reading the grouped order (B rows a group's 3 x 64 bytes apart, a group's three blocks
+ * in one pass up to 16 rows) were tried on the AMX VM and not kept: one row 0.99x, 32 and 64
+ * rows 1.08x and 1.06x the blocks order's step time (bench/results/2026-12-03-amx-short-tiles). */
 #define GROUPED 0x100
 
 /* NOTE: not inlined: inlined into the tile loops, its rounding constants were hoisted into
@@ -213,7 +219,7 @@ static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *pac
     const int64_t full = m / 16 * 16, slices = (m + 15) / 16;
     int owned = 0;
     uint16_t *tail = NULL;
-    if (full < m) {
+    if (full < m && full) { /* under 16 rows in all, the tiles are as short (amx.h) */
         tail = kept_scratch(16 * k * 2, &owned);
         if (!tail) return -1;
         memset(tail, 0, 16 * k * 2);
@@ -227,7 +233,7 @@ static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *pac
 #pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
     {
     char sums[4][1024] __attribute__((aligned(64)));
-    amx_configure(); /* the tile configuration is a thread's own */
+    amx_configure(m < 16 ? (int)m : 16); /* the tile configuration is a thread's own */
     share_init(shares, groups);
 #pragma omp barrier
     for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
@@ -236,7 +242,7 @@ static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *pac
         const uint16_t *w0 = packed + blk * k2n * 32, *w1 = w0 + k2n * 32;
         for (int64_t s = 0; s < slices; s += 2) {
             const int two_rows = s + 1 < slices;
-            const uint16_t *a0 = 16 * s < full ? x + 16 * s * k : tail;
+            const uint16_t *a0 = 16 * s < full || !full ? x + 16 * s * k : tail;
             const uint16_t *a1 = 16 * (s + 1) < full ? x + 16 * (s + 1) * k : tail;
             const int ahead = s == 0 && !stolen;
             amx_pass_any((const char *)a0, (const char *)a1, k * 2, (const char *)w0,

@@ -168,7 +168,7 @@ static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed
     const int64_t full = m / 16 * 16, slices = (m + 15) / 16;
     int owned = 0;
     uint8_t *tail = NULL;
-    if (full < m) {
+    if (full < m && full) { /* under 16 rows in all, the tiles are as short (amx.h) */
         tail = kept_scratch(16 * k, &owned);
         if (!tail) return -1;
         memset(tail, 0, 16 * k);
@@ -179,7 +179,7 @@ static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed
 #pragma omp parallel if (m * n * k >= PARALLEL_MIN_MACS)
     {
     char sums[4][1024] __attribute__((aligned(64)));
-    amx_configure();
+    amx_configure(m < 16 ? (int)m : 16); /* the tile configuration is a thread's own */
     share_init(shares, groups);
 #pragma omp barrier
     for (int64_t g, stolen; (g = share_next(shares, &stolen)) >= 0;) {
@@ -188,7 +188,7 @@ static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed
         const int8_t *w0 = packed + blk * k4n * 64, *w1 = w0 + k4n * 64;
         for (int64_t s = 0; s < slices; s += 2) {
             const int two_rows = s + 1 < slices, ahead = s == 0 && !stolen;
-            const uint8_t *a0 = 16 * s < full ? a + 16 * s * k : tail;
+            const uint8_t *a0 = 16 * s < full || !full ? a + 16 * s * k : tail;
             const uint8_t *a1 = 16 * (s + 1) < full ? a + 16 * (s + 1) * k : tail;
             amx_pass_any((const char *)a0, (const char *)a1, k, (const char *)w0,
                          (const char *)w1, sums, two_rows, two_blocks, ahead, AMX_INT8);
