@@ -211,8 +211,9 @@ static void amx_store(const float *sums, const float *bias, void *out, int64_t n
 }
 
 /* Groups of 2 blocks of 16 channels shared out to the threads; in each, passes over 32 rows
- * at a time (amx.h, amx_pass). Needs k % 32 == 0. Rows past the last full 16 come from a
- * zero-padded copy of them. */
+ * at a time (amx.h, amx_pass). Needs k % 32 == 0. Under 16 rows in all, the tiles are as
+ * short as the rows and read x in place (amx_configure); else rows past the last full 16 come
+ * from a zero-padded copy of them. */
 static int gemm_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                     const float *bias, int64_t n, void *out, const int float32_out) {
     const int64_t blocks = n / 16, k2n = k / 2, groups = (blocks + 1) / 2;

@@ -159,8 +159,9 @@ amx_store(const int32_t *sums, const int32_t *comp, const float *row_scales,
 }
 
 /* Groups of 2 blocks of 16 channels shared out to the threads; in each, passes over 32 rows
- * at a time (amx.h, amx_pass). Needs k % 64 == 0. Rows past the last full 16 come from a
- * zero-padded copy of them. */
+ * at a time (amx.h, amx_pass). Needs k % 64 == 0. Under 16 rows in all, the tiles are as
+ * short as the rows and read x in place (amx_configure); else rows past the last full 16 come
+ * from a zero-padded copy of them. */
 static int gemm_amx(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed,
                     const int32_t *comp, int64_t n, const float *row_scales,
                     const float *col_scales, void *out, const int is_bf16) {
