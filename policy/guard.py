@@ -84,6 +84,11 @@ class SchedulerIntent:
     stream_interval: int | None = None
     max_model_len: int | None = None
 
+    @property
+    def checks_any(self) -> bool:
+        """Whether any setting is the controller's to check."""
+        return self.stream_interval is not None or self.max_model_len is not None
+
     def describe(self) -> str:
         """The settings checked, as the manifest names them, and that each worker must report
         them ("" when none is checked)."""

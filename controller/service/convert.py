@@ -139,7 +139,7 @@ def status_to_pb(
 
 def _scheduler_to_pb(intent: SchedulerIntent) -> admin_pb2.SchedulerSettings | None:
     """The settings checked; None (the field unset) where none is."""
-    if intent.stream_interval is None and intent.max_model_len is None:
+    if not intent.checks_any:
         return None
     return admin_pb2.SchedulerSettings(
         stream_interval=intent.stream_interval, max_model_len=intent.max_model_len
