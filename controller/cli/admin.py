@@ -13,7 +13,11 @@ from typing import Any
 
 import grpc
 from intentserve.controller.cli import credentials
-from intentserve.controller.cli.client import DEFAULT_CONTROLLER, ControllerClient
+from intentserve.controller.cli.client import (
+    DEFAULT_CONTROLLER,
+    ControllerClient,
+    RequestValueError,
+)
 from intentserve.controller.cli.render import status_text, workers_text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -110,6 +114,9 @@ def call(handler: Callable[[ControllerClient, argparse.Namespace], int], args) -
     with ControllerClient(args.controller, timeout_s=args.rpc_timeout) as client:
         try:
             return handler(client, args)
+        except RequestValueError as error:  # a value the request cannot carry, named
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_USAGE
         except grpc.RpcError as error:
             code = error.code()
             if (

@@ -97,6 +97,19 @@ def open_channel(address: str, credentials: Credentials, *, aio: bool = False):
     )
 
 
+_UINT32_MAX = 2**32 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+class RequestValueError(ValueError):
+    """A value a request's field cannot carry; the message names the field and what it allows."""
+
+
+def _check_fits(field: str, value: int, largest: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= largest:
+        raise RequestValueError(f"{field}: {value!r}; allowed: an integer from 0 to {largest}")
+
+
 def generate_request(
     prompt: str,
     *,
@@ -109,6 +122,12 @@ def generate_request(
     stop: list[str] | None,
     ignore_eos: bool,
 ) -> inference_pb2.GenerateRequest:
+    """The request, or RequestValueError naming a value its field cannot carry (what the values
+    mean, e.g. max_tokens within the model length, is the worker's check)."""
+    _check_fits("max_tokens", max_tokens, _UINT32_MAX)
+    _check_fits("top_k", top_k, _UINT32_MAX)
+    if seed is not None:
+        _check_fits("seed", seed, _UINT64_MAX)
     sampling = inference_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if seed is not None:
         sampling.seed = seed

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.client import ControllerClient, generate_request
 from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
@@ -165,6 +165,32 @@ def test_a_refusal_reads_as_its_own_calls_would(start_controller):
         assert refused.details() == (
             "deployment is not ready: not_enough_replicas: 0 of 1 required replicas verified"
         )
+
+
+GREEDY = dict(chat=False, max_tokens=8, temperature=0.0, top_k=0, top_p=0.0, seed=None)
+GREEDY |= dict(stop=None, ignore_eos=False)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("max_tokens", -1, "an integer from 0 to 4294967295"),
+        ("max_tokens", 2**32, "an integer from 0 to 4294967295"),
+        ("top_k", -1, "an integer from 0 to 4294967295"),
+        ("seed", -5, f"an integer from 0 to {2**64 - 1}"),
+        ("seed", 2**64, f"an integer from 0 to {2**64 - 1}"),
+    ],
+)
+def test_a_value_the_request_cannot_carry_is_refused_naming_its_field(field, value, allowed):
+    with pytest.raises(ValueError) as error:
+        generate_request("hello", **(GREEDY | {field: value}))
+    assert str(error.value) == f"{field}: {value}; allowed: {allowed}"
+    # the edges themselves are carried (0 and the largest: the worker judges their meaning)
+    edge = 2**64 - 1 if field == "seed" else 2**32 - 1
+    for ok in (0, edge):
+        request = generate_request("hello", **(GREEDY | {field: ok}))
+        carried = request.stop if field == "max_tokens" else request.sampling
+        assert getattr(carried, field) == ok
 
 
 def test_a_closed_client_refuses_to_generate(start_controller, make_worker):

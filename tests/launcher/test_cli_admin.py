@@ -142,6 +142,21 @@ def test_drain_then_down(deployment, capsys):
         (["explain", "nobody"], 2, "error: NOT_FOUND: unknown worker 'nobody'"),
         (["drain", "nobody"], 2, "error: NOT_FOUND"),
         (["resume", "nobody"], 2, "error: NOT_FOUND: unknown worker 'nobody'"),
+        (
+            ["generate", "hi", "--max-tokens", "-1"],
+            2,
+            "error: max_tokens: -1; allowed: an integer from 0 to 4294967295",
+        ),
+        (
+            ["generate", "hi", "--top-k", "-2"],
+            2,
+            "error: top_k: -2; allowed: an integer from 0 to 4294967295",
+        ),
+        (
+            ["generate", "hi", "--seed", str(2**64)],
+            2,
+            f"error: seed: {2**64}; allowed: an integer from 0 to {2**64 - 1}",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_it(deployment, capsys, argv, code, message):
