@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import secrets
 import subprocess
+import sys
 import threading
 import time
 
@@ -148,6 +151,37 @@ def test_a_killed_worker_actor_is_restarted_and_verified_again_and_no_request_ha
     assert codes <= {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, outcomes
     assert max(seconds for _, seconds in outcomes) < 20, outcomes
     assert generate(local.address, max_tokens=2)
+
+
+JOIN = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace="intentserve", log_to_driver=False, logging_level="ERROR")
+print("joined", ray.cluster_resources()["CPU"])
+ray.shutdown()
+"""
+
+
+def test_the_embedded_ray_cluster_refuses_a_process_without_its_token(local):
+    """Ray binds its own ports (GCS, raylet, the actors' workers) on every interface; Ray's token
+    authentication, on by default for a local cluster, is what keeps others from joining it and
+    running code beside the workers (README, Security)."""
+    others = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+
+    def join(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", JOIN, local.gcs_address()],
+            env=others | env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    wrong = join(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    assert wrong.returncode != 0
+    assert "Authentication token is missing or incorrect" in wrong.stderr
+    right = join(RAY_AUTH_MODE="token")  # the token ray.init wrote for this user
+    assert right.returncode == 0, right.stderr
+    assert right.stdout.startswith("joined 2.0")
 
 
 def test_down_stops_everything_and_up_exits_0(local):
