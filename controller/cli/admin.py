@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -135,6 +136,17 @@ def call(handler: Callable[[ControllerClient, argparse.Namespace], int], args) -
             return EXIT_USAGE if code in _BAD_INPUT else EXIT_FAILED
 
 
+def seconds(text: str) -> float:
+    """An argparse type: finite seconds > 0 (argparse names the flag and exits 2 otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}; allowed: finite seconds > 0")
+    return value
+
+
 def add_parsers(commands) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -145,7 +157,7 @@ def add_parsers(commands) -> None:
     )
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
     common.add_argument(
-        "--rpc-timeout", type=float, default=10.0, metavar="S", help="per call (default 10 s)"
+        "--rpc-timeout", type=seconds, default=10.0, metavar="S", help="per call (default 10 s)"
     )
 
     def add(name: str, handler, help_text: str):
@@ -184,7 +196,7 @@ def add_parsers(commands) -> None:
     gen.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     gen.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=None,
         metavar="S",
         help="the request's deadline, held by the controller (default none)",

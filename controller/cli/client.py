@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import math
 import queue
 import threading
 import time
@@ -108,6 +109,21 @@ class RequestValueError(ValueError):
 def _check_fits(field: str, value: int, largest: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= largest:
         raise RequestValueError(f"{field}: {value!r}; allowed: an integer from 0 to {largest}")
+
+
+def check_timeout(timeout_s: float | None) -> None:
+    """A request's `timeout_s`: None (no deadline) or finite seconds > 0; else RequestValueError
+    naming it (a wait of none or of -1 s is no deadline, and would read as one that passed)."""
+    if timeout_s is None:
+        return
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not (math.isfinite(timeout_s) and timeout_s > 0)
+    ):
+        raise RequestValueError(
+            f"timeout_s: {timeout_s!r}; allowed: finite seconds > 0, or None for no deadline"
+        )
 
 
 def generate_request(
@@ -217,6 +233,7 @@ class ControllerClient:
         a `grpc.RpcError` (`RequestFailed`) with the code and details the request's own
         `Generate` call would have ended with. Leaving the loop early (or closing the iterator)
         cancels the request on its worker; the controller holds the request to `timeout_s`."""
+        check_timeout(timeout_s)
         request = generate_request(
             prompt,
             chat=chat,
@@ -513,6 +530,7 @@ class AsyncControllerClient:
         """Stream the chunks of one generation, as `ControllerClient.generate` does. Leaving the
         loop early (or the task being cancelled) cancels the request on its worker; the
         controller holds the request to `timeout_s`."""
+        check_timeout(timeout_s)
         request = generate_request(
             prompt,
             chat=chat,

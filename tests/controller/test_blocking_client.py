@@ -12,7 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from intentserve.controller.cli.client import ControllerClient, generate_request
+from intentserve.controller.cli.client import (
+    AsyncControllerClient,
+    ControllerClient,
+    RequestValueError,
+    generate_request,
+)
 from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
@@ -191,6 +196,28 @@ def test_a_value_the_request_cannot_carry_is_refused_naming_its_field(field, val
         request = generate_request("hello", **(GREEDY | {field: ok}))
         carried = request.stop if field == "max_tokens" else request.sampling
         assert getattr(carried, field) == ok
+
+
+@pytest.mark.parametrize("timeout_s", [-1.0, 0, float("nan"), float("inf"), "5"])
+def test_a_timeout_that_is_no_deadline_is_refused_naming_it_before_any_call(timeout_s):
+    """Not a DEADLINE_EXCEEDED after a wait: the value is wrong, and nothing reaches a controller
+    (there is none at this address)."""
+    allowed = "allowed: finite seconds > 0, or None for no deadline"
+    with (
+        ControllerClient("127.0.0.1:1", credentials=PLAINTEXT) as client,
+        pytest.raises(RequestValueError) as error,
+    ):
+        next(client.generate("hello", timeout_s=timeout_s))
+    assert str(error.value) == f"timeout_s: {timeout_s!r}; {allowed}"
+
+    async def agenerate():
+        async with AsyncControllerClient("127.0.0.1:1", credentials=PLAINTEXT) as client:
+            async for _ in client.generate("hello", timeout_s=timeout_s):
+                pass
+
+    with pytest.raises(RequestValueError) as error:
+        asyncio.run(agenerate())
+    assert str(error.value) == f"timeout_s: {timeout_s!r}; {allowed}"
 
 
 def test_a_closed_client_refuses_to_generate(start_controller, make_worker):

@@ -197,6 +197,23 @@ def test_not_ready_is_exit_1_with_the_reason(capsys):
         server.stop(grace_s=0)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "hi", "--timeout", "-1"],
+        ["generate", "hi", "--timeout", "nan"],
+        ["status", "--rpc-timeout", "0"],
+        ["drain", "w-0", "--rpc-timeout", "inf"],
+    ],
+)
+def test_a_timeout_that_is_no_deadline_exits_2_naming_the_flag(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    flag, value = argv[-2:]
+    assert f"argument {flag}: {value!r}; allowed: finite seconds > 0" in capsys.readouterr().err
+
+
 def test_no_controller_is_exit_1(capsys):
     code, _, err = run(capsys, "status", "--controller", "127.0.0.1:1", "--rpc-timeout", "2")
     assert code == 1
