@@ -36,8 +36,14 @@ from intentserve.controller.service.deployment import deployment_state
 from intentserve.controller.service.reconcile import Reconciler
 from intentserve.controller.service.request_metrics import MeteredRouter
 from intentserve.controller.service.state import DeploymentState
+from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
+
+# The largest request body read: twice the largest request the controller forwards, room for
+# JSON's escapes (streaming.MAX_REQUEST_BYTES). A larger one is refused (413) before it is read,
+# so that no client's body can take the memory every other client is served from.
+MAX_BODY_BYTES = 2 * MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def build_app(frontend: Frontend) -> FastAPI:
     async def parse(request: Request, schema):
         authorize(request)
         try:
-            body = schema.model_validate_json(await request.body())
+            body = schema.model_validate_json(await _read_body(request))
         except ValidationError as error:
             raise from_validation(error) from None
         unsupported = body.unsupported()
@@ -179,6 +185,26 @@ async def _events(
     finally:
         _end(call, watcher)  # NOTE: also when the client went away mid-stream
     yield _sse("[DONE]")
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, up to MAX_BODY_BYTES; a larger one is 413, refused by its content-length before
+    anything is read, or, sent without one, as soon as what came is over."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(f"{int(declared)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large(f"over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(what: str) -> OpenAIError:
+    message = f"request body: {what}; allowed: at most {MAX_BODY_BYTES}"
+    return OpenAIError(413, message, code="request_too_large")
 
 
 async def _cancel_on_disconnect(request: Request, call: HttpCall) -> None:

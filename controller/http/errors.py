@@ -40,6 +40,7 @@ TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }

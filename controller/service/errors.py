@@ -55,3 +55,8 @@ class UpstreamError(Exception):
     def grpc_code(self):
         """Read by the shared interceptor: the worker's status passes through unchanged."""
         return self.code
+
+
+class RequestTooLarge(ValueError):
+    """A request over the size the controller forwards (streaming.MAX_REQUEST_BYTES); refused
+    alone, INVALID_ARGUMENT, before it reaches a worker's multiplexed call."""

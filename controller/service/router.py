@@ -28,6 +28,7 @@ from intentserve.controller.service.deployment import Deployment
 from intentserve.controller.service.errors import (
     NotReady,
     Overloaded,
+    RequestTooLarge,
     UpstreamError,
     WorkerUnavailable,
 )
@@ -36,6 +37,7 @@ from intentserve.controller.service.state import WorkerState
 from intentserve.controller.service.worker_mux import Stream
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
+from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,7 @@ class Router:
         """Give the request an id; refuse it unless the deployment is ready and has room."""
         if not request.request_id:
             request.request_id = new_request_id()
+        check_size(request)
         verdict = self._deployment.verdict()
         if not verdict.ready:
             raise NotReady(verdict.reason)
@@ -219,6 +222,34 @@ class Router:
                 streams.add(stream)
             else:
                 streams.discard(stream)
+
+
+def check_size(request: inference_pb2.GenerateRequest) -> None:
+    """RequestTooLarge, naming the request's largest field, when it is over MAX_REQUEST_BYTES:
+    on a worker's multiplexed call a message over its receive limit would end the call, and
+    every other request on it with it."""
+    size = request.ByteSize()
+    if size > MAX_REQUEST_BYTES:
+        raise RequestTooLarge(
+            f"{_largest_field(request)}: the request is {size} bytes; allowed: at most "
+            f"{MAX_REQUEST_BYTES} bytes in all (prompt, messages, stop strings and the rest)"
+        )
+
+
+def _largest_field(message, prefix: str = "") -> str:
+    """The dotted name of the set field that takes the most bytes (into singular messages)."""
+    sizes = []
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else [value]
+        if field.message_type is not None:
+            size = sum(v.ByteSize() for v in values)
+        else:  # text counts its bytes; a number up to 10
+            size = sum(len(v.encode()) if isinstance(v, str) else 10 for v in values)
+        inner = value if field.message_type is not None and not field.is_repeated else None
+        sizes.append((size, field, inner))
+    _, field, inner = max(sizes, key=lambda s: s[0])
+    name = prefix + field.name
+    return _largest_field(inner, name + ".") if inner is not None and inner.ListFields() else name
 
 
 def _timeout_s(context: grpc.aio.ServicerContext) -> float | None:

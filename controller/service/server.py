@@ -49,7 +49,7 @@ from intentserve.controller.service.settings import (
 from intentserve.controller.service.state import DeploymentState
 from intentserve.policy import Verdict
 from intentserve.status import AsyncErrorInterceptor
-from intentserve.streaming import STREAM_READER_OPTIONS
+from intentserve.streaming import MAX_COMMAND_BYTES, STREAM_READER_OPTIONS
 from intentserve.tls import (
     secure_aio_channel,
     secure_channel,
@@ -154,7 +154,11 @@ class ControllerServer:
                 AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
                 AsyncErrorInterceptor(STATUS_CODES),
             ],
-            options=[("grpc.so_reuseport", 0)],  # a second controller on the port is an error
+            options=[
+                ("grpc.so_reuseport", 0),  # a second controller on the port is an error
+                # a GenerateMany command: a request up to MAX_REQUEST_BYTES, its key and timeout
+                ("grpc.max_receive_message_length", MAX_COMMAND_BYTES),
+            ],
         )
         worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
             WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), server

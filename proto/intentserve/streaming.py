@@ -28,6 +28,15 @@ STREAM_READER_OPTIONS: tuple[tuple[str, int], ...] = (
 # ended it with (a refusal).
 GENERATE_MANY_ACCEPTED: tuple[str, str] = ("intentserve-call", "accepted")
 
+# The largest request the controller forwards, serialized (`GenerateRequest.ByteSize()`, its
+# request id included); a larger one is refused alone, naming its largest field. Every request
+# of a client goes to its worker on one multiplexed call, and a message over the worker's receive
+# limit would end that call, and every other request on it.
+MAX_REQUEST_BYTES = 4 << 20
+# What the worker's server takes in one message: a start command is a request plus its key and
+# timeout. The controller's server takes the same from its clients (a GenerateMany command).
+MAX_COMMAND_BYTES = MAX_REQUEST_BYTES + (64 << 10)
+
 END = object()  # put after a stream's last item
 
 

@@ -15,10 +15,11 @@ import pytest
 from intentserve.controller.cli.client import (
     AsyncControllerClient,
     ControllerClient,
+    RequestFailed,
     RequestValueError,
     generate_request,
 )
-from intentserve.streaming import GENERATE_MANY_ACCEPTED
+from intentserve.streaming import GENERATE_MANY_ACCEPTED, MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 from tests.controller.conftest import DEPLOYMENT, PLAINTEXT, eventually, ready
@@ -122,6 +123,25 @@ def test_streams_from_many_threads_match_their_own_calls(start_controller, make_
             texts = list(pool.map(run, range(64)))
     assert texts == [[f"t{k} " for k in range(12)]] * 64
     assert worker.num_requests == 64
+
+
+def test_a_request_too_big_to_forward_is_refused_alone_and_the_call_goes_on(
+    start_controller, make_worker
+):
+    """A prompt that fits the client's message to the controller but not, with the request id
+    the controller adds, the worker's receive limit: it used to end the worker's multiplexed
+    call and every stream on it."""
+    server, worker = ready(start_controller, make_worker, num_tokens=20, token_delay_s=0.05)
+    with ControllerClient(server.address, credentials=PLAINTEXT) as client:
+        running = client.generate("hello", max_tokens=20, timeout_s=30)
+        texts = [next(running)["text"]]
+        with pytest.raises(RequestFailed) as error:
+            list(client.generate("x" * (MAX_REQUEST_BYTES - 40), max_tokens=1, timeout_s=30))
+        assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details().startswith("prompt: the request is ")
+        texts += [c["text"] for c in running]
+    assert texts == [f"t{k} " for k in range(20)]
+    assert worker.num_requests == 1
 
 
 def test_leaving_a_stream_early_cancels_it_on_the_worker(start_controller, make_worker):

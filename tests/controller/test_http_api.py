@@ -12,7 +12,9 @@ import openai
 import pytest
 from intentserve.controller.cli.client import ControllerClient
 from intentserve.controller.cli.credentials import Credentials
+from intentserve.controller.http.app import MAX_BODY_BYTES
 from intentserve.policy import Reason, ReasonCode, examples
+from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controller.conftest import DEPLOYMENT, eventually
@@ -312,3 +314,49 @@ def test_streams_in_flight_end_when_the_controller_stops(start_controller, make_
     eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 1, what="stream")
     server.stop(grace_s=0)
     assert ended.wait(10)
+
+
+def test_an_oversized_prompt_is_refused_alone_and_the_streams_beside_it_go_on(
+    start_controller, make_worker
+):
+    """Found trying it: a 50 MB prompt went to the worker's multiplexed call, over its receive
+    limit, which ended the call and every stream on it; its own client read "every READY
+    worker's queue is full"."""
+    server, _ = start_controller(http_port=0, paged_attention="on")
+    worker = make_worker(server, "w0", CPU, num_tokens=20, token_delay_s=0.05)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    with client_for(server) as client:
+        stream = client.completions.create(model=MODEL, prompt="Hi", max_tokens=20, stream=True)
+        chunks = iter(stream)
+        first = next(chunks)
+        with pytest.raises(openai.BadRequestError) as error:
+            client.completions.create(model=MODEL, prompt="x" * MAX_REQUEST_BYTES, max_tokens=1)
+        assert error.value.body["param"] == "prompt"
+        assert error.value.body["message"].startswith("prompt: the request is ")
+        assert f"allowed: at most {MAX_REQUEST_BYTES} bytes" in error.value.body["message"]
+        rest = list(chunks)
+    text = "".join(c.choices[0].text for c in [first, *rest] if c.choices)
+    assert text == "".join(f"t{i} " for i in range(20))
+    assert all(len(r.prompt) < 100 for r in worker.requests)  # the big one never reached it
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker)
+    url = f"{server.http_url}/v1/completions"
+    too_big = b'{"model": "smollm2-135m", "prompt": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    response = httpx.post(url, content=too_big, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    message = response.json()["error"]["message"]
+    assert message == f"request body: {len(too_big)} bytes; allowed: at most {MAX_BODY_BYTES}"
+
+    def chunked():  # no content-length: counted as it comes
+        yield too_big[: len(too_big) // 2]
+        yield too_big[len(too_big) // 2 :]
+
+    response = httpx.post(url, content=chunked(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["message"].startswith("request body: over ")
+    # the server is fine for everyone else
+    with client_for(server) as client:
+        assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=3).choices

@@ -6,8 +6,11 @@ import threading
 import grpc
 import pytest
 from intentserve.controller.service.convert import worker_state_from_pb
+from intentserve.controller.service.errors import RequestTooLarge
+from intentserve.controller.service.router import check_size
 from intentserve.controller.service.state import WorkerState
 from intentserve.policy import examples
+from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2
 
 from tests.controller.conftest import eventually
@@ -353,3 +356,36 @@ def test_stop_ends_streams_still_running_after_the_grace(start_controller, make_
     assert error.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     # Its handler cancelled the worker's request on the way out (or the channel's close did).
     assert worker.cancelled.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "named"),
+    [
+        ({"prompt": "x" * (MAX_REQUEST_BYTES + 1)}, "prompt"),
+        ({"prompt_token_ids": [70000] * (MAX_REQUEST_BYTES // 3)}, "prompt_token_ids"),
+        (
+            {"messages": [inference_pb2.ChatMessage(role="user", content="y" * MAX_REQUEST_BYTES)]},
+            "messages",
+        ),
+        (
+            {"prompt": "hi", "stop": inference_pb2.StopConditions(stop=["z" * 1024] * 4200)},
+            "stop.stop",
+        ),
+    ],
+)
+def test_a_request_over_the_size_limit_is_refused_naming_its_largest_field(request_fields, named):
+    request = inference_pb2.GenerateRequest(request_id="r-1", **request_fields)
+    with pytest.raises(RequestTooLarge) as error:
+        check_size(request)
+    size = request.ByteSize()
+    assert str(error.value) == (
+        f"{named}: the request is {size} bytes; allowed: at most {MAX_REQUEST_BYTES} bytes in all "
+        "(prompt, messages, stop strings and the rest)"
+    )
+
+
+def test_a_request_at_the_size_limit_is_let_through():
+    request = inference_pb2.GenerateRequest(request_id="r-1", prompt="x" * MAX_REQUEST_BYTES)
+    while request.ByteSize() != MAX_REQUEST_BYTES:  # the length's own varint moves with it
+        request.prompt = "x" * (len(request.prompt) - (request.ByteSize() - MAX_REQUEST_BYTES))
+    check_size(request)  # no error

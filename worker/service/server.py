@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from intentserve.policy import Capability
 from intentserve.status import ErrorInterceptor
+from intentserve.streaming import MAX_COMMAND_BYTES
 from intentserve.tls import CONTROLLER, PeerGate, TlsIdentity, server_credentials
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.engine import Engine
@@ -93,6 +94,9 @@ class WorkerServer:
                 *([PeerGate(frozenset({CONTROLLER}))] if tls is not None else []),
                 ErrorInterceptor(STATUS_CODES),
             ],
+            # NOTE: a start command carries a request the controller checked against
+            # MAX_REQUEST_BYTES; one over this limit would end the whole multiplexed call.
+            options=[("grpc.max_receive_message_length", MAX_COMMAND_BYTES)],
         )
         slots = StreamSlots(worker_id, max_streams)
         inference_pb2_grpc.add_InferenceServicer_to_server(

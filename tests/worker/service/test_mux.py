@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.service.server import WorkerServer
@@ -152,6 +153,22 @@ def test_a_bad_field_fails_only_its_own_request_naming_the_field(server, mux):
     assert mux.wait(3)[0].error.details.startswith("prompt")
     good = mux.wait(1)
     assert len(tokens(good)) == NUM_TOKENS
+    assert mux.error is None  # the call itself goes on
+    assert_idle(server)
+
+
+def test_a_request_of_the_largest_size_forwarded_fails_alone_and_the_call_goes_on(server, mux):
+    """The controller forwards requests up to MAX_REQUEST_BYTES; their start command must fit the
+    worker's receive limit, or the whole call (every request on it) would end."""
+    mux.start(1, request("a good prompt"))
+    big = request("x")
+    while big.ByteSize() < MAX_REQUEST_BYTES:
+        big.prompt = "x" * (len(big.prompt) + MAX_REQUEST_BYTES - big.ByteSize())
+    mux.start(2, big, timeout_s=30.0)
+    refused = mux.wait(2)
+    assert [e.WhichOneof("event") for e in refused] == ["error"]
+    assert refused[0].error.details.startswith("prompt")  # too long for the model, named
+    assert len(tokens(mux.wait(1))) == NUM_TOKENS
     assert mux.error is None  # the call itself goes on
     assert_idle(server)
 
