@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 UInt64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
@@ -109,6 +109,21 @@ class ChatMessage(BaseModel):
 
     role: str
     content: str | list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """A part of another type (an image, audio) is refused naming it, before the union's
+        other member reports that a list is not a string."""
+        if isinstance(content, list):
+            for i, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"part {i} is of type {kind!r}; allowed: text parts (this deployment "
+                        "serves a text model)"
+                    )
+        return content
 
     @property
     def text(self) -> str:

@@ -245,3 +245,35 @@ def test_chat_chunks_say_who_speaks_first_and_end_with_an_empty_delta():
     assert (last["delta"], last["finish_reason"]) == ({}, "length")
     usage = reply.usage_chunk()
     assert usage["choices"] == [] and usage["object"] == "chat.completion.chunk"
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        (
+            [
+                {"type": "text", "text": "Describe"},
+                {"type": "image_url", "image_url": {"url": "x"}},
+            ],
+            "part 1 is of type 'image_url'; allowed: text parts (this deployment serves a text "
+            "model)",
+        ),
+        (
+            [{"type": "input_audio", "input_audio": {}}],
+            "part 0 is of type 'input_audio'; allowed: text parts (this deployment serves a text "
+            "model)",
+        ),
+        (
+            ["just a string"],
+            "part 0 is of type None; allowed: text parts (this deployment serves a text model)",
+        ),
+    ],
+)
+def test_a_part_that_is_not_text_is_refused_naming_it(parts, message):
+    """Not pydantic's 'Input should be a valid string' from the other member of the union."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": parts}]}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    error = from_validation(info.value)
+    assert (error.status, error.param) == (400, "messages[0].content")
+    assert error.message == f"messages[0].content: {message}"
