@@ -37,9 +37,12 @@ from intentserve.worker.service.servicer import StreamSlots
 log = logging.getLogger(__name__)
 
 PREPARE_THREADS = 2
-# Events per message at most: a controller that fell behind gets its backlog in pieces, each far
-# below grpc's 4 MiB message limit.
+# Events per message at most, and bytes by an upper bound of each event's size (one over it goes
+# alone): a controller that fell behind gets its backlog in pieces, each far below the 4 MiB its
+# channel receives. An event carries up to streamInterval tokens of text, so a backlog's events
+# of a large interval could pass that limit, which would end the call and every request on it.
 MAX_EVENTS_PER_MESSAGE = 1024
+MAX_MESSAGE_BYTES = 1 << 20
 _PREPARING = object()  # a key whose request is being checked and tokenized
 
 
@@ -170,8 +173,8 @@ class _Session:
                 return
             if not batch:
                 continue
-            for start in range(0, len(batch), MAX_EVENTS_PER_MESSAGE):
-                message = self._encode(batch[start : start + MAX_EVENTS_PER_MESSAGE])
+            for piece in pieces(batch):
+                message = self._encode(piece)
                 if message.events:
                     yield message
 
@@ -232,3 +235,29 @@ class _Session:
         if left:
             log.info("multiplexed call ended: %d request(s) aborted", len(left))
         self.outbox.close()
+
+
+def pieces(batch: list[tuple[int, object]]) -> Iterator[list[tuple[int, object]]]:
+    """`batch` in order, cut into messages' worth: MAX_EVENTS_PER_MESSAGE events at most, and
+    MAX_MESSAGE_BYTES by an upper bound of their encoded size (an event over it goes alone)."""
+    piece: list[tuple[int, object]] = []
+    size = 0
+    for key, item in batch:
+        bound = _size_bound(item)
+        if piece and (len(piece) == MAX_EVENTS_PER_MESSAGE or size + bound > MAX_MESSAGE_BYTES):
+            yield piece
+            piece, size = [], 0
+        piece.append((key, item))
+        size += bound
+    if piece:
+        yield piece
+
+
+def _size_bound(item: object) -> int:
+    """At least an event's encoded size: its ids (up to 256 characters each, intentserve.ids),
+    4 bytes a character of text, 5 a token id, and the fixed fields' tags and numbers."""
+    if isinstance(item, BaseException):
+        return 1024 + 64  # the details are cut to 1 KiB (fit_status_message)
+    return (
+        64 + 4 * (len(item.request_id) + 256) + 4 * len(item.new_text) + 5 * len(item.new_token_ids)
+    )
