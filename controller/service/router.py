@@ -243,8 +243,8 @@ def _largest_field(message, prefix: str = "") -> str:
         values = value if field.is_repeated else [value]
         if field.message_type is not None:
             size = sum(v.ByteSize() for v in values)
-        else:  # text counts its bytes; a number up to 10
-            size = sum(len(v.encode()) if isinstance(v, str) else 10 for v in values)
+        else:  # text by its length (no copy of a 50 MB prompt to rank it); a number up to 10
+            size = sum(len(v) if isinstance(v, str | bytes) else 10 for v in values)
         inner = value if field.message_type is not None and not field.is_repeated else None
         sizes.append((size, field, inner))
     _, field, inner = max(sizes, key=lambda s: s[0])
