@@ -67,6 +67,12 @@ class _Request(BaseModel):
             "logit_bias": (bool(self.logit_bias), "logit_bias is not supported"),
             "logprobs": (self.logprobs not in (None, False, 0), "logprobs are not supported"),
             "best_of": (self.best_of not in (None, 1), "only best_of=1 is supported"),
+            # NOTE: 0 on the wire means "not set" (1), the opposite of what was asked.
+            "top_p": (
+                self.top_p == 0,
+                "0 is outside (0, 1]; allowed: (0, 1], or leave it out for 1 (for greedy "
+                "decoding, send temperature 0)",
+            ),
             **self._unsupported_here(),
         }
         return next((UnsupportedField(p, m) for p, (asked, m) in asks.items() if asked), None)

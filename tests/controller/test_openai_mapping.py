@@ -112,6 +112,8 @@ def test_a_chat_without_a_limit_may_fill_the_model_length():
         (lambda: chat(logprobs=True), "logprobs"),
         (lambda: chat(tools=[{"type": "function"}]), "tools"),
         (lambda: chat(response_format={"type": "json_object"}), "response_format"),
+        (lambda: completion(top_p=0), "top_p"),
+        (lambda: chat(top_p=0.0), "top_p"),
     ],
 )
 def test_what_is_not_honoured_is_refused_naming_it(body, param):
@@ -277,3 +279,14 @@ def test_a_part_that_is_not_text_is_refused_naming_it(parts, message):
     error = from_validation(info.value)
     assert (error.status, error.param) == (400, "messages[0].content")
     assert error.message == f"messages[0].content: {message}"
+
+
+def test_top_p_0_is_refused_not_read_as_unset():
+    """Found trying it: `top_p: 0` (the narrowest nucleus) went on the wire as 0, which means
+    "not set", and so sampled from the whole distribution."""
+    error = from_unsupported(completion(top_p=0).unsupported())
+    assert error.message == (
+        "top_p: 0 is outside (0, 1]; allowed: (0, 1], or leave it out for 1 "
+        "(for greedy decoding, send temperature 0)"
+    )
+    assert completion(top_p=1e-9).unsupported() is None
