@@ -298,6 +298,13 @@ def _serve(
     return EXIT_OK
 
 
+def _whole_cpus(text: str) -> int:
+    """An argparse type: what Ray's num_cpus takes, checked before anything starts."""
+    if not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}; allowed: a whole number of CPUs >= 1")
+    return int(text)
+
+
 def add_parser(commands) -> None:
     up = commands.add_parser(
         "up",
@@ -322,7 +329,7 @@ def add_parser(commands) -> None:
     )
     up.add_argument(
         "--ray-num-cpus",
-        type=float,
+        type=_whole_cpus,
         default=None,
         metavar="N",
         help="CPUs of the embedded cluster (default: what the replicas need)",

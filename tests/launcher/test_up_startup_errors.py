@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from intentserve.controller.cli.main import main
 
 
@@ -49,3 +50,13 @@ def test_a_taken_http_port_is_exit_1_naming_it(monkeypatch, capsys):
         monkeypatch.setenv("INTENTSERVE_SPEC__CONTROLLER__HTTPPORT", str(port))
         assert main(["up", "deploy/local.yaml"]) == 1
     assert f"cannot serve HTTP on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-2", "0", "0.5", "two"])
+def test_a_bad_ray_num_cpus_is_exit_2_naming_the_flag_before_anything_starts(value, capsys):
+    """It reached ray.init (Ray's own error, exit 1, after the controller had started)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "deploy/local.yaml", "--ray-num-cpus", value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --ray-num-cpus: {value!r}; allowed: a whole number of CPUs >= 1" in err
