@@ -188,13 +188,20 @@ class PagedAttentionSpec(_Section):
         return paged_attention_intent(self.mode, **given)
 
 
+# NOTE: the scheduler's numbers reach the workers' reports as uint32 fields; a larger one would
+# fail every worker at its report, each restart alike.
+_UINT32_MAX = 2**32 - 1
+
+
 class SchedulerSpec(_Section):
-    max_num_seqs: int = Field(16, ge=1)
-    max_model_len: int | None = Field(None, ge=2, description="default: the model's, capped")
-    max_num_batched_tokens: int = Field(2048, ge=1)
+    max_num_seqs: int = Field(16, ge=1, le=_UINT32_MAX)
+    max_model_len: int | None = Field(
+        None, ge=2, le=_UINT32_MAX, description="default: the model's, capped"
+    )
+    max_num_batched_tokens: int = Field(2048, ge=1, le=_UINT32_MAX)
     # Tokens per streamed message of each request after its first (which goes out at once); the
     # last message carries what is left. 1: every token as it comes.
-    stream_interval: int = Field(1, ge=1, description="tokens per streamed message")
+    stream_interval: int = Field(1, ge=1, le=_UINT32_MAX, description="tokens per streamed message")
 
 
 class ControllerSpec(_Section):

@@ -112,6 +112,28 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
             "spec.scheduler.streamInterval: invalid value 0; input should be greater than or "
             "equal to 1",
         ),
+        # Found trying it: these go on the wire as uint32; past it every worker crashed in a
+        # restart loop on "Value out of range" until the restart budget was spent.
+        (
+            "spec: {scheduler: {streamInterval: 4294967296}}",
+            "spec.scheduler.streamInterval: invalid value 4294967296; input should be less than "
+            "or equal to 4294967295",
+        ),
+        (
+            "spec: {scheduler: {maxNumSeqs: 4294967296}}",
+            "spec.scheduler.maxNumSeqs: invalid value 4294967296; input should be less than or "
+            "equal to 4294967295",
+        ),
+        (
+            "spec: {scheduler: {maxModelLen: 4294967296}}",
+            "spec.scheduler.maxModelLen: invalid value 4294967296; input should be less than or "
+            "equal to 4294967295",
+        ),
+        (
+            "spec: {scheduler: {maxNumBatchedTokens: 4294967296}}",
+            "spec.scheduler.maxNumBatchedTokens: invalid value 4294967296; input should be less "
+            "than or equal to 4294967295",
+        ),
         ("spec: {replicas: 2, minReady: 3}", "spec.minReady: invalid value 3; must be at most"),
         (
             "spec: {controller: {heartbeatIntervalS: 2, heartbeatTimeoutS: 1}}",
