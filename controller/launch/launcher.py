@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 from typing import Any
 
@@ -84,6 +85,8 @@ class RayLauncher:
             "logging_level": logging.WARNING,
         }
         if self.embedded:
+            if self._num_cpus is None:
+                self._check_host_fits(num_cpus)
             # NOTE: "local" always starts a new cluster (None would join one named by RAY_ADDRESS).
             options |= {
                 "address": "local",
@@ -202,6 +205,18 @@ class RayLauncher:
         except Exception as error:  # the worker's status() raised: a broken worker, not a crash
             detail = f"its status() raised: {summary(error)}"
             return ActorProbe(ActorState.RUNNING, {"phase": "failed", "detail": detail})
+
+    @staticmethod
+    def _check_host_fits(num_cpus: float) -> None:
+        """An embedded cluster is this host: it is sized to what the workers need, so more than
+        the host has would be promised to them, each running as many torch threads."""
+        host = len(os.sched_getaffinity(0))
+        if num_cpus > host:
+            raise LaunchError(
+                f"the workers need {num_cpus:g} CPUs in all (replicas x spec.resources.numCpus) "
+                f"but this host has {host} for an embedded Ray cluster: lower them, join a "
+                "cluster (--ray-address), or size the embedded one anyway (--ray-num-cpus)"
+            )
 
     @staticmethod
     def _check_fits(needs: dict[str, float], resources: dict[str, float]) -> None:

@@ -164,3 +164,23 @@ def test_a_second_late_start_or_another_error_is_a_launch_error(monkeypatch):
     with pytest.raises(LaunchError, match="cannot join ray://head:10001"):
         RayLauncher(address="ray://head:10001").start(1, 0)
     assert joined.inits == 1  # a joined cluster is the operator's: not retried
+
+
+def test_an_embedded_cluster_bigger_than_the_host_is_refused_before_ray_starts(monkeypatch):
+    """Found trying it: numCpus 1000 made an embedded cluster of 2000 "CPUs" on a 2-core host
+    and each worker ran 1000 torch threads, READY as if nothing were wrong."""
+    started = _FlakyRay(0, "")
+    monkeypatch.setattr(launcher_module.ray, "init", started.init)
+    monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2000.0})
+    monkeypatch.setattr(launcher_module.os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(LaunchError) as error:
+        RayLauncher().start(2000, 0)
+    assert str(error.value) == (
+        "the workers need 2000 CPUs in all (replicas x spec.resources.numCpus) but this host "
+        "has 2 for an embedded Ray cluster: lower them, join a cluster (--ray-address), or size "
+        "the embedded one anyway (--ray-num-cpus)"
+    )
+    assert started.inits == 0
+    assert RayLauncher().start(2, 0) == "embedded Ray cluster (2000 CPUs)"  # fits: goes on
+    assert RayLauncher(num_cpus=2000).start(2000, 0)  # the operator sized it: goes on
+    assert started.inits == 2
