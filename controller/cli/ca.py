@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from intentserve.controller.cli.admin import EXIT_OK, EXIT_USAGE
+from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,7 +21,11 @@ def run(args: argparse.Namespace) -> int:
     if (folder / "ca.key").exists() and not args.force:
         print(f"error: {folder / 'ca.key'} exists; --force replaces it", file=sys.stderr)
         return EXIT_USAGE
-    cert_file, key_file = DeploymentCa.create(args.name).write(folder)
+    try:
+        cert_file, key_file = DeploymentCa.create(args.name).write(folder)
+    except OSError as error:
+        print(f"error: cannot write the CA to {folder}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"wrote {cert_file} and {key_file} (owner-only)")
     return EXIT_OK
 

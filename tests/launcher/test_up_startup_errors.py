@@ -60,3 +60,15 @@ def test_a_bad_ray_num_cpus_is_exit_2_naming_the_flag_before_anything_starts(val
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --ray-num-cpus: {value!r}; allowed: a whole number of CPUs >= 1" in err
+
+
+def test_ca_into_a_folder_it_cannot_make_is_exit_1_naming_it(tmp_path, capsys):
+    """Found trying it: `intentserve ca /proc/nope` printed a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(["ca", str(blocker / "ca")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write the CA to {blocker / 'ca'}: ")
+    assert "Traceback" not in err
+    assert main(["ca", str(tmp_path / "ok")]) == 0  # a folder it can make: written
+    assert (tmp_path / "ok" / "ca.key").stat().st_mode & 0o777 == 0o600
