@@ -210,7 +210,10 @@ class RayLauncher:
     def _check_host_fits(num_cpus: float) -> None:
         """An embedded cluster is this host: it is sized to what the workers need, so more than
         the host has would be promised to them, each running as many torch threads."""
-        host = len(os.sched_getaffinity(0))
+        try:
+            host = len(os.sched_getaffinity(0))  # the CPUs this process may run on
+        except AttributeError:  # not Linux
+            host = os.cpu_count() or 1
         if num_cpus > host:
             raise LaunchError(
                 f"the workers need {num_cpus:g} CPUs in all (replicas x spec.resources.numCpus) "
