@@ -339,6 +339,7 @@ def test_an_oversized_prompt_is_refused_alone_and_the_streams_beside_it_go_on(
     text = "".join(c.choices[0].text for c in [first, *rest] if c.choices)
     assert text == "".join(f"t{i} " for i in range(20))
     assert all(len(r.prompt) < 100 for r in worker.requests)  # the big one never reached it
+    assert sample(server, "intentserve_requests_total", status="invalid_argument") == 1
 
 
 def test_a_body_over_the_limit_is_413_before_it_is_read(start_controller, make_worker):
