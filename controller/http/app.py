@@ -117,7 +117,12 @@ def build_app(frontend: Frontend) -> FastAPI:
         call = HttpCall()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
         responses = RoutedResponses(frontend.router, pb, call)
-        reply = Reply(isinstance(body, ChatCompletionRequest), body.model, pb.request_id)
+        reply = Reply(
+            isinstance(body, ChatCompletionRequest),
+            body.model,
+            pb.request_id,
+            with_logprobs=pb.sampling.HasField("logprobs"),
+        )
         try:
             # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,
             # so a stream is refused with its HTTP status too, not inside the stream.
@@ -172,7 +177,7 @@ async def _events(
         while True:
             for response in pending:
                 text, finish = reply.add(response)
-                if text or finish is not None:
+                if text or finish is not None or reply.logprobs:
                     yield _sse(reply.chunk(text, finish, **extra))
             try:
                 pending = [await anext(responses)]

@@ -67,6 +67,11 @@ def from_validation(error: ValidationError) -> OpenAIError:
     first = error.errors()[0]
     param = _param_path(first["loc"])
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = (
+            "not honoured by this server, so refused (README's HTTP API section lists every "
+            "field it honours)"
+        )
     return OpenAIError(400, f"{param}: {message}" if param else message, param=param or None)
 
 

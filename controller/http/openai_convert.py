@@ -31,20 +31,43 @@ PARAMS = {
     "stop.max_tokens": "max_tokens",
     "stop.stop": "stop",
     "stop.ignore_eos": "ignore_eos",
+    "stop.stop_token_ids": "stop_token_ids",
+    "stop.min_tokens": "min_tokens",
+    "sampling.presence_penalty": "presence_penalty",
+    "sampling.frequency_penalty": "frequency_penalty",
+    "sampling.repetition_penalty": "repetition_penalty",
+    "sampling.min_p": "min_p",
+    "sampling.logit_bias": "logit_bias",
+    "sampling.logprobs": "logprobs",
+    "chat_template_kwargs": "chat_template_kwargs",
 }
 # OpenAI's newer name for the system turn.
 ROLE_ALIASES = {"developer": "system"}
 
 
-def _generate_request(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None):
+def _generate_request(
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, logprobs: int | None
+):
     sampling = inference_pb2.SamplingParams(
         temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
         top_k=max(body.top_k or 0, 0),  # -1 (vLLM's "off") is 0 here
         top_p=body.top_p or 0.0,  # 0 on the wire means "not set"
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty or 0.0,  # 0 on the wire means "not set"
+        min_p=body.min_p,
+        logit_bias=body.token_bias,
     )
     if body.seed is not None:
         sampling.seed = body.seed
-    stop = inference_pb2.StopConditions(stop=body.stop_strings, ignore_eos=body.ignore_eos)
+    if logprobs is not None:
+        sampling.logprobs = logprobs
+    stop = inference_pb2.StopConditions(
+        stop=body.stop_strings,
+        ignore_eos=body.ignore_eos,
+        stop_token_ids=body.stop_token_ids or [],
+        min_tokens=body.min_tokens,
+    )
     if max_tokens is not None:
         stop.max_tokens = max_tokens
     return inference_pb2.GenerateRequest(request_id=new_request_id(), sampling=sampling, stop=stop)
@@ -52,7 +75,7 @@ def _generate_request(body: CompletionRequest | ChatCompletionRequest, max_token
 
 def completion_request_to_pb(body: CompletionRequest) -> inference_pb2.GenerateRequest:
     max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    request = _generate_request(body, max_tokens)
+    request = _generate_request(body, max_tokens, body.logprobs)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]  # a batch of one
@@ -66,11 +89,14 @@ def completion_request_to_pb(body: CompletionRequest) -> inference_pb2.GenerateR
 def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
     """Without a limit, the reply may fill what the model length leaves (as OpenAI's)."""
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else None
-    request = _generate_request(body, body.max_tokens if limit is None else limit)
+    limit = body.max_tokens if limit is None else limit
+    request = _generate_request(body, limit, body.num_logprobs)
     request.messages.extend(
         inference_pb2.ChatMessage(role=ROLE_ALIASES.get(m.role, m.role), content=m.text)
         for m in body.messages
     )
+    if body.chat_template_kwargs is not None:
+        request.chat_template_kwargs.update(body.chat_template_kwargs)
     return request
 
 
@@ -83,6 +109,8 @@ def param_of(field_path: str, body: CompletionRequest | ChatCompletionRequest) -
             return field_path if field_path.startswith("messages[") else "messages"
         if field_path == "stop.max_tokens":
             return body.max_tokens_param
+        if field_path == "sampling.logprobs":
+            return "top_logprobs"
     return PARAMS.get(field_path)
 
 
@@ -98,6 +126,9 @@ class Reply:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    with_logprobs: bool = False  # the request asked for them
+    logprobs: list[inference_pb2.TokenLogprobs] = field(default_factory=list)
+    num_logprob_chars: int = 0  # completions' text_offset of the next token
 
     @property
     def id(self) -> str:
@@ -106,6 +137,7 @@ class Reply:
     def add(self, response: inference_pb2.GenerateResponse) -> tuple[str, str | None]:
         """Take one response in; its text and (on the last) finish reason."""
         self.text.append(response.text)
+        self.logprobs.extend(response.logprobs)
         self.num_output_tokens = response.num_output_tokens
         finish = FINISH_REASONS.get(response.finish_reason) or None
         if finish is not None:
@@ -119,8 +151,34 @@ class Reply:
             "total_tokens": self.num_prompt_tokens + self.num_output_tokens,
         }
 
-    def _object(self, kind: str, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        choice = {"index": 0, **choice, "logprobs": None}
+    def _logprobs(self, entries) -> dict[str, Any] | None:
+        """OpenAI's logprobs object for `entries` (chat's or completions' shape)."""
+        if not self.with_logprobs:
+            return None
+        if self.chat:
+
+            def entry(e: inference_pb2.LogprobEntry) -> dict[str, Any]:
+                return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode())}
+
+            content = [
+                {**entry(t.chosen), "top_logprobs": [entry(e) for e in t.top]} for t in entries
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for t in entries:
+            offsets.append(self.num_logprob_chars)
+            self.num_logprob_chars += len(t.chosen.token)
+        return {
+            "tokens": [t.chosen.token for t in entries],
+            "token_logprobs": [t.chosen.logprob for t in entries],
+            "top_logprobs": [{e.token: e.logprob for e in t.top} for t in entries],
+            "text_offset": offsets,
+        }
+
+    def _object(
+        self, kind: str, choice: dict[str, Any], logprobs=(), **extra: Any
+    ) -> dict[str, Any]:
+        choice = {"index": 0, **choice, "logprobs": self._logprobs(logprobs)}
         return {
             "id": self.id,
             "object": kind,
@@ -136,19 +194,22 @@ class Reply:
         if self.chat:
             message = {"role": "assistant", "content": text}
             choice = {"message": message, "finish_reason": self.finish_reason}
-            return self._object("chat.completion", choice, usage=self.usage())
+            return self._object("chat.completion", choice, self.logprobs, usage=self.usage())
         choice = {"text": text, "finish_reason": self.finish_reason}
-        return self._object("text_completion", choice, usage=self.usage())
+        return self._object("text_completion", choice, self.logprobs, usage=self.usage())
 
     def chunk(self, text: str, finish: str | None, *, first: bool = False, **extra: Any):
-        """One `stream: true` chunk; the chat stream's first says who speaks."""
+        """One `stream: true` chunk; the chat stream's first says who speaks. It carries the
+        logprobs of the tokens taken in since the previous chunk."""
+        logprobs, self.logprobs = self.logprobs, []
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             if finish is not None and not text:
                 delta = {}
             choice = {"delta": delta, "finish_reason": finish}
-            return self._object("chat.completion.chunk", choice, **extra)
-        return self._object("text_completion", {"text": text, "finish_reason": finish}, **extra)
+            return self._object("chat.completion.chunk", choice, logprobs, **extra)
+        choice = {"text": text, "finish_reason": finish}
+        return self._object("text_completion", choice, logprobs, **extra)
 
     def usage_chunk(self) -> dict[str, Any]:
         """`stream_options.include_usage`: the last chunk, with no choice and the usage."""

@@ -1,16 +1,19 @@
-"""The request bodies of OpenAI's `/v1/completions` and `/v1/chat/completions`, as far as this
-server honours them.
+"""The request bodies of OpenAI's `/v1/completions` and `/v1/chat/completions` (with vLLM's
+extra sampling fields), as far as this server honours them.
 
 Only the JSON's shape is checked here (types, and the ranges the protobuf fields can hold); every
 check of a value's meaning (temperature >= 0, top_p in (0, 1], max_tokens within the model length)
-is the worker's, for HTTP and gRPC alike. A field this server cannot honour is refused naming it
-when it asks for something (`n: 2`, `logprobs: 5`), never silently ignored; fields that change
-nothing here (`user`, `metadata`, ...) are ignored.
+is the worker's, for HTTP and gRPC alike. Nothing is accepted and dropped: a field this server
+does not know is refused naming it (`extra="forbid"`), and a known field whose value asks for
+what nothing here does (`n: 2`, `echo: true`, `tools`) is refused naming it; only its neutral
+value (`n: 1`, `tool_choice: "none"`) passes. `user` and `safety_identifier` are labels for the
+client's own accounting: they ask for nothing and pass.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -28,12 +31,39 @@ class UnsupportedField(ValueError):
         self.param = param
 
 
+def _given(value: Any) -> bool:
+    return value is not None
+
+
+def _first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], bool], str]]):
+    """The first (field, message) of `refusals` whose value asks for something."""
+    for name, (asks, message) in refusals.items():
+        value = getattr(model, name)
+        if value is not None and asks(value):
+            return name, message
+    return None
+
+
+TOOLS = "tool calling is not supported by this server"
+STRUCTURED = "structured outputs are not supported by this server; allowed: {'type': 'text'}"
+# Fields that ask for what nothing here does: (does this value ask for it?, why refused).
+REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (lambda v: v != 1, "only n=1 is supported: send one request per choice"),
+    "echo": (bool, "echo is not supported"),
+    "response_format": (lambda v: v.get("type") != "text", STRUCTURED),
+    "tool_choice": (lambda v: v != "none", f"{TOOLS}; allowed: 'none'"),
+}
+
+
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
+    refusals: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = REFUSALS
 
     model: str
     max_tokens: UInt32 | None = None
@@ -41,41 +71,55 @@ class _Request(BaseModel):
     top_p: float | None = None
     seed: UInt64 | None = None
     stop: str | list[str] | None = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Not in OpenAI's API; vLLM's names. top_k -1 (vLLM's "off") is 0 here.
-    top_k: Annotated[int, Field(ge=-1, le=2**32 - 1)] | None = None
-    ignore_eos: bool = False
-    # Asked for, these are refused (nothing here would honour them).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    best_of: int | None = None
+    user: str | None = None  # a label: asks for nothing
+    # Not in OpenAI's API; vLLM's names. top_k -1 (vLLM's "off") is 0 here.
+    top_k: Annotated[int, Field(ge=-1, le=2**32 - 1)] | None = None
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    min_tokens: UInt32 = 0
+    stop_token_ids: list[UInt32] | None = None
+    ignore_eos: bool = False
+    # Only their neutral values pass (REFUSALS).
+    n: int | None = None
+    echo: bool | None = None
+    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:
+            if not key.isdigit() or int(key) >= 2**32:
+                raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
+        return bias
 
     def unsupported(self) -> UnsupportedField | None:
         """The first field that asks for what this server does not do."""
         asks = {
-            "n": (self.n != 1, "only n=1 is supported: send one request per choice"),
             "stream_options": (
                 self.stream_options is not None and not self.stream,
                 "only allowed when stream is true",
             ),
-            "presence_penalty": (self.presence_penalty != 0, "penalties are not supported"),
-            "frequency_penalty": (self.frequency_penalty != 0, "penalties are not supported"),
-            "logit_bias": (bool(self.logit_bias), "logit_bias is not supported"),
-            "logprobs": (self.logprobs not in (None, False, 0), "logprobs are not supported"),
-            "best_of": (self.best_of not in (None, 1), "only best_of=1 is supported"),
             # NOTE: 0 on the wire means "not set" (1), the opposite of what was asked.
             "top_p": (
                 self.top_p == 0,
                 "0 is outside (0, 1]; allowed: (0, 1], or leave it out for 1 (for greedy "
                 "decoding, send temperature 0)",
             ),
+            "repetition_penalty": (
+                self.repetition_penalty == 0,
+                "0 is outside (0, inf); allowed: > 0 (1 is off)",
+            ),
             **self._unsupported_here(),
         }
-        return next((UnsupportedField(p, m) for p, (asked, m) in asks.items() if asked), None)
+        first = next(((p, m) for p, (asked, m) in asks.items() if asked), None)
+        first = first or _first_asked(self, self.refusals)
+        return None if first is None else UnsupportedField(*first)
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
         return {}
@@ -88,33 +132,59 @@ class _Request(BaseModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    @property
+    def token_bias(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
 
 class CompletionRequest(_Request):
+    refusals: ClassVar = {
+        **REFUSALS,
+        "best_of": (lambda v: v != 1, "only best_of=1 is supported"),
+        "suffix": (bool, "suffix (insertion) is not supported"),
+    }
+
     # Text, token ids, or a batch of one of either.
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    logprobs: UInt32 | None = None
+    best_of: int | None = None
     suffix: str | None = None
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
         batched = isinstance(self.prompt, list) and bool(self.prompt)
         batched = batched and not isinstance(self.prompt[0], int) and len(self.prompt) != 1
-        return {
-            "prompt": (batched, "one prompt per request: batched prompts are not supported"),
-            "echo": (self.echo, "echo is not supported"),
-            "suffix": (bool(self.suffix), "suffix (insertion) is not supported"),
-        }
+        return {"prompt": (batched, "one prompt per request: batched prompts are not supported")}
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
+    # What the SDK's own reply object dumps passes when empty; a value asks for something.
+    refusals: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
+        "name": (_given, "participant names are not supported"),
+        "tool_calls": (bool, TOOLS),
+        "tool_call_id": (_given, TOOLS),
+        "function_call": (_given, TOOLS),
+        "audio": (_given, "audio is not supported (this deployment serves a text model)"),
+        "refusal": (_given, "a refusal turn is not supported; send it as content"),
+        "annotations": (bool, "annotations are not supported"),
+    }
 
     role: str
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    function_call: Any = None
+    audio: Any = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -139,19 +209,49 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Request):
+    refusals: ClassVar = {
+        **REFUSALS,
+        "tools": (bool, TOOLS),
+        "parallel_tool_calls": (_given, TOOLS),
+        "store": (bool, "nothing is stored by this server; allowed: false"),
+        "modalities": (lambda v: v != ["text"], "only text is served; allowed: ['text']"),
+        "service_tier": (
+            lambda v: v not in ("auto", "default"),
+            "one tier is served; allowed: 'auto', 'default'",
+        ),
+    }
+
     messages: list[ChatMessage]
     max_completion_tokens: UInt32 | None = None
-    top_logprobs: int | None = None
+    logprobs: bool = False
+    top_logprobs: UInt32 | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    safety_identifier: str | None = None  # a label, as `user`: asks for nothing
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    modalities: list[str] | None = None
+    service_tier: str | None = None
+
+    def unsupported(self) -> UnsupportedField | None:
+        for i, message in enumerate(self.messages):
+            asked = _first_asked(message, ChatMessage.refusals)
+            if asked is not None:
+                return UnsupportedField(f"messages[{i}].{asked[0]}", asked[1])
+        return super().unsupported()
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
-        text_only = self.response_format is None or self.response_format.get("type") == "text"
         return {
-            "top_logprobs": (self.top_logprobs is not None, "logprobs are not supported"),
-            "tools": (bool(self.tools), "tools are not supported"),
-            "response_format": (not text_only, "only the text response format is supported"),
+            "top_logprobs": (
+                self.top_logprobs is not None and not self.logprobs,
+                "only allowed when logprobs is true",
+            ),
         }
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """How many alternatives per token (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def max_tokens_param(self) -> str:

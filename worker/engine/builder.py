@@ -113,10 +113,12 @@ def build_engine(
     )
     if config.no_kv_cache:
         kv = realize_without_cache(request, loaded)
-        runner = RecomputeRunner(loaded.model, device)
+        runner = RecomputeRunner(loaded.model, device, loaded.tokenizer.eos_token_ids)
     else:
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
-        runner = ModelRunner(loaded.model, kv.attention, kv.pool.block_size, device)
+        runner = ModelRunner(
+            loaded.model, kv.attention, kv.pool.block_size, device, loaded.tokenizer.eos_token_ids
+        )
     # Packed before the weights are counted: a tied head's packed copy is resident too.
     matmuls = _pack_for_cpu(config, loaded, device)
     _weights_on_huge_pages(loaded, device)

@@ -1,7 +1,7 @@
 """The engine loop: schedule, run, postprocess; plus the request surface around it.
 
 output = scheduler.schedule()
-samples = runner.run(output, params_of)
+samples = runner.run(output, seq_of)
 stops = {seq_id: why for each sampled token that ends its request}  # EOS, stop ids, stop strings
 scheduler.abort(seq_id, ERROR) for each request that failed alone (sampling, stop checks, logits)
 finished = scheduler.postprocess(output, samples.tokens, stops)
@@ -24,8 +24,15 @@ from collections.abc import Sequence as Seq
 from intentserve.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.realized import RealizedReport
-from intentserve.worker.engine.request import PreparedRequest, RequestOutput, RequestState
+from intentserve.worker.engine.request import (
+    LogprobEntry,
+    OutputLogprobs,
+    PreparedRequest,
+    RequestOutput,
+    RequestState,
+)
 from intentserve.worker.engine.runner import Runner
+from intentserve.worker.engine.sampler import TokenLogprobs
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 from intentserve.worker.sched.scheduler import Scheduler
@@ -71,6 +78,7 @@ class Engine:
         params = params or SamplingParams()
         if request_id and (problem := request_id_problem(request_id)) is not None:
             raise InvalidRequestError("request_id", problem)
+        self._check_token_ids(params)
         prompt_ids = self._prompt_ids(prompt, chat)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
@@ -127,11 +135,13 @@ class Engine:
             return []
         # NOTE: an exception from the runner is the step's own (the forward): the caller fails
         # the batch. Whatever belongs to one request comes back as a value.
-        samples = self.runner.run(output, lambda seq_id: self._seqs[seq_id].params)
+        samples = self.runner.run(output, self._seqs.__getitem__)
         failures = dict(samples.failures)
         stops: dict[str, FinishReason] = {}
         for seq_id, token_id in samples.tokens.items():
             try:
+                if seq_id in samples.logprobs and seq_id in self._requests:
+                    self._requests[seq_id].logprobs.append(self._named(samples.logprobs[seq_id]))
                 reason = self._stop_reason(seq_id, token_id)
             except Exception as error:
                 log.exception("detokenizing or stop checks failed for request %s", seq_id)
@@ -171,9 +181,11 @@ class Engine:
             raise
         tokens: dict[str, list[int]] = {r: [] for r in order}
         text: dict[str, list[str]] = {r: [] for r in order}
+        lps: dict[str, list] = {r: [] for r in order}
         last: dict[str, RequestOutput] = {}
         for out in self.stream():
             tokens[out.request_id] += out.new_token_ids
+            lps[out.request_id] += out.logprobs
             text[out.request_id].append(out.new_text)
             last[out.request_id] = out
         return [
@@ -186,11 +198,36 @@ class Engine:
                 last[r].num_prompt_tokens,
                 last[r].num_output_tokens,
                 last[r].error,
+                tuple(lps[r]),
             )
             for r in order
         ]
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """Token ids a request names must be the model's (logit_bias and min_tokens index the
+        logits by them)."""
+        vocab = self.runner.model.config.vocab_size
+        for name, ids in (
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    name, f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
+                )
+
+    def _named(self, logprobs: TokenLogprobs) -> OutputLogprobs:
+        def entry(token_id: int, logprob: float) -> LogprobEntry:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            return LogprobEntry(token_id, text, logprob)
+
+        return OutputLogprobs(
+            entry(logprobs.token_id, logprobs.logprob),
+            tuple(entry(t, lp) for t, lp in logprobs.top),
+        )
 
     def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
         if isinstance(prompt, Conversation):
@@ -255,6 +292,7 @@ class Engine:
     def _output(self, seq_id: str, finished: bool) -> RequestOutput:
         seq, state = self._seqs[seq_id], self._requests[seq_id]
         new_ids = tuple(seq.output_token_ids[state.num_emitted_tokens :])
+        logprobs = tuple(state.logprobs[state.num_emitted_tokens :])
         state.num_emitted_tokens = seq.num_output_tokens
         return RequestOutput(
             request_id=seq_id,
@@ -264,6 +302,7 @@ class Engine:
             finish_reason=seq.finish_reason if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+            logprobs=logprobs,
         )
 
     def _fail(self, seq_id: str, cause: str) -> RequestOutput | None:

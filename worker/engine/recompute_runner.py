@@ -10,25 +10,25 @@ from collections.abc import Callable
 
 import torch
 from intentserve.worker.engine.sampler import Sampler, StepSamples
-from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.reference_attention import CausalAttention
 from intentserve.worker.sched.scheduler_output import SchedulerOutput
+from intentserve.worker.sched.sequence import Sequence
 
 
 class RecomputeRunner:
-    def __init__(self, model: LlamaModel, device: torch.device) -> None:
+    def __init__(
+        self, model: LlamaModel, device: torch.device, eos_token_ids: tuple[int, ...] = ()
+    ) -> None:
         self.model = model
         self.device = device
-        self.sampler = Sampler()
+        self.sampler = Sampler(eos_token_ids)
         self.attention = CausalAttention(model.config.layer_windows)
         # Token ids each sequence has been fed so far: the only per-sequence state kept.
         self._history: dict[str, list[int]] = {}
 
     @torch.inference_mode()
-    def run(
-        self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
-    ) -> StepSamples:
+    def run(self, output: SchedulerOutput, seq_of: Callable[[str], Sequence]) -> StepSamples:
         seq_ids, last_logits = [], []
         for item in output.scheduled:
             # NOTE: start_pos drops back to 0 after a preemption; slicing keeps history exact.
@@ -43,7 +43,8 @@ class RecomputeRunner:
             seq_ids.append(item.seq_id)
         if not seq_ids:
             return StepSamples({}, {})
-        return self.sampler.sample(torch.cat(last_logits), seq_ids, [params_of(s) for s in seq_ids])
+        seqs = [seq_of(s) for s in seq_ids]
+        return self.sampler.sample(torch.cat(last_logits), seq_ids, [s.params for s in seqs], seqs)
 
     def forget(self, seq_id: str) -> None:
         self._history.pop(seq_id, None)

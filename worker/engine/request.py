@@ -19,6 +19,23 @@ class PreparedRequest:
 
 
 @dataclass(frozen=True)
+class LogprobEntry:
+    """A token, its text alone, and its log-probability."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class OutputLogprobs:
+    """One generated token's log-probability and the likeliest at its position."""
+
+    chosen: LogprobEntry
+    top: tuple[LogprobEntry, ...]
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """One streaming delta: what a request produced since its previous output."""
 
@@ -30,6 +47,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str = ""  # why the request failed, when finish_reason is ERROR
+    logprobs: tuple[OutputLogprobs, ...] = ()  # one per new token, when the request asked
 
 
 class RequestState:
@@ -45,6 +63,7 @@ class RequestState:
         self.num_emitted_chars = 0
         self.num_emitted_tokens = 0
         self.stopped_by_string = False
+        self.logprobs: list[OutputLogprobs] = []  # one per token, when the request asked
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
 
     def on_token(self, token_id: int) -> bool:

@@ -8,9 +8,9 @@ from typing import Protocol
 import torch
 from intentserve.worker.attention.batch import build_step_batch
 from intentserve.worker.engine.sampler import Sampler, StepSamples
-from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.sched.scheduler_output import SchedulerOutput
+from intentserve.worker.sched.sequence import Sequence
 
 
 class Runner(Protocol):
@@ -18,25 +18,28 @@ class Runner(Protocol):
 
     model: LlamaModel
 
-    def run(
-        self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
-    ) -> StepSamples: ...
+    def run(self, output: SchedulerOutput, seq_of: Callable[[str], Sequence]) -> StepSamples: ...
 
     def forget(self, seq_id: str) -> None: ...
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, attention, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        attention,
+        block_size: int,
+        device: torch.device,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
         self.model = model
         self.attention = attention  # TorchPagedAttention or FlashPagedAttention over the KV pool
         self.block_size = block_size
         self.device = device
-        self.sampler = Sampler()
+        self.sampler = Sampler(eos_token_ids)
 
     @torch.inference_mode()
-    def run(
-        self, output: SchedulerOutput, params_of: Callable[[str], SamplingParams]
-    ) -> StepSamples:
+    def run(self, output: SchedulerOutput, seq_of: Callable[[str], Sequence]) -> StepSamples:
         """A sampled token (or why not) for each sequence whose step reaches its end.
 
         An exception here is the step's own failure (the forward); a request's is a value."""
@@ -53,7 +56,8 @@ class ModelRunner:
         last_rows = torch.tensor([batch.query_start[i + 1] - 1 for i in wanted], device=self.device)
         logits = self.model.compute_logits(hidden[last_rows])  # [N, vocab] float32
         seq_ids = [scheduled[i].seq_id for i in wanted]
-        return self.sampler.sample(logits, seq_ids, [params_of(s) for s in seq_ids])
+        seqs = [seq_of(s) for s in seq_ids]
+        return self.sampler.sample(logits, seq_ids, [s.params for s in seqs], seqs)
 
     def forget(self, seq_id: str) -> None:
         self.sampler.forget(seq_id)

@@ -1,5 +1,11 @@
 """Next-token choice for a batch of rows: greedy rows by argmax, the rest by temperature, top-k,
-top-p and an optional per-request seed (a request's draws do not depend on its batch mates).
+top-p, min_p and an optional per-request seed (a request's draws do not depend on its batch
+mates), after the changes a request asks for in its logits (logits_processing); and, for rows
+that ask, the log-probabilities of the model's own distribution.
+
+Batched tensor work: one argmax pass over every row; the rows that sample are drawn together
+(an exponential race, `argmax(p / q)` with q ~ Exp(1), which draws from p); only the seeded rows
+fill their q from their own generator, one call each.
 
 A row that cannot be sampled is that request's failure alone: it comes back as a value in
 `StepSamples.failures` (logits that are not finite, an error while sampling), and every other
@@ -12,10 +18,11 @@ import functools
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from intentserve.worker.attention.cpu_kernels import KernelUnavailable, fused_ops
+from intentserve.worker.engine.logits_processing import TokenHistory, process_logits
 from intentserve.worker.engine.sampling import SamplingParams
 from torch import Tensor
 
@@ -33,12 +40,23 @@ def _compiled_max_argmax():
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's log-probability and the likeliest tokens' (most likely first), of the
+    model's distribution before any penalty, bias or temperature."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
 class StepSamples:
     """One step's sampling: a token for each row that could be sampled, and for each that could
-    not, why (a sentence that names the stage)."""
+    not, why (a sentence that names the stage); logprobs for the rows that asked."""
 
     tokens: dict[str, int]
     failures: dict[str, str]
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 def argmax_rows(logits: Tensor, chunk: int = 1024) -> Tensor:
@@ -86,67 +104,167 @@ def max_and_argmax_rows(
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)  # banned below a request's min_tokens
         # One generator per seeded request, advanced only by that request's own draws.
         self._generators: dict[str, torch.Generator] = {}
 
     def forget(self, seq_id: str) -> None:
         self._generators.pop(seq_id, None)
 
-    def _generator(self, seq_id: str, params: SamplingParams) -> torch.Generator | None:
-        if params.seed is None:
-            return None
+    def _generator(self, seq_id: str, params: SamplingParams) -> torch.Generator:
         gen = self._generators.get(seq_id)
         if gen is None:
             gen = self._generators[seq_id] = torch.Generator().manual_seed(params.seed)
         return gen
 
     def sample(
-        self, logits: Tensor, seq_ids: Sequence[str], params: Sequence[SamplingParams]
+        self,
+        logits: Tensor,
+        seq_ids: Sequence[str],
+        params: Sequence[SamplingParams],
+        histories: Sequence[TokenHistory] | None = None,
     ) -> StepSamples:
-        """logits: [N, vocab] float32 on any device -> a token per row, or why not."""
+        """logits: [N, vocab] float32 on any device -> a token per row, or why not. `histories`
+        (each row's tokens so far) are needed when a row asks for penalties or min_tokens.
+
+        NOTE: the logits of the rows that ask for changes (logit_bias, penalties, min_tokens)
+        are changed in place."""
         # NOTE: amax propagates NaN, so a row maximum that is not finite flags NaN, +inf, or a
         # row with no finite value; -inf entries alone are tokens that are never drawn.
         # NOTE: isfinite in Python, on the N maxima as floats: the step's first torch op after the
         # LM head's kernel (56 MB of weights streamed through the caches) took 40-100 us there.
         row_max, chosen = max_and_argmax_rows(logits)
         finite = [math.isfinite(m) for m in row_max.tolist()]
-        chosen = chosen.tolist()  # [N]
-        tokens: dict[str, int] = {}
-        failures: dict[str, str] = {}
-        for row, (seq_id, p) in enumerate(zip(seq_ids, params, strict=True)):
-            if not finite[row]:
-                failures[seq_id] = "logits: the model's logits for this request are not finite"
-            elif p.greedy:
-                tokens[seq_id] = chosen[row]
+        failures = {
+            seq_ids[row]: "logits: the model's logits for this request are not finite"
+            for row in range(len(seq_ids))
+            if not finite[row]
+        }
+        ok = [row for row in range(len(seq_ids)) if finite[row]]
+        logprob_rows = [row for row in ok if params[row].logprobs is not None]
+        # NOTE: of the model's distribution, so before the logits change below.
+        log_probs = torch.log_softmax(logits[logprob_rows], dim=-1) if logprob_rows else None
+        tokens = chosen.tolist()  # [N]
+        changed = [row for row in ok if params[row].processes_logits]
+        if changed:
+            index = torch.tensor(changed, device=logits.device)
+            sub = logits.index_select(0, index)  # [C, vocab]
+            process_logits(
+                sub,
+                [params[r] for r in changed],
+                [histories[r] for r in changed],
+                self.eos_token_ids,
+            )
+            logits.index_copy_(0, index, sub)
+            for row, token in zip(changed, sub.argmax(dim=-1).tolist(), strict=True):
+                tokens[row] = token
+        drawn = [row for row in ok if not params[row].greedy]
+        if drawn:
+            try:
+                draws = self._draw(logits, drawn, [seq_ids[r] for r in drawn], params)
+            except Exception as error:  # NOTE: these rows' failure, not the greedy rows'
+                log.exception("sampling failed for requests %s", [seq_ids[r] for r in drawn])
+                failures.update(
+                    {seq_ids[r]: f"sampling: {type(error).__name__}: {error}" for r in drawn}
+                )
+                ok = [row for row in ok if params[row].greedy]
             else:
-                try:
-                    tokens[seq_id] = self._sample_row(logits[row], p, self._generator(seq_id, p))
-                except Exception as error:  # NOTE: this request's failure, not its batch's
-                    log.exception("sampling failed for request %s", seq_id)
-                    failures[seq_id] = f"sampling: {type(error).__name__}: {error}"
-        return StepSamples(tokens, failures)
+                draws, failed = draws
+                for row, token in zip(drawn, draws, strict=True):
+                    tokens[row] = token
+                failures.update({seq_ids[drawn[i]]: why for i, why in failed.items()})
+                ok = [row for row in ok if seq_ids[row] not in failures]
+        samples = {seq_ids[row]: tokens[row] for row in ok}
+        return StepSamples(
+            samples,
+            failures,
+            self._logprobs(log_probs, logprob_rows, tokens, seq_ids, params, samples),
+        )
 
     @staticmethod
-    def _sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-        """One draw from finite logits [vocab], in float64 (which holds every float32 exactly).
+    def _logprobs(log_probs, rows, tokens, seq_ids, params, samples) -> dict[str, TokenLogprobs]:
+        if log_probs is None:
+            return {}
+        device = log_probs.device
+        chosen = log_probs.gather(
+            1, torch.tensor([tokens[r] for r in rows], device=device)[:, None]
+        )
+        num_top = max(params[r].logprobs for r in rows)
+        top_values, top_ids = log_probs.topk(num_top, dim=-1) if num_top else (None, None)
+        result = {}
+        for i, row in enumerate(rows):
+            if seq_ids[row] not in samples:
+                continue
+            k = params[row].logprobs
+            top = ()
+            if k:
+                top = tuple(zip(top_ids[i, :k].tolist(), top_values[i, :k].tolist(), strict=True))
+            result[seq_ids[row]] = TokenLogprobs(tokens[row], float(chosen[i, 0]), top)
+        return result
 
-        The logits are shifted so that the best is 0 before dividing by the temperature: every
-        scaled value is <= 0 and none overflows, whatever the (finite, positive) temperature.
-        A temperature so small that every other token's exp() underflows draws among the best
-        tokens only, i.e. it is greedy.
+    def _draw(
+        self, logits: Tensor, rows: list[int], seq_ids: list[str], params: Sequence[SamplingParams]
+    ) -> tuple[list[int], dict[int, str]]:
+        """One draw per row of `rows` from finite logits, in float64 (which holds every float32
+        exactly); and the rows (by position in `rows`) whose own draws failed, with why.
+
+        The logits are shifted so that each row's best is 0 before dividing by the temperature:
+        every scaled value is <= 0 and none overflows, whatever the (finite, positive)
+        temperature. A temperature so small that every other token's exp() underflows draws
+        among the best tokens only, i.e. it is greedy.
         """
-        values = logits.detach().to("cpu", torch.float64)  # [vocab]
-        scaled = (values - values.max()) / p.temperature
-        if p.top_k:
+        ps = [params[r] for r in rows]
+        device = logits.device
+        values = logits[rows].to(torch.float64)  # [R, vocab]
+        vocab = values.shape[1]
+
+        def column(name: str) -> Tensor:
+            return torch.tensor([getattr(p, name) for p in ps], dtype=torch.float64, device=device)[
+                :, None
+            ]
+
+        scaled = (values - values.amax(dim=-1, keepdim=True)) / column("temperature")
+        top_ks = [min(p.top_k, vocab) if p.top_k else vocab for p in ps]
+        if min(top_ks) < vocab:
             # On the unscaled values: scaling may round distinct logits to one value.
-            kth = torch.topk(values, min(p.top_k, values.numel())).values[-1]
+            num_top = max(k for k in top_ks if k < vocab)
+            kth = values.topk(num_top, dim=-1).values  # [R, num_top]
+            kth = kth.gather(
+                1, torch.tensor([min(k, num_top) - 1 for k in top_ks], device=device)[:, None]
+            )
+            kth[torch.tensor([k == vocab for k in top_ks], device=device)] = float("-inf")
             scaled = scaled.masked_fill(values < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)  # the best token has exp(0) = 1: the sum is >= 1
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
+        probs = torch.softmax(scaled, dim=-1)  # [R, vocab]
+        if any(p.top_p < 1.0 for p in ps):
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=gen))
+            drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= column("top_p")
+            probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+        if any(p.min_p for p in ps):
+            floor = column("min_p") * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < floor, 0.0)
+        race = torch.empty_like(probs)
+        unseeded = [i for i, p in enumerate(ps) if p.seed is None]
+        if unseeded:
+            race[unseeded] = torch.empty(
+                len(unseeded), vocab, dtype=torch.float64, device=device
+            ).exponential_()
+        failed: dict[int, str] = {}
+        for i, p in enumerate(ps):
+            if p.seed is not None:
+                try:
+                    race[i] = self._seeded_noise(seq_ids[i], p, vocab)
+                except Exception as error:  # NOTE: this request's failure, not its batch's
+                    log.exception("sampling failed for request %s", seq_ids[i])
+                    failed[i] = f"sampling: {type(error).__name__}: {error}"
+                    race[i] = 1.0
+        # NOTE: q = 0 would make 0 / 0 (NaN) win the argmax for a dropped token.
+        race.clamp_(min=torch.finfo(torch.float64).tiny)
+        return (probs / race).argmax(dim=-1).tolist(), failed
+
+    def _seeded_noise(self, seq_id: str, params: SamplingParams, vocab: int) -> Tensor:
+        """A seeded request's Exp(1) draws [vocab], from its own generator alone."""
+        return torch.empty(vocab, dtype=torch.float64).exponential_(
+            generator=self._generator(seq_id, params)
+        )

@@ -15,6 +15,8 @@ from numbers import Real
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # entries, as MAX_STOP_TOKEN_IDS: bounded work per step
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
 SEED_LIMIT = 2**64  # a seed is an unsigned 64-bit integer (the proto's uint64)
 
 
@@ -40,6 +42,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = field(default=())
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # subtracted once from each generated token's logit
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides (multiplies) positive (negative) seen logits
+    min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability
+    min_tokens: int = 0  # EOS and stop_token_ids cannot end the request before this many
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # None: none; k: the chosen token's and the k likeliest
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
@@ -59,6 +68,43 @@ class SamplingParams:
                 "seed", f"must be an integer in [0, 2**64), got {self.seed!r}"
             )
         self._check_stop()
+        self._check_logits_processing()
+
+    def _check_logits_processing(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, Real) or not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(name, f"must be in [-2, 2] (0 is off), got {value!r}")
+        rp = self.repetition_penalty
+        if not isinstance(rp, Real) or not 0.0 < rp < math.inf:
+            raise InvalidRequestError(
+                "repetition_penalty", f"must be finite and > 0 (1 is off), got {rp!r}"
+            )
+        if not isinstance(self.min_p, Real) or not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError("min_p", f"must be in [0, 1] (0 is off), got {self.min_p!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise InvalidRequestError("min_tokens", f"must be >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens", f"{self.min_tokens} is more than max_tokens ({self.max_tokens})"
+            )
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(
+                "logit_bias", f"{len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS}"
+            )
+        for token_id, bias in self.logit_bias:
+            if not _is_int(token_id) or token_id < 0:
+                raise InvalidRequestError("logit_bias", f"{token_id!r} is not a token id")
+            if not isinstance(bias, Real) or not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError(
+                    "logit_bias", f"token {token_id}: {bias!r} is outside [-100, 100]"
+                )
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidRequestError(
+                "logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
 
     def _check_stop(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -81,3 +127,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty applies (each needs the request's token history)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the model's logits change before sampling (beyond temperature, top-k/p)."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0

@@ -10,12 +10,15 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
 from intentserve.worker.engine.chat import ChatMessage, Conversation
 from intentserve.worker.engine.realized import RealizedReport
-from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.request import LogprobEntry, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.engine_loop import EngineLoad
@@ -30,6 +33,13 @@ PROTO_FIELDS = {
     "top_p": "sampling.top_p",
     "seed": "sampling.seed",
     "stop_token_ids": "stop.stop_token_ids",
+    "presence_penalty": "sampling.presence_penalty",
+    "frequency_penalty": "sampling.frequency_penalty",
+    "repetition_penalty": "sampling.repetition_penalty",
+    "min_p": "sampling.min_p",
+    "logit_bias": "sampling.logit_bias",
+    "logprobs": "sampling.logprobs",
+    "min_tokens": "stop.min_tokens",
 }
 
 FINISH_REASONS = {
@@ -64,6 +74,7 @@ class GenerateCall:
 
 
 def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall:
+    _refuse_unknown_fields(msg)
     with proto_field_names():
         params = SamplingParams(
             max_tokens=msg.stop.max_tokens if msg.stop.HasField("max_tokens") else None,
@@ -74,6 +85,13 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
             stop_token_ids=tuple(msg.stop.stop_token_ids),
             stop=tuple(msg.stop.stop),
             ignore_eos=msg.stop.ignore_eos,
+            presence_penalty=msg.sampling.presence_penalty,
+            frequency_penalty=msg.sampling.frequency_penalty,
+            repetition_penalty=msg.sampling.repetition_penalty or 1.0,  # 0 means "not set"
+            min_p=msg.sampling.min_p,
+            min_tokens=msg.stop.min_tokens,
+            logit_bias=tuple(sorted(msg.sampling.logit_bias.items())),
+            logprobs=msg.sampling.logprobs if msg.sampling.HasField("logprobs") else None,
         )
     return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
 
@@ -84,8 +102,35 @@ def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...]
             raise InvalidRequestError(
                 "messages", "give a conversation or a prompt (prompt, prompt_token_ids), not both"
             )
-        return Conversation(tuple(ChatMessage(m.role, m.content) for m in msg.messages))
+        return Conversation(
+            tuple(ChatMessage(m.role, m.content) for m in msg.messages),
+            json_format.MessageToDict(msg.chat_template_kwargs),
+        )
+    if msg.HasField("chat_template_kwargs"):
+        raise InvalidRequestError(
+            "chat_template_kwargs", "applies to a conversation (messages), which was not given"
+        )
     return tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
+
+
+def _refuse_unknown_fields(msg: Message, path: str = "") -> None:
+    """A field this worker's GenerateRequest does not have (a newer client's) is refused by its
+    number, never ignored: whatever it asked for would not be honoured."""
+    unknown = UnknownFieldSet(msg)
+    if len(unknown):
+        raise InvalidRequestError(
+            f"{path}#{unknown[0].field_number}",
+            "this server does not know this field (a newer client's?): not honoured, so refused",
+        )
+    for descriptor, value in msg.ListFields():
+        if descriptor.message_type is None or descriptor.message_type.GetOptions().map_entry:
+            continue
+        name = f"{path}{descriptor.name}"
+        if descriptor.is_repeated:
+            for i, item in enumerate(value):
+                _refuse_unknown_fields(item, f"{name}[{i}].")
+        elif descriptor.message_type.full_name != "google.protobuf.Struct":
+            _refuse_unknown_fields(value, f"{name}.")
 
 
 def generate_response_to_pb(
@@ -106,7 +151,16 @@ def fill_generate_response(
         msg.num_prompt_tokens = output.num_prompt_tokens
     msg.num_output_tokens = output.num_output_tokens
     msg.worker_id = worker_id
+    for logprobs in output.logprobs:
+        entry = msg.logprobs.add()
+        _entry_to_pb(entry.chosen, logprobs.chosen)
+        for top in logprobs.top:
+            _entry_to_pb(entry.top.add(), top)
     return msg
+
+
+def _entry_to_pb(msg: inference_pb2.LogprobEntry, entry: LogprobEntry) -> None:
+    msg.token_id, msg.token, msg.logprob = entry.token_id, entry.token, entry.logprob
 
 
 def worker_info_to_pb(

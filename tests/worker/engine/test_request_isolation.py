@@ -67,14 +67,14 @@ FAILS_AT_TOKEN = 3
 
 
 def inject_sampling_failure(monkeypatch):
-    sample_row = Sampler._sample_row
+    seeded_noise = Sampler._seeded_noise
 
-    def failing(logits, params, gen):
+    def failing(sampler, seq_id, params, vocab):
         if params.seed == POISON_SEED:
             raise RuntimeError("injected sampling failure")
-        return sample_row(logits, params, gen)
+        return seeded_noise(sampler, seq_id, params, vocab)
 
-    monkeypatch.setattr(Sampler, "_sample_row", staticmethod(failing))
+    monkeypatch.setattr(Sampler, "_seeded_noise", failing)
     request_id, prompt, _ = POISON
     return (request_id, prompt, replace(SAMPLED, seed=POISON_SEED)), 0
 

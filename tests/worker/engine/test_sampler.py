@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from intentserve.worker.engine.logits_processing import process_logits
 from intentserve.worker.engine.sampler import Sampler
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 
@@ -105,3 +106,73 @@ def test_values_the_sampler_cannot_use_are_refused_naming_the_field(field, value
         with pytest.raises(InvalidRequestError) as info:
             SamplingParams(max_tokens=1, **{field: value})
         assert info.value.field == field
+
+
+def test_draws_follow_the_temperature_scaled_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    params = SamplingParams(max_tokens=1, temperature=0.5)
+    sampler = Sampler()
+    counts = torch.zeros(4)
+    for _ in range(4000):
+        counts[sampler.sample(logits.clone(), ["r"], [params]).tokens["r"]] += 1
+    expected = torch.softmax(logits[0] / 0.5, dim=-1)
+    assert torch.allclose(counts / 4000, expected, atol=0.03)
+
+
+def test_a_seeded_rows_draws_do_not_depend_on_its_batch():
+    gen = torch.Generator().manual_seed(1)
+    row = torch.randn(1, VOCAB, generator=gen)
+    seeded = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, seed=11)
+    alone = [Sampler().sample(row.clone(), ["s"], [seeded]).tokens["s"]]
+    others = torch.randn(5, VOCAB, generator=gen)
+    mates = [SamplingParams(max_tokens=1, temperature=2.0, top_k=3)] * 5
+    batched = Sampler().sample(
+        torch.cat([others[:2], row, others[2:]]),
+        ["a", "b", "s", "c", "d", "e"],
+        [*mates[:2], seeded, *mates[2:]],
+    )
+    assert [batched.tokens["s"]] == alone
+
+
+class History:
+    def __init__(self, prompt, output):
+        self.prompt_token_ids, self.output_token_ids = prompt, output
+
+
+def test_penalties_bias_and_min_tokens_are_applied_as_defined():
+    logits = torch.tensor([[4.0, -2.0, 1.0, 3.0, 0.5, 2.0]])
+    params = SamplingParams(
+        max_tokens=8,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=2.0,
+        logit_bias=((4, 10.0),),
+        min_tokens=4,
+        stop_token_ids=(5,),
+    )
+    history = History(prompt=[0, 1], output=[3, 3, 2])
+    sampler = Sampler(eos_token_ids=(0,))
+    got = logits.clone()
+    process_logits(got, [params], [history], sampler.eos_token_ids)
+    expected = [
+        -math.inf,  # EOS below min_tokens
+        -2.0 * 2.0,  # seen in the prompt, negative: times the repetition penalty
+        1.0 / 2.0 - 0.25 - 0.5,  # once in the output
+        3.0 / 2.0 - 2 * 0.25 - 0.5,  # twice
+        0.5 + 10.0,  # biased
+        -math.inf,  # a stop token id below min_tokens
+    ]
+    assert got[0].tolist() == pytest.approx(expected)
+    assert sampler.sample(logits.clone(), ["r"], [params], [history]).tokens == {"r": 4}
+
+
+def test_logprobs_come_from_the_logits_before_any_change():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    params = SamplingParams(max_tokens=1, logprobs=2, logit_bias=((3, 50.0),))
+    result = Sampler().sample(logits.clone(), ["r"], [params], [History([0], [])])
+    expected = torch.log_softmax(logits[0], dim=-1)
+    lp = result.logprobs["r"]
+    assert result.tokens == {"r": 3} and lp.token_id == 3
+    assert lp.logprob == pytest.approx(float(expected[3]))
+    assert [t for t, _ in lp.top] == [1, 2]
+    assert [v for _, v in lp.top] == pytest.approx([float(expected[1]), float(expected[2])])

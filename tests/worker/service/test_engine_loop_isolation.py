@@ -37,14 +37,14 @@ def status(servicer) -> int:
 
 def test_a_request_that_fails_alone_ends_only_its_own_stream(served, monkeypatch):
     loop, servicer = served
-    sample_row = Sampler._sample_row
+    seeded_noise = Sampler._seeded_noise
 
-    def failing(logits, params, gen):
+    def failing(sampler, seq_id, params, vocab):
         if params.seed == POISON_SEED:
             raise RuntimeError("injected sampling failure")
-        return sample_row(logits, params, gen)
+        return seeded_noise(sampler, seq_id, params, vocab)
 
-    monkeypatch.setattr(Sampler, "_sample_row", staticmethod(failing))
+    monkeypatch.setattr(Sampler, "_seeded_noise", failing)
     innocents = [loop.submit(f"hello {i}", PARAMS) for i in range(4)]
     poison = loop.submit("hello", SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED))
     with pytest.raises(RequestFailedError, match="sampling: RuntimeError: injected") as info:

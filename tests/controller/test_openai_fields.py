@@ -1,0 +1,211 @@
+"""No field of OpenAI's (or vLLM's) completions and chat request schemas is accepted and dropped:
+each value that asks for something either reaches the GenerateRequest the worker gets, or is
+refused with 400 naming it. A field no schema here knows is refused naming it too."""
+
+from __future__ import annotations
+
+import pytest
+from intentserve.controller.http.errors import from_unsupported, from_validation
+from intentserve.controller.http.openai_convert import chat_request_to_pb, completion_request_to_pb
+from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
+from openai.types import completion_create_params
+from openai.types.chat import completion_create_params as chat_create_params
+from pydantic import ValidationError
+
+MODEL = "smollm2-135m"
+REFUSED = "refused"
+ANY = "stream_options"  # checked with stream: true, below
+
+
+def _bias(pb):
+    return dict(pb.sampling.logit_bias) == {5: -100.0}
+
+
+# Each field: a value that asks for something, and what must happen to it.
+COMMON = {
+    "model": (MODEL, lambda pb: True),  # the deployment's model; another is 404 (test_http_api)
+    "max_tokens": (7, lambda pb: pb.stop.max_tokens == 7),
+    "temperature": (0.5, lambda pb: pb.sampling.temperature == 0.5),
+    "top_p": (0.5, lambda pb: pb.sampling.top_p == 0.5),
+    "seed": (3, lambda pb: pb.sampling.seed == 3),
+    "stop": (["x"], lambda pb: list(pb.stop.stop) == ["x"]),
+    "n": (2, REFUSED),
+    "stream": (True, lambda pb: True),  # the reply's shape (test_http_api streams)
+    "stream_options": ({"include_usage": True}, lambda pb: True),
+    "presence_penalty": (0.5, lambda pb: pb.sampling.presence_penalty == 0.5),
+    "frequency_penalty": (0.5, lambda pb: pb.sampling.frequency_penalty == 0.5),
+    "logit_bias": ({"5": -100}, _bias),
+    "user": ("me", lambda pb: True),  # a label for the client's own accounting; asks nothing
+}
+# vLLM's extra sampling and decoding fields (its `extra_body`), honoured or refused.
+VLLM = {
+    "top_k": (5, lambda pb: pb.sampling.top_k == 5),
+    "min_p": (0.1, lambda pb: abs(pb.sampling.min_p - 0.1) < 1e-6),
+    "repetition_penalty": (1.2, lambda pb: abs(pb.sampling.repetition_penalty - 1.2) < 1e-6),
+    "min_tokens": (3, lambda pb: pb.stop.min_tokens == 3),
+    "stop_token_ids": ([7], lambda pb: list(pb.stop.stop_token_ids) == [7]),
+    "ignore_eos": (True, lambda pb: pb.stop.ignore_eos),
+    "use_beam_search": (True, REFUSED),
+    "length_penalty": (2.0, REFUSED),
+    "include_stop_str_in_output": (True, REFUSED),
+    "skip_special_tokens": (False, REFUSED),
+    "spaces_between_special_tokens": (False, REFUSED),
+    "truncate_prompt_tokens": (5, REFUSED),
+    "allowed_token_ids": ([1, 2], REFUSED),
+    "prompt_logprobs": (1, REFUSED),
+    "bad_words": (["x"], REFUSED),
+    "add_special_tokens": (False, REFUSED),
+    "guided_json": ({"type": "object"}, REFUSED),
+    "guided_regex": ("a+", REFUSED),
+    "guided_choice": (["a"], REFUSED),
+    "guided_grammar": ("root ::= 'a'", REFUSED),
+    "guided_decoding_backend": ("xgrammar", REFUSED),
+    "structured_outputs": ({"regex": "a"}, REFUSED),
+    "priority": (1, REFUSED),
+    "request_id": ("mine", REFUSED),
+    "logits_processors": (["x"], REFUSED),
+    "return_tokens_as_token_ids": (True, REFUSED),
+    "cache_salt": ("s", REFUSED),
+}
+COMPLETIONS = {
+    "prompt": ("Hi", lambda pb: pb.prompt == "Hi"),
+    "best_of": (2, REFUSED),
+    "echo": (True, REFUSED),
+    "logprobs": (2, lambda pb: pb.sampling.HasField("logprobs") and pb.sampling.logprobs == 2),
+    "suffix": ("end", REFUSED),
+    "response_format": ({"type": "json_object"}, REFUSED),
+    "tool_choice": ("auto", REFUSED),
+}
+CHAT = {
+    "messages": ([{"role": "user", "content": "Hi"}], lambda pb: pb.messages[0].content == "Hi"),
+    "max_completion_tokens": (9, lambda pb: pb.stop.max_tokens == 9),
+    "logprobs": (True, lambda pb: pb.sampling.HasField("logprobs") and pb.sampling.logprobs == 0),
+    "top_logprobs": (3, REFUSED),  # without logprobs: true (with it, below)
+    "audio": ({"voice": "alloy", "format": "mp3"}, REFUSED),
+    "function_call": ("auto", REFUSED),
+    "functions": ([{"name": "f"}], REFUSED),
+    "metadata": ({"k": "v"}, REFUSED),
+    "modalities": (["text", "audio"], REFUSED),
+    "moderation": ({"type": "auto"}, REFUSED),
+    "parallel_tool_calls": (True, REFUSED),
+    "prediction": ({"type": "content", "content": "x"}, REFUSED),
+    "prompt_cache_key": ("k", REFUSED),
+    "prompt_cache_options": ({}, REFUSED),
+    "prompt_cache_retention": ("24h", REFUSED),
+    "reasoning_effort": ("low", REFUSED),
+    "response_format": ({"type": "json_schema", "json_schema": {"name": "x"}}, REFUSED),
+    "safety_identifier": ("me", lambda pb: True),  # a label, as `user`
+    "service_tier": ("flex", REFUSED),
+    "store": (True, REFUSED),
+    "tool_choice": ("required", REFUSED),
+    "tools": ([{"type": "function", "function": {"name": "f"}}], REFUSED),
+    "verbosity": ("low", REFUSED),
+    "web_search_options": ({}, REFUSED),
+    "chat_template_kwargs": (
+        {"enable_thinking": False},
+        lambda pb: dict(pb.chat_template_kwargs) == {"enable_thinking": False},
+    ),
+    "echo": (True, REFUSED),
+    "add_generation_prompt": (False, REFUSED),
+    "continue_final_message": (True, REFUSED),
+    "chat_template": ("{{ x }}", REFUSED),
+    "documents": ([{"text": "x"}], REFUSED),
+}
+SCHEMAS = {
+    "completions": (CompletionRequest, completion_request_to_pb, {**COMMON, **VLLM, **COMPLETIONS}),
+    "chat": (ChatCompletionRequest, chat_request_to_pb, {**COMMON, **VLLM, **CHAT}),
+}
+
+
+def _body(kind: str, name: str, value) -> dict:
+    base = {"model": MODEL}
+    base.update({"prompt": "Hi"} if kind == "completions" else {"messages": CHAT["messages"][0]})
+    if name == "stream_options":
+        base["stream"] = True
+    base[name] = value
+    return base
+
+
+def _outcome(kind: str, body: dict):
+    """The GenerateRequest, or the refused parameter's name."""
+    schema, to_pb, _ = SCHEMAS[kind]
+    try:
+        request = schema.model_validate(body)
+    except ValidationError as error:
+        return from_validation(error)
+    unsupported = request.unsupported()
+    if unsupported is not None:
+        return from_unsupported(unsupported)
+    return to_pb(request)
+
+
+def test_every_published_openai_field_is_listed_here():
+    """The lists above cover every field of the installed `openai` package's typed params."""
+    published = {
+        "completions": set(completion_create_params.CompletionCreateParamsBase.__annotations__),
+        "chat": set(chat_create_params.CompletionCreateParamsBase.__annotations__) | {"stream"},
+    }
+    for kind, fields in published.items():
+        assert fields - {"stream"} <= set(SCHEMAS[kind][2]), kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [(kind, name) for kind, (_, _, fields) in SCHEMAS.items() for name in fields]
+)
+def test_each_field_is_honoured_or_refused_naming_it(kind, name):
+    value, expected = SCHEMAS[kind][2][name]
+    outcome = _outcome(kind, _body(kind, name, value))
+    if expected == REFUSED:
+        assert not hasattr(outcome, "sampling"), f"{name} was accepted"
+        assert (outcome.status, outcome.param) == (400, name)
+        assert outcome.message.startswith(f"{name}: ")
+    else:
+        assert hasattr(outcome, "sampling"), f"{name} was refused: {outcome.message}"
+        assert expected(outcome), f"{name} did not reach the GenerateRequest"
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_a_field_no_schema_knows_is_refused_naming_it(kind):
+    outcome = _outcome(kind, _body(kind, "frobnicate", 1))
+    assert (outcome.status, outcome.param) == (400, "frobnicate")
+    assert "not honoured" in outcome.message
+
+
+def test_chat_top_logprobs_with_logprobs_reaches_the_request():
+    pb = _outcome("chat", _body("chat", "top_logprobs", 3) | {"logprobs": True})
+    assert pb.sampling.logprobs == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "bob"), ("tool_calls", [{"id": "1"}]), ("tool_call_id", "1"), ("audio", {})],
+)
+def test_a_message_field_that_asks_for_something_is_refused_naming_it(field, value):
+    messages = [{"role": "user", "content": "Hi", field: value}]
+    outcome = _outcome("chat", {"model": MODEL, "messages": messages})
+    assert (outcome.status, outcome.param) == (400, f"messages[0].{field}")
+
+
+def test_a_reply_sent_back_as_a_message_passes_with_its_empty_fields():
+    """What the SDK's message object dumps (`refusal: null`, ...) asks for nothing."""
+    message = {"role": "assistant", "content": "4", "refusal": None, "tool_calls": None}
+    message |= {"function_call": None, "audio": None, "annotations": []}
+    outcome = _outcome("chat", {"model": MODEL, "messages": [message]})
+    assert hasattr(outcome, "sampling"), outcome.message
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "value"),
+    [
+        ("chat", "tool_choice", "none"),
+        ("completions", "tool_choice", "none"),
+        ("chat", "response_format", {"type": "text"}),
+        ("completions", "response_format", {"type": "text"}),
+        ("chat", "store", False),
+        ("chat", "modalities", ["text"]),
+        ("chat", "n", 1),
+        ("completions", "echo", False),
+    ],
+)
+def test_a_value_that_asks_for_what_is_done_anyway_passes(kind, name, value):
+    assert hasattr(_outcome(kind, _body(kind, name, value)), "sampling")
