@@ -289,3 +289,48 @@ def test_top_p_0_is_refused_not_read_as_unset():
         "(for greedy decoding, send temperature 0)"
     )
     assert completion(top_p=1e-9).unsupported() is None
+
+
+def _with_logprobs(text: str, tokens: list[tuple[str, float]], finish=0):
+    response = inference_pb2.GenerateResponse(text=text, finish_reason=finish)
+    for i, (token, logprob) in enumerate(tokens):
+        entry = response.logprobs.add()
+        entry.chosen.token_id, entry.chosen.token, entry.chosen.logprob = i, token, logprob
+        alt = entry.top.add()
+        alt.token_id, alt.token, alt.logprob = 99, "?", logprob - 1
+    return response
+
+
+def test_completion_logprobs_take_openais_shape():
+    reply = Reply(False, MODEL, "r", with_logprobs=True)
+    reply.add(_with_logprobs(" Paris.", [(" Paris", -0.5), (".", -1.0)], finish=1))
+    logprobs = reply.response()["choices"][0]["logprobs"]
+    assert logprobs == {
+        "tokens": [" Paris", "."],
+        "token_logprobs": [-0.5, -1.0],
+        "top_logprobs": [{"?": -1.5}, {"?": -2.0}],
+        "text_offset": [0, 6],
+    }
+
+
+def test_chat_logprobs_take_openais_shape_and_each_chunk_carries_its_own():
+    reply = Reply(True, MODEL, "r", with_logprobs=True)
+    reply.add(_with_logprobs("Hi", [("Hi", -0.25)]))
+    first = reply.chunk("Hi", None)["choices"][0]["logprobs"]["content"]
+    assert first == [
+        {
+            "token": "Hi",
+            "logprob": -0.25,
+            "bytes": [72, 105],
+            "top_logprobs": [{"token": "?", "logprob": -1.25, "bytes": [63]}],
+        }
+    ]
+    reply.add(_with_logprobs("!", [("!", -2.0)], finish=1))
+    second = reply.chunk("!", "stop")["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in second] == ["!"]
+
+
+def test_without_logprobs_asked_the_choice_says_null():
+    reply = Reply(True, MODEL, "r")
+    reply.add(inference_pb2.GenerateResponse(text="x", finish_reason=1))
+    assert reply.response()["choices"][0]["logprobs"] is None
