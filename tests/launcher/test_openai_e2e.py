@@ -153,6 +153,50 @@ def test_a_bad_temperature_is_a_bad_request_naming_it(client):
     assert error.value.body["param"] == "max_tokens"
 
 
+def test_logprobs_come_back_in_openais_shapes(client):
+    done = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=3, **GREEDY)
+    logprobs = done.choices[0].logprobs
+    assert len(logprobs.tokens) == NUM_TOKENS and "".join(logprobs.tokens) == done.choices[0].text
+    for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert chosen <= 0 and len(top) == 3 and max(top.values()) == pytest.approx(chosen)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=CONVERSATION, logprobs=True, top_logprobs=2, **GREEDY
+    )
+    content = chat.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == chat.choices[0].message.content
+    assert all(len(e.top_logprobs) == 2 for e in content)
+
+
+def test_sampling_options_change_what_is_drawn(client):
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=0, **GREEDY)
+    first = plain.choices[0].logprobs.tokens[0]
+    first_id = client.completions.create(model=MODEL, prompt=PROMPT, **{**GREEDY, "max_tokens": 1})
+    assert first_id.choices[0].text == first
+    seeded = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 5}
+    a, b = (client.completions.create(**seeded).choices[0].text for _ in range(2))
+    assert a == b
+    penalized = client.completions.create(
+        model=MODEL, prompt=PROMPT, frequency_penalty=2.0, presence_penalty=2.0, **GREEDY
+    )
+    assert penalized.choices[0].text != plain.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_what_is_not_honoured_is_refused_naming_it(client, options, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=CONVERSATION, max_tokens=2, **options)
+    assert error.value.body["param"] == param
+
+
 def test_a_wrong_key_is_401(up, client):
     with pytest.raises(openai.AuthenticationError):
         client.with_options(api_key="not-the-key").completions.create(model=MODEL, prompt=PROMPT)

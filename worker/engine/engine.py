@@ -221,7 +221,7 @@ class Engine:
 
     def _named(self, logprobs: TokenLogprobs) -> OutputLogprobs:
         def entry(token_id: int, logprob: float) -> LogprobEntry:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            text = self.tokenizer.decode([token_id])  # as the text is: special tokens are ""
             return LogprobEntry(token_id, text, logprob)
 
         return OutputLogprobs(
