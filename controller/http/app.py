@@ -18,6 +18,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -116,35 +117,35 @@ def build_app(frontend: Frontend) -> FastAPI:
     async def generate(request: Request, body, pb) -> Response:
         call = HttpCall()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
-        responses = RoutedResponses(frontend.router, pb, call)
-        reply = Reply(
+        requests = openai_convert.choice_requests(pb, body.n or 1)
+        streams = [RoutedResponses(frontend.router, r, call) for r in requests]
+        chat, with_logprobs = (
             isinstance(body, ChatCompletionRequest),
-            body.model,
-            pb.request_id,
-            with_logprobs=pb.sampling.HasField("logprobs"),
+            pb.sampling.HasField("logprobs"),
         )
+        replies = [
+            Reply(chat, body.model, pb.request_id, index=i, with_logprobs=with_logprobs)
+            for i in range(len(requests))
+        ]
         try:
             # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,
             # so a stream is refused with its HTTP status too, not inside the stream.
-            first = await anext(responses)
-        except StopAsyncIteration:
-            first = None  # the client went away before anything came
+            firsts = [await _first(responses) for responses in streams]
         except Exception as error:
             _end(call, watcher)
             raise from_routing(error, body) from None
+        merged = _merged(firsts, streams)
         if body.stream:
-            events = _events(reply, first, responses, body.include_usage, body, call, watcher)
+            events = _events(replies, merged, body.include_usage, body, call, watcher)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
-            if first is not None:
-                reply.add(first)
-            async for response in responses:
-                reply.add(response)
+            async for i, response in merged:
+                replies[i].add(response)
         except Exception as error:
             raise from_routing(error, body) from None
         finally:
             _end(call, watcher)
-        return JSONResponse(reply.response())
+        return JSONResponse(openai_convert.merged_response(replies))
 
     @app.get("/health")
     async def health() -> Response:
@@ -164,27 +165,58 @@ def build_app(frontend: Frontend) -> FastAPI:
     return app
 
 
+async def _first(responses: RoutedResponses):
+    """The first response, or None when the client went away before anything came."""
+    try:
+        return await anext(responses)
+    except StopAsyncIteration:
+        return None
+
+
+async def _merged(firsts: list, streams: list[RoutedResponses]) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, response) from every choice's stream as each comes; each stream's order
+    kept, its first (already read) first. One stream is read straight through."""
+    for i, first in enumerate(firsts):
+        if first is not None:
+            yield i, first
+    if len(streams) == 1:
+        async for response in streams[0]:
+            yield 0, response
+        return
+    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    response = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(streams[i]))] = i
+                yield i, response
+    finally:
+        for task in pending:
+            task.cancel()
+
+
 async def _events(
-    reply: Reply, first, responses: RoutedResponses, include_usage: bool, body, call, watcher
+    replies: list[Reply], merged, include_usage: bool, body, call, watcher
 ) -> AsyncIterator[str]:
     """OpenAI's chunks as server-sent events, then `data: [DONE]`. A failure after the first
     chunk can only be told inside the stream: an `error` event, as vLLM sends."""
     extra = {"usage": None} if include_usage else {}
     try:
-        if reply.chat:
-            yield _sse(reply.chunk("", None, first=True, **extra))
-        pending = [first] if first is not None else []
-        while True:
-            for response in pending:
-                text, finish = reply.add(response)
-                if text or finish is not None or reply.logprobs:
-                    yield _sse(reply.chunk(text, finish, **extra))
-            try:
-                pending = [await anext(responses)]
-            except StopAsyncIteration:
-                break
+        for reply in replies:
+            if reply.chat:
+                yield _sse(reply.chunk("", None, first=True, **extra))
+        async for i, response in merged:
+            reply = replies[i]
+            text, finish = reply.add(response)
+            if text or finish is not None or reply.logprobs:
+                yield _sse(reply.chunk(text, finish, **extra))
         if include_usage:
-            yield _sse(reply.usage_chunk())
+            yield _sse({**replies[0].usage_chunk(), "usage": openai_convert.merged_usage(replies)})
     except Exception as error:
         yield _sse(from_routing(error, body).body())
     finally:

@@ -100,6 +100,44 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
     return request
 
 
+def choice_requests(
+    request: inference_pb2.GenerateRequest, n: int
+) -> list[inference_pb2.GenerateRequest]:
+    """`n` choices as `n` requests: the first is `request`; the others have their own ids and,
+    when seeded, seeds 1, 2, ... after it (mod 2**64), so that seeded choices differ and choice 0
+    is what the same request with n=1 gives. With the prefix cache on, they share the prompt's
+    full KV blocks."""
+    requests = [request]
+    for i in range(1, n):
+        choice = inference_pb2.GenerateRequest()
+        choice.CopyFrom(request)
+        choice.request_id = f"{request.request_id}-{i}"
+        if request.sampling.HasField("seed"):
+            choice.sampling.seed = (request.sampling.seed + i) % 2**64
+        requests.append(choice)
+    return requests
+
+
+def merged_usage(replies: list[Reply]) -> dict[str, int]:
+    """One prompt, every choice's tokens (as OpenAI counts n choices)."""
+    prompt = replies[0].num_prompt_tokens
+    completion = sum(r.num_output_tokens for r in replies)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def merged_response(replies: list[Reply]) -> dict[str, Any]:
+    """The whole reply of every choice (`stream: false`), in order of index."""
+    responses = [r.response() for r in replies]
+    body = responses[0]
+    body["choices"] = [response["choices"][0] for response in responses]
+    body["usage"] = merged_usage(replies)
+    return body
+
+
 def param_of(field_path: str, body: CompletionRequest | ChatCompletionRequest) -> str | None:
     """The request parameter a worker's field path names; None when it names none."""
     if isinstance(body, ChatCompletionRequest):
@@ -121,6 +159,7 @@ class Reply:
     chat: bool
     model: str
     request_id: str
+    index: int = 0  # the choice's (n > 1)
     created: int = field(default_factory=lambda: int(time.time()))
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
@@ -178,7 +217,7 @@ class Reply:
     def _object(
         self, kind: str, choice: dict[str, Any], logprobs=(), **extra: Any
     ) -> dict[str, Any]:
-        choice = {"index": 0, **choice, "logprobs": self._logprobs(logprobs)}
+        choice = {"index": self.index, **choice, "logprobs": self._logprobs(logprobs)}
         return {
             "id": self.id,
             "object": kind,

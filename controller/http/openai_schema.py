@@ -5,8 +5,8 @@ Only the JSON's shape is checked here (types, and the ranges the protobuf fields
 check of a value's meaning (temperature >= 0, top_p in (0, 1], max_tokens within the model length)
 is the worker's, for HTTP and gRPC alike. Nothing is accepted and dropped: a field this server
 does not know is refused naming it (`extra="forbid"`), and a known field whose value asks for
-what nothing here does (`n: 2`, `echo: true`, `tools`) is refused naming it; only its neutral
-value (`n: 1`, `tool_choice: "none"`) passes. `user` and `safety_identifier` are labels for the
+what nothing here does (`echo: true`, `tools`) is refused naming it; only its neutral value
+(`tool_choice: "none"`) passes. `user` and `safety_identifier` are labels for the
 client's own accounting: they ask for nothing and pass.
 """
 
@@ -21,6 +21,7 @@ UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 UInt64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
+MAX_CHOICES = 16  # n: each choice is a request of its own, so one body's fan-out is bounded
 
 
 class UnsupportedField(ValueError):
@@ -48,7 +49,7 @@ TOOLS = "tool calling is not supported by this server"
 STRUCTURED = "structured outputs are not supported by this server; allowed: {'type': 'text'}"
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v != 1, "only n=1 is supported: send one request per choice"),
+    "n": (lambda v: not 1 <= v <= MAX_CHOICES, f"allowed: 1 to {MAX_CHOICES} choices"),
     "echo": (bool, "echo is not supported"),
     "response_format": (lambda v: v.get("type") != "text", STRUCTURED),
     "tool_choice": (lambda v: v != "none", f"{TOOLS}; allowed: 'none'"),
@@ -84,8 +85,8 @@ class _Request(BaseModel):
     min_tokens: UInt32 = 0
     stop_token_ids: list[UInt32] | None = None
     ignore_eos: bool = False
+    n: int | None = None  # choices, each its own GenerateRequest (REFUSALS bounds it)
     # Only their neutral values pass (REFUSALS).
-    n: int | None = None
     echo: bool | None = None
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None

@@ -104,8 +104,36 @@ def test_an_unknown_model_is_404_and_a_refused_field_400(start_controller, make_
             client.completions.create(model="gpt-4", prompt="Hi")
         assert error.value.body["param"] == "model"
         with pytest.raises(openai.BadRequestError) as error:
-            client.completions.create(model=MODEL, prompt="Hi", n=2)
-        assert error.value.body["param"] == "n"
+            client.completions.create(model=MODEL, prompt="Hi", echo=True)
+        assert error.value.body["param"] == "echo"
+        with pytest.raises(openai.BadRequestError) as error:
+            client.completions.create(model=MODEL, prompt="Hi", extra_body={"frobnicate": 1})
+        assert error.value.body["param"] == "frobnicate"
+
+
+def test_n_choices_are_n_requests_merged_whole_and_streamed(start_controller, make_worker):
+    server, worker = ready_controller(start_controller, make_worker)
+    with client_for(server) as client:
+        done = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, n=3, seed=4)
+        assert [c.index for c in done.choices] == [0, 1, 2]
+        assert all(c.text == "t0 t1 t2 " for c in done.choices)
+        assert done.usage.completion_tokens == 9
+        assert [r.sampling.seed for r in worker.requests[-3:]] == [4, 5, 6]
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Hi"}],
+                n=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in mine) == "t0 t1 t2 "
+        assert mine[-1].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
 
 
 def test_with_api_keys_a_key_is_needed(start_controller, make_worker, tmp_path):

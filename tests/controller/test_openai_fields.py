@@ -29,7 +29,7 @@ COMMON = {
     "top_p": (0.5, lambda pb: pb.sampling.top_p == 0.5),
     "seed": (3, lambda pb: pb.sampling.seed == 3),
     "stop": (["x"], lambda pb: list(pb.stop.stop) == ["x"]),
-    "n": (2, REFUSED),
+    "n": (2, lambda pb: True),  # one GenerateRequest per choice (test_openai_mapping)
     "stream": (True, lambda pb: True),  # the reply's shape (test_http_api streams)
     "stream_options": ({"include_usage": True}, lambda pb: True),
     "presence_penalty": (0.5, lambda pb: pb.sampling.presence_penalty == 0.5),
@@ -209,3 +209,14 @@ def test_a_reply_sent_back_as_a_message_passes_with_its_empty_fields():
 )
 def test_a_value_that_asks_for_what_is_done_anyway_passes(kind, name, value):
     assert hasattr(_outcome(kind, _body(kind, name, value)), "sampling")
+
+
+def test_readme_lists_every_field_here():
+    """README's HTTP section says, for each field above, honoured or refused."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## HTTP API and metrics") : readme.index("### Metrics")]
+    fields = {name for _, _, listed in SCHEMAS.values() for name in listed}
+    missing = sorted(f for f in fields if f"`{f}`" not in section and not f.startswith("guided_"))
+    assert missing == []

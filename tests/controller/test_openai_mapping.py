@@ -102,7 +102,6 @@ def test_a_chat_without_a_limit_may_fill_the_model_length():
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (lambda: completion(n=2), "n"),
         (lambda: completion(best_of=3), "best_of"),
         (lambda: completion(echo=True), "echo"),
         (lambda: completion(prompt=["a", "b"]), "prompt"),
@@ -334,3 +333,39 @@ def test_without_logprobs_asked_the_choice_says_null():
     reply = Reply(True, MODEL, "r")
     reply.add(inference_pb2.GenerateResponse(text="x", finish_reason=1))
     assert reply.response()["choices"][0]["logprobs"] is None
+
+
+def test_n_choices_are_n_requests_with_their_own_ids_and_seeds():
+    from intentserve.controller.http.openai_convert import choice_requests
+
+    pb = completion_request_to_pb(completion(n=3, seed=2**64 - 2))
+    requests = choice_requests(pb, 3)
+    assert requests[0] is pb and len(requests) == 3
+    assert [r.request_id for r in requests[1:]] == [f"{pb.request_id}-1", f"{pb.request_id}-2"]
+    assert [r.sampling.seed for r in requests] == [2**64 - 2, 2**64 - 1, 0]
+    assert all(r.prompt == "Hi" for r in requests)
+    unseeded = choice_requests(completion_request_to_pb(completion(n=2)), 2)
+    assert not any(r.sampling.HasField("seed") for r in unseeded)
+
+
+def test_n_replies_merge_into_one_response_with_indexed_choices():
+    from intentserve.controller.http.openai_convert import merged_response
+
+    replies = [Reply(True, MODEL, "req-1", index=i) for i in range(2)]
+    for i, reply in enumerate(replies):
+        reply.add(
+            inference_pb2.GenerateResponse(
+                text=f"t{i}", finish_reason=1, num_prompt_tokens=5, num_output_tokens=i + 1
+            )
+        )
+    body = merged_response(replies)
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in body["choices"]] == ["t0", "t1"]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert replies[1].chunk("x", None)["choices"][0]["index"] == 1
+
+
+@pytest.mark.parametrize("n", [0, 17])
+def test_n_outside_1_to_16_is_refused_naming_it(n):
+    error = from_unsupported(chat(n=n).unsupported())
+    assert (error.status, error.param) == (400, "n")

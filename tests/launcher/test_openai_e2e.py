@@ -181,10 +181,19 @@ def test_sampling_options_change_what_is_drawn(client):
     assert penalized.choices[0].text != plain.choices[0].text
 
 
+def test_n_seeded_choices_begin_with_what_n_1_gives(client):
+    seeded = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    one = client.completions.create(**seeded).choices[0].text
+    three = client.completions.create(n=3, **seeded)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert three.choices[0].text == one
+    assert len({c.text for c in three.choices}) > 1
+
+
 @pytest.mark.parametrize(
     ("options", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
         ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
