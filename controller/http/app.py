@@ -2,7 +2,9 @@
 parts: the same readiness verdict as gRPC health, the same (metered) router and its admission,
 the same API keys.
 
-    GET  /v1/models             the deployment's model, named as the manifest names it
+    GET  /v1/models             the deployment's model, named as the manifest names it, with its
+                                max_model_len and what each worker realized
+    GET  /version               intentserve's version
     POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
     POST /v1/chat/completions   OpenAI's chat completions; the worker templates every turn
     GET  /health                200 when gRPC health says SERVING, else 503 with the reason
@@ -22,18 +24,21 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from intentserve import __version__
 from intentserve.controller.http import openai_convert
 from intentserve.controller.http.bridge import HttpCall, RoutedResponses
+from intentserve.controller.http.cors import allow_origins
 from intentserve.controller.http.errors import (
     OpenAIError,
     from_routing,
     from_unsupported,
     from_validation,
 )
+from intentserve.controller.http.metrics import realized_labels
 from intentserve.controller.http.openai_convert import Reply
 from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
 from intentserve.controller.service.auth import Security
-from intentserve.controller.service.deployment import deployment_state
+from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.reconcile import Reconciler
 from intentserve.controller.service.request_metrics import MeteredRouter
 from intentserve.controller.service.state import DeploymentState
@@ -56,6 +61,8 @@ class Frontend:
     security: Security
     model: str  # the deployment's model, as the manifest names it
     metrics: CollectorRegistry
+    deployment: Deployment  # its workers' realized reports
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
 
 
 def _json(data: dict) -> str:
@@ -68,6 +75,7 @@ def _sse(data: dict | str) -> str:
 
 def build_app(frontend: Frontend) -> FastAPI:
     app = FastAPI(title="intentserve", docs_url=None, redoc_url=None, openapi_url=None)
+    allow_origins(app, frontend.cors_origins)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
@@ -101,8 +109,24 @@ def build_app(frontend: Frontend) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         authorize(request)
-        model = {"id": frontend.model, "object": "model", "created": 0, "owned_by": "intentserve"}
+        policy = frontend.deployment.desired.policy
+        workers = [w for w in frontend.deployment.workers() if w.realized is not None]
+        model = {
+            "id": frontend.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "intentserve",
+            # The smallest of the workers' (a request must fit whichever serves it); None
+            # until one has realized its cache.
+            "max_model_len": min((w.realized.max_model_len for w in workers), default=None),
+            "realized": [{"worker_id": w.worker_id, **realized_labels(policy, w)} for w in workers],
+        }
         return {"object": "list", "data": [model]}
+
+    @app.get("/version")
+    async def version(request: Request) -> dict:
+        authorize(request)
+        return {"version": __version__}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -116,7 +116,7 @@ class DeploymentCollector(Collector):
         )
         for w in workers:
             labels = [name, w.worker_id]
-            info.add_metric(labels, self._realized_labels(w))
+            info.add_metric(labels, realized_labels(self._deployment.desired.policy, w))
             load = w.load
             values = {
                 "worker_kv_blocks_used": load.num_kv_used,
@@ -133,31 +133,6 @@ class DeploymentCollector(Collector):
                 family.add_metric(labels, float(values[metric]))
         yield info
         yield from families.values()
-
-    def _realized_labels(self, w: WorkerRecord) -> dict[str, str]:
-        policy = self._deployment.desired.policy
-        r = w.realized
-        return dict(
-            zip(
-                REALIZED,
-                (
-                    w.state.value,
-                    w.capability.device_kind.value,
-                    mode_of(policy).value,
-                    _word(policy is not None and policy.required),
-                    _word(r is not None and r.kind is CacheKind.PAGED),
-                    r.kind.value if r else "",
-                    r.backend.value if r else "",
-                    str(r.block_size) if r else "",
-                    r.kv_cache_dtype if r else "",
-                    r.scheduler.value if r and r.scheduler else "",
-                    _word(r.prefix_caching) if r else "",
-                    r.weight_format.value if r else "",
-                    w.reasons[0].code.value if w.reasons else "",
-                ),
-                strict=True,
-            )
-        )
 
     def _loop(self) -> Iterator[Metric]:
         m = self._reconciler.metrics
@@ -181,3 +156,29 @@ class DeploymentCollector(Collector):
         for phase, count in sorted(m.num_failures.items()):
             failures.add_metric([phase], float(count))
         yield from (duration, last, longest, failures)
+
+
+def realized_labels(policy, w: WorkerRecord) -> dict[str, str]:
+    """What `w` realized, beside the intent; empty where it has realized nothing yet."""
+    r = w.realized
+    return dict(
+        zip(
+            REALIZED,
+            (
+                w.state.value,
+                w.capability.device_kind.value,
+                mode_of(policy).value,
+                _word(policy is not None and policy.required),
+                _word(r is not None and r.kind is CacheKind.PAGED),
+                r.kind.value if r else "",
+                r.backend.value if r else "",
+                str(r.block_size) if r else "",
+                r.kv_cache_dtype if r else "",
+                r.scheduler.value if r and r.scheduler else "",
+                _word(r.prefix_caching) if r else "",
+                r.weight_format.value if r else "",
+                w.reasons[0].code.value if w.reasons else "",
+            ),
+            strict=True,
+        )
+    )

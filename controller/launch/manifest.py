@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from intentserve.controller.http.cors import check_origins
 from intentserve.controller.launch.validation import describe_validation_error
 from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
 from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState, replica_ids
@@ -204,6 +205,19 @@ class SchedulerSpec(_Section):
     stream_interval: int = Field(1, ge=1, le=_UINT32_MAX, description="tokens per streamed message")
 
 
+class HttpSpec(_Section):
+    """The HTTP API's options beyond its port."""
+
+    # Browser origins allowed to call the API cross-origin (`https://app.example`, or `*`);
+    # empty: CORS off, as by default.
+    cors_origins: tuple[str, ...] = ()
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_origins(value)
+
+
 class ControllerSpec(_Section):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
@@ -214,6 +228,7 @@ class ControllerSpec(_Section):
     # The OpenAI-compatible HTTP API with /health and /metrics, on `host` like gRPC (HTTPS with
     # the controller's certificate unless insecure); null: none.
     http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
+    http: HttpSpec = HttpSpec()
     advertise_host: str | None = None  # where workers reach it; default: found from the route
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
@@ -364,6 +379,7 @@ class Manifest(BaseSettings):
             registry_port=c.registry_port,
             health_port=c.health_port,
             http_port=c.http_port,
+            cors_origins=c.http.cors_origins,
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,

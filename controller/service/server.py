@@ -141,6 +141,8 @@ class ControllerServer:
             config.security,
             config.desired.model,
             self.metrics,
+            self.deployment,
+            config.cors_origins,
         )
         app = build_app(frontend)
         return HttpServer(app, config.host, config.http_port, config.security.tls)

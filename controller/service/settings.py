@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from intentserve.controller.http.cors import check_origins
 from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
 from intentserve.policy import (
@@ -67,6 +68,7 @@ class ControllerConfig:
     # The OpenAI-compatible HTTP API, /health and /metrics (HTTPS with the controller's
     # certificate when `security.tls` is set); None: none. 0 picks a free port.
     http_port: int | None = None
+    cors_origins: tuple[str, ...] = ()  # browser origins the HTTP API allows; none: CORS off
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     reconcile_interval_s: float = 0.5
@@ -114,6 +116,7 @@ class ControllerSettings(BaseSettings):
     registry_port: int = Field(0, ge=0, le=65535, description="workers' mutual-TLS port")
     health_port: int | None = Field(None, ge=0, le=65535, description="plaintext health only")
     http_port: int | None = Field(None, ge=0, le=65535, description="the OpenAI-compatible API")
+    cors_origins: tuple[str, ...] = ()  # browser origins the HTTP API allows; none: CORS off
     tls_cert_file: str | None = None  # the controller's certificate (common name `controller`)
     tls_key_file: str | None = None
     tls_ca_file: str | None = None  # the deployment's CA, which signed every worker certificate
@@ -126,6 +129,11 @@ class ControllerSettings(BaseSettings):
     @classmethod
     def _mode(cls, value: object, info) -> Mode:
         return Mode.parse(value, info.field_name)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_origins(value)
 
     @field_validator("attention_backend", mode="before")
     @classmethod
@@ -220,6 +228,7 @@ class ControllerSettings(BaseSettings):
             registry_port=self.registry_port,
             health_port=self.health_port,
             http_port=self.http_port,
+            cors_origins=self.cors_origins,
             heartbeat_interval_s=self.heartbeat_interval_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             reconcile_interval_s=self.reconcile_interval_s,

@@ -389,3 +389,39 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(start_controller, make_w
     # the server is fine for everyone else
     with client_for(server) as client:
         assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=3).choices
+
+
+def test_models_say_the_max_model_len_and_what_each_worker_realized(start_controller, make_worker):
+    server, worker = ready_controller(start_controller, make_worker)
+    headers = {}
+    model = httpx.get(f"{server.http_url}/v1/models", headers=headers, timeout=5).json()["data"][0]
+    realized = worker.matching_realized()
+    assert model["id"] == MODEL and model["max_model_len"] == realized.max_model_len
+    [mine] = model["realized"]
+    assert mine["worker_id"] == "w0" and mine["cache_kind"] == realized.kind.value
+    assert mine["backend"] == realized.backend.value and mine["state"] == "ready"
+    assert "address" not in mine
+
+
+def test_version_says_the_package_version(start_controller, make_worker):
+    from intentserve import __version__
+
+    server, _ = ready_controller(start_controller, make_worker)
+    assert httpx.get(f"{server.http_url}/version", timeout=5).json() == {"version": __version__}
+
+
+def test_cors_is_off_by_default_and_allows_only_the_configured_origins(
+    start_controller, make_worker
+):
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    server, _ = ready_controller(start_controller, make_worker)
+    off = httpx.options(f"{server.http_url}/v1/completions", headers=preflight, timeout=5)
+    assert "access-control-allow-origin" not in off.headers
+    server, _ = ready_controller(
+        start_controller, make_worker, cors_origins=["https://app.example"]
+    )
+    allowed = httpx.options(f"{server.http_url}/v1/completions", headers=preflight, timeout=5)
+    assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+    other = {**preflight, "Origin": "https://evil.example"}
+    refused = httpx.options(f"{server.http_url}/v1/completions", headers=other, timeout=5)
+    assert "access-control-allow-origin" not in refused.headers

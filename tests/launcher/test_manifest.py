@@ -380,3 +380,18 @@ def test_float16_passes_the_manifest_and_reaches_the_worker(tmp_path, device):
     )
     manifest = load_manifest(path)
     assert manifest.worker_config("t-0", "127.0.0.1:1", "127.0.0.1")["dtype"] == "float16"
+
+
+def test_cors_is_off_by_default_and_takes_origins(tmp_path):
+    assert load_manifest(manifest_file(tmp_path, MINIMAL)).controller_config().cors_origins == ()
+    spec = "spec: {controller: {http: {corsOrigins: ['https://app.example', '*']}}}\n"
+    config = load_manifest(manifest_file(tmp_path, MINIMAL + spec)).controller_config()
+    assert config.cors_origins == ("https://app.example", "*")
+
+
+@pytest.mark.parametrize(
+    "origin", ["app.example", "https://app.example/path", "ftp://app.example", "https://"]
+)
+def test_a_cors_origin_that_is_not_one_is_refused_naming_the_field(tmp_path, origin):
+    found = problems(tmp_path, f"spec: {{controller: {{http: {{corsOrigins: ['{origin}']}}}}}}")
+    assert any("spec.controller.http.corsOrigins" in p and origin in p for p in found), found
