@@ -148,7 +148,15 @@ def build_app(frontend: Frontend) -> FastAPI:
             pb.sampling.HasField("logprobs"),
         )
         replies = [
-            Reply(chat, body.model, pb.request_id, index=i, with_logprobs=with_logprobs)
+            Reply(
+                chat,
+                body.model,
+                pb.request_id,
+                index=i,
+                with_logprobs=with_logprobs,
+                echo=bool(getattr(body, "echo", False)),
+                echo_text=getattr(body, "prompt_text", None),
+            )
             for i in range(len(requests))
         ]
         try:

@@ -76,6 +76,9 @@ def _generate_request(
 def completion_request_to_pb(body: CompletionRequest) -> inference_pb2.GenerateRequest:
     max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     request = _generate_request(body, max_tokens, body.logprobs)
+    if body.echo and (body.logprobs is not None or body.prompt_text is None):
+        # NOTE: the prompt's tokens (and their scores) come from the worker.
+        request.sampling.prompt_logprobs = body.logprobs or 0
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]  # a batch of one
@@ -167,6 +170,8 @@ class Reply:
     num_output_tokens: int = 0
     with_logprobs: bool = False  # the request asked for them
     logprobs: list[inference_pb2.TokenLogprobs] = field(default_factory=list)
+    echo: bool = False  # completions: the prompt goes before the completion
+    echo_text: str | None = None  # the prompt's text; None: joined from its tokens
     num_logprob_chars: int = 0  # completions' text_offset of the next token
 
     @property
@@ -175,13 +180,24 @@ class Reply:
 
     def add(self, response: inference_pb2.GenerateResponse) -> tuple[str, str | None]:
         """Take one response in; its text and (on the last) finish reason."""
-        self.text.append(response.text)
+        text = self._echoed(response) + response.text
+        self.text.append(text)
         self.logprobs.extend(response.logprobs)
         self.num_output_tokens = response.num_output_tokens
         finish = FINISH_REASONS.get(response.finish_reason) or None
         if finish is not None:
             self.finish_reason, self.num_prompt_tokens = finish, response.num_prompt_tokens
-        return response.text, finish
+        return text, finish
+
+    def _echoed(self, response: inference_pb2.GenerateResponse) -> str:
+        """With echo, on the first response: the prompt (its tokens' scores go first too)."""
+        if not self.echo:
+            return ""
+        self.echo = False
+        self.logprobs.extend(response.prompt_logprobs)
+        if self.echo_text is not None:
+            return self.echo_text
+        return "".join(e.chosen.token for e in response.prompt_logprobs)
 
     def usage(self) -> dict[str, int]:
         return {
@@ -207,10 +223,12 @@ class Reply:
         for t in entries:
             offsets.append(self.num_logprob_chars)
             self.num_logprob_chars += len(t.chosen.token)
+        # NOTE: a prompt's first token (echo) has no score: null, as OpenAI's.
+        scored = [t if t.chosen.HasField("logprob") else None for t in entries]
         return {
             "tokens": [t.chosen.token for t in entries],
-            "token_logprobs": [t.chosen.logprob for t in entries],
-            "top_logprobs": [{e.token: e.logprob for e in t.top} for t in entries],
+            "token_logprobs": [t and t.chosen.logprob for t in scored],
+            "top_logprobs": [t and {e.token: e.logprob for e in t.top} for t in scored],
             "text_offset": offsets,
         }
 

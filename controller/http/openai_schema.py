@@ -50,7 +50,6 @@ STRUCTURED = "structured outputs are not supported by this server; allowed: {'ty
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: not 1 <= v <= MAX_CHOICES, f"allowed: 1 to {MAX_CHOICES} choices"),
-    "echo": (bool, "echo is not supported"),
     "response_format": (lambda v: v.get("type") != "text", STRUCTURED),
     "tool_choice": (lambda v: v != "none", f"{TOOLS}; allowed: 'none'"),
 }
@@ -86,8 +85,8 @@ class _Request(BaseModel):
     stop_token_ids: list[UInt32] | None = None
     ignore_eos: bool = False
     n: int | None = None  # choices, each its own GenerateRequest (REFUSALS bounds it)
+    echo: bool | None = None  # completions: the prompt before the completion; chat: refused
     # Only their neutral values pass (REFUSALS).
-    echo: bool | None = None
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
@@ -150,6 +149,12 @@ class CompletionRequest(_Request):
     logprobs: UInt32 | None = None
     best_of: int | None = None
     suffix: str | None = None
+
+    @property
+    def prompt_text(self) -> str | None:
+        """The prompt as text (None: given as token ids)."""
+        prompt = self.prompt[0] if isinstance(self.prompt, list) and self.prompt else self.prompt
+        return prompt if isinstance(prompt, str) else None
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
         batched = isinstance(self.prompt, list) and bool(self.prompt)
@@ -214,6 +219,7 @@ class ChatCompletionRequest(_Request):
         **REFUSALS,
         "tools": (bool, TOOLS),
         "parallel_tool_calls": (_given, TOOLS),
+        "echo": (bool, "echo is not supported for chat (completions echo the prompt)"),
         "store": (bool, "nothing is stored by this server; allowed: false"),
         "modalities": (lambda v: v != ["text"], "only text is served; allowed: ['text']"),
         "service_tier": (

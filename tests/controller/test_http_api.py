@@ -104,8 +104,8 @@ def test_an_unknown_model_is_404_and_a_refused_field_400(start_controller, make_
             client.completions.create(model="gpt-4", prompt="Hi")
         assert error.value.body["param"] == "model"
         with pytest.raises(openai.BadRequestError) as error:
-            client.completions.create(model=MODEL, prompt="Hi", echo=True)
-        assert error.value.body["param"] == "echo"
+            client.completions.create(model=MODEL, prompt="Hi", suffix="end")
+        assert error.value.body["param"] == "suffix"
         with pytest.raises(openai.BadRequestError) as error:
             client.completions.create(model=MODEL, prompt="Hi", extra_body={"frobnicate": 1})
         assert error.value.body["param"] == "frobnicate"

@@ -70,7 +70,7 @@ VLLM = {
 COMPLETIONS = {
     "prompt": ("Hi", lambda pb: pb.prompt == "Hi"),
     "best_of": (2, REFUSED),
-    "echo": (True, REFUSED),
+    "echo": (True, lambda pb: True),  # the prompt before the text (test_openai_mapping)
     "logprobs": (2, lambda pb: pb.sampling.HasField("logprobs") and pb.sampling.logprobs == 2),
     "suffix": ("end", REFUSED),
     "response_format": ({"type": "json_object"}, REFUSED),

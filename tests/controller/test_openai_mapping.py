@@ -103,7 +103,7 @@ def test_a_chat_without_a_limit_may_fill_the_model_length():
     ("body", "param"),
     [
         (lambda: completion(best_of=3), "best_of"),
-        (lambda: completion(echo=True), "echo"),
+        (lambda: chat(echo=True), "echo"),
         (lambda: completion(prompt=["a", "b"]), "prompt"),
         (lambda: completion(stream_options={"include_usage": True}), "stream_options"),
         (lambda: completion(repetition_penalty=0), "repetition_penalty"),
@@ -369,3 +369,35 @@ def test_n_replies_merge_into_one_response_with_indexed_choices():
 def test_n_outside_1_to_16_is_refused_naming_it(n):
     error = from_unsupported(chat(n=n).unsupported())
     assert (error.status, error.param) == (400, "n")
+
+
+def test_echo_asks_for_prompt_logprobs_only_when_it_needs_them():
+    assert not completion_request_to_pb(completion(echo=True)).sampling.HasField("prompt_logprobs")
+    scored = completion_request_to_pb(completion(echo=True, logprobs=2)).sampling
+    assert scored.prompt_logprobs == 2 and scored.logprobs == 2
+    ids = completion_request_to_pb(completion(echo=True, prompt=[5, 6])).sampling
+    assert ids.HasField("prompt_logprobs") and ids.prompt_logprobs == 0
+
+
+def test_echo_puts_the_prompt_and_its_scores_before_the_completion():
+    reply = Reply(False, MODEL, "r", with_logprobs=True, echo=True)
+    first = _with_logprobs(" Paris", [(" Paris", -0.5)])
+    head = first.prompt_logprobs.add()
+    head.chosen.token_id, head.chosen.token = 1, "The"
+    second = first.prompt_logprobs.add()
+    second.chosen.token_id, second.chosen.token, second.chosen.logprob = 2, " capital", -3.0
+    reply.add(first)
+    reply.add(inference_pb2.GenerateResponse(text="", finish_reason=2))
+    choice = reply.response()["choices"][0]
+    assert choice["text"] == "The capital Paris"
+    assert choice["logprobs"]["tokens"] == ["The", " capital", " Paris"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -3.0, -0.5]
+    assert choice["logprobs"]["top_logprobs"][0] is None
+    assert choice["logprobs"]["text_offset"] == [0, 3, 11]
+
+
+def test_echo_of_a_text_prompt_without_logprobs_is_the_prompt_itself():
+    reply = Reply(False, MODEL, "r", echo=True, echo_text="Hi there")
+    text, finish = reply.add(inference_pb2.GenerateResponse(text="!", finish_reason=1))
+    assert reply.chunk(text, finish)["choices"][0]["text"] == "Hi there!"
+    assert reply.response()["choices"][0]["text"] == "Hi there!"

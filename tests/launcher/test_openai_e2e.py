@@ -181,6 +181,20 @@ def test_sampling_options_change_what_is_drawn(client):
     assert penalized.choices[0].text != plain.choices[0].text
 
 
+def test_echo_with_logprobs_scores_the_prompts_own_tokens(client):
+    done = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, logprobs=1, **GREEDY)
+    choice = done.choices[0]
+    logprobs = choice.logprobs
+    num_prompt = done.usage.prompt_tokens
+    assert choice.text.startswith(PROMPT)
+    assert "".join(logprobs.tokens[:num_prompt]) == PROMPT
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert len(logprobs.tokens) == num_prompt + NUM_TOKENS
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, **GREEDY)
+    assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+
+
 def test_n_seeded_choices_begin_with_what_n_1_gives(client):
     seeded = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 11}
     one = client.completions.create(**seeded).choices[0].text

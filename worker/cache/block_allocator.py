@@ -163,7 +163,7 @@ class BlockAllocator:
 
     def _find_cached_blocks(self, seq: Sequence) -> list[int]:
         """Ids of the published blocks that hold `seq`'s leading full blocks."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.reuses_prefix_cache:
             return []
         # NOTE: never a hit on the last token: the model must compute one to produce logits.
         num_candidates = (seq.num_tokens - 1) // self.block_size

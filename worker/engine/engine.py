@@ -97,7 +97,11 @@ class Engine:
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
         seq = Sequence(
-            request_id, list(request.prompt_ids), request.params.max_tokens, params=request.params
+            request_id,
+            list(request.prompt_ids),
+            request.params.max_tokens,
+            params=request.params,
+            reuses_prefix_cache=request.params.prompt_logprobs is None,
         )
         self.scheduler.add(seq)
         decoder = IncrementalDecoder(self.tokenizer, list(request.prompt_ids))
@@ -137,6 +141,9 @@ class Engine:
         # the batch. Whatever belongs to one request comes back as a value.
         samples = self.runner.run(output, self._seqs.__getitem__)
         failures = dict(samples.failures)
+        for seq_id, scores in samples.prompt_logprobs.items():
+            if seq_id in self._requests:
+                self._requests[seq_id].prompt_scores.update(scores)
         stops: dict[str, FinishReason] = {}
         for seq_id, token_id in samples.tokens.items():
             try:
@@ -182,10 +189,12 @@ class Engine:
         tokens: dict[str, list[int]] = {r: [] for r in order}
         text: dict[str, list[str]] = {r: [] for r in order}
         lps: dict[str, list] = {r: [] for r in order}
+        prompt_lps: dict[str, tuple] = {r: () for r in order}
         last: dict[str, RequestOutput] = {}
         for out in self.stream():
             tokens[out.request_id] += out.new_token_ids
             lps[out.request_id] += out.logprobs
+            prompt_lps[out.request_id] = prompt_lps[out.request_id] or out.prompt_logprobs
             text[out.request_id].append(out.new_text)
             last[out.request_id] = out
         return [
@@ -199,6 +208,7 @@ class Engine:
                 last[r].num_output_tokens,
                 last[r].error,
                 tuple(lps[r]),
+                prompt_lps[r],
             )
             for r in order
         ]
@@ -293,6 +303,7 @@ class Engine:
         seq, state = self._seqs[seq_id], self._requests[seq_id]
         new_ids = tuple(seq.output_token_ids[state.num_emitted_tokens :])
         logprobs = tuple(state.logprobs[state.num_emitted_tokens :])
+        first = state.num_emitted_tokens == 0
         state.num_emitted_tokens = seq.num_output_tokens
         return RequestOutput(
             request_id=seq_id,
@@ -303,7 +314,17 @@ class Engine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             logprobs=logprobs,
+            prompt_logprobs=self._prompt_logprobs(seq, state) if first else (),
         )
+
+    def _prompt_logprobs(self, seq: Sequence, state: RequestState) -> tuple[OutputLogprobs, ...]:
+        """Every prompt token's score (the first's logprob None), when the request asked."""
+        if seq.params.prompt_logprobs is None:
+            return ()
+        first_id = seq.prompt_token_ids[0]
+        head = OutputLogprobs(LogprobEntry(first_id, self.tokenizer.decode([first_id]), None), ())
+        scores = state.prompt_scores
+        return (head, *(self._named(scores[p]) for p in range(1, seq.num_prompt_tokens)))
 
     def _fail(self, seq_id: str, cause: str) -> RequestOutput | None:
         """End one request that failed alone: its KV is freed, its last output says why."""

@@ -24,7 +24,7 @@ class LogprobEntry:
 
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None  # None for a prompt's first token, which nothing predicts
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class RequestOutput:
     num_output_tokens: int
     error: str = ""  # why the request failed, when finish_reason is ERROR
     logprobs: tuple[OutputLogprobs, ...] = ()  # one per new token, when the request asked
+    # One per prompt token, in a request's first output, when it asked.
+    prompt_logprobs: tuple[OutputLogprobs, ...] = ()
 
 
 class RequestState:
@@ -64,6 +66,7 @@ class RequestState:
         self.num_emitted_tokens = 0
         self.stopped_by_string = False
         self.logprobs: list[OutputLogprobs] = []  # one per token, when the request asked
+        self.prompt_scores: dict = {}  # prompt position -> TokenLogprobs, as prefill computes
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
 
     def on_token(self, token_id: int) -> bool:

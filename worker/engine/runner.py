@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 from intentserve.worker.attention.batch import build_step_batch
+from intentserve.worker.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from intentserve.worker.engine.sampler import Sampler, StepSamples
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.sched.scheduler_output import SchedulerOutput
@@ -50,14 +52,21 @@ class ModelRunner:
         )
         meta = self.attention.prepare(batch)
         hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
+        scores = {}
+        for i, item in enumerate(scheduled):
+            seq = seq_of(item.seq_id)
+            if wants_prompt_logprobs(seq, item.start_pos):
+                rows = hidden[batch.query_start[i] : batch.query_start[i + 1]]
+                scores[item.seq_id] = score_prompt(self.model, rows, seq, item.start_pos)
         wanted = [i for i, item in enumerate(scheduled) if item.needs_logits]
         if not wanted:
-            return StepSamples({}, {})
+            return StepSamples({}, {}, prompt_logprobs=scores)
         last_rows = torch.tensor([batch.query_start[i + 1] - 1 for i in wanted], device=self.device)
         logits = self.model.compute_logits(hidden[last_rows])  # [N, vocab] float32
         seq_ids = [scheduled[i].seq_id for i in wanted]
         seqs = [seq_of(s) for s in seq_ids]
-        return self.sampler.sample(logits, seq_ids, [s.params for s in seqs], seqs)
+        samples = self.sampler.sample(logits, seq_ids, [s.params for s in seqs], seqs)
+        return dataclasses.replace(samples, prompt_logprobs=scores) if scores else samples
 
     def forget(self, seq_id: str) -> None:
         self.sampler.forget(seq_id)

@@ -57,6 +57,8 @@ class StepSamples:
     tokens: dict[str, int]
     failures: dict[str, str]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # The runner's, for the rows that asked: {seq_id: {prompt position: its token's score}}.
+    prompt_logprobs: dict[str, dict[int, TokenLogprobs]] = field(default_factory=dict)
 
 
 def argmax_rows(logits: Tensor, chunk: int = 1024) -> Tensor:

@@ -49,6 +49,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids cannot end the request before this many
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # None: none; k: the chosen token's and the k likeliest
+    prompt_logprobs: int | None = None  # the same for each prompt token (no prefix-cache reuse)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
@@ -99,12 +100,10 @@ class SamplingParams:
                 raise InvalidRequestError(
                     "logit_bias", f"token {token_id}: {bias!r} is outside [-100, 100]"
                 )
-        if self.logprobs is not None and (
-            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
-            raise InvalidRequestError(
-                "logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise InvalidRequestError(name, f"must be in [0, {MAX_LOGPROBS}], got {value!r}")
 
     def _check_stop(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:

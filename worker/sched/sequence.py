@@ -36,6 +36,9 @@ class Sequence:
     prompt_token_ids: list[int]
     max_tokens: int
     params: object = None  # sampling parameters, opaque to the scheduler
+    # False: its prompt is computed whole, never taken from the prefix cache (its prompt's
+    # logits are wanted).
+    reuses_prefix_cache: bool = True
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None

@@ -39,6 +39,7 @@ PROTO_FIELDS = {
     "min_p": "sampling.min_p",
     "logit_bias": "sampling.logit_bias",
     "logprobs": "sampling.logprobs",
+    "prompt_logprobs": "sampling.prompt_logprobs",
     "min_tokens": "stop.min_tokens",
 }
 
@@ -92,6 +93,9 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
             min_tokens=msg.stop.min_tokens,
             logit_bias=tuple(sorted(msg.sampling.logit_bias.items())),
             logprobs=msg.sampling.logprobs if msg.sampling.HasField("logprobs") else None,
+            prompt_logprobs=(
+                msg.sampling.prompt_logprobs if msg.sampling.HasField("prompt_logprobs") else None
+            ),
         )
     return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
 
@@ -151,16 +155,22 @@ def fill_generate_response(
         msg.num_prompt_tokens = output.num_prompt_tokens
     msg.num_output_tokens = output.num_output_tokens
     msg.worker_id = worker_id
-    for logprobs in output.logprobs:
-        entry = msg.logprobs.add()
-        _entry_to_pb(entry.chosen, logprobs.chosen)
-        for top in logprobs.top:
-            _entry_to_pb(entry.top.add(), top)
+    for field, entries in (
+        (msg.logprobs, output.logprobs),
+        (msg.prompt_logprobs, output.prompt_logprobs),
+    ):
+        for logprobs in entries:
+            entry = field.add()
+            _entry_to_pb(entry.chosen, logprobs.chosen)
+            for top in logprobs.top:
+                _entry_to_pb(entry.top.add(), top)
     return msg
 
 
 def _entry_to_pb(msg: inference_pb2.LogprobEntry, entry: LogprobEntry) -> None:
-    msg.token_id, msg.token, msg.logprob = entry.token_id, entry.token, entry.logprob
+    msg.token_id, msg.token = entry.token_id, entry.token
+    if entry.logprob is not None:
+        msg.logprob = entry.logprob
 
 
 def worker_info_to_pb(

@@ -164,3 +164,45 @@ def test_token_ids_outside_the_vocabulary_are_refused_naming_the_field(eng, fiel
     with pytest.raises(InvalidRequestError) as info:
         eng.prepare(PROMPT, params)
     assert info.value.field == field
+
+
+def prompt_scores(eng, prompt_ids: list[int]) -> torch.Tensor:
+    """log_softmax of the model's logits at every prompt position, one pass with no cache."""
+    model = eng.runner.model
+    ids = torch.tensor(prompt_ids)
+    with torch.inference_mode():
+        hidden = model(
+            ids, torch.arange(len(ids)), CausalAttention(model.config.layer_windows), None
+        )
+        return torch.log_softmax(model.compute_logits(hidden).double(), dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("prefix_caching", "max_num_batched_tokens"), [("on", 2048), ("on", 8), ("off", 2048)]
+)
+def test_prompt_logprobs_score_each_prompt_token_given_those_before(
+    smollm2_fp32, prefix_caching, max_num_batched_tokens
+):
+    eng = (
+        EngineBuilder()
+        .paged_attention("on", prefix_caching=prefix_caching, block_size=16)
+        .kv_cache_memory(bytes=24 << 20)
+        .scheduler(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens)
+        .build(loaded=smollm2_fp32)
+    )
+    prompt = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
+    prompt_ids = eng.tokenizer.encode(prompt)
+    assert len(prompt_ids) > 16  # a full block the prefix cache could serve
+    expected = prompt_scores(eng, prompt_ids)
+    params = dataclasses.replace(GREEDY, max_tokens=2, prompt_logprobs=2)
+    for _ in range(2):  # the second time its blocks are in the prefix cache
+        out = one(eng, prompt, params)
+        scored = out.prompt_logprobs
+        assert [s.chosen.token_id for s in scored] == prompt_ids
+        assert scored[0].chosen.logprob is None and scored[0].top == ()
+        for p, s in enumerate(scored[1:], start=1):
+            assert s.chosen.logprob == pytest.approx(
+                float(expected[p - 1, prompt_ids[p]]), abs=1e-3
+            )
+            assert [e.token_id for e in s.top] == expected[p - 1].topk(2).indices.tolist()
+    assert one(eng, prompt, GREEDY).prompt_logprobs == ()

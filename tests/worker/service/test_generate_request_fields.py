@@ -56,6 +56,10 @@ HONOURED = {
         lambda c: c.params.logit_bias == ((5, -100.0),),
     ),
     "sampling.logprobs": ({"sampling": {"logprobs": 0}}, lambda c: c.params.logprobs == 0),
+    "sampling.prompt_logprobs": (
+        {"sampling": {"prompt_logprobs": 3}},
+        lambda c: c.params.prompt_logprobs == 3,
+    ),
     "stop.max_tokens": ({"stop": {"max_tokens": 3}}, lambda c: c.params.max_tokens == 3),
     "stop.stop_token_ids": (
         {"stop": {"stop_token_ids": [7]}},
