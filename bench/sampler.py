@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, which, params in RUNS:
             engine.runner.sampler = samplers[which]
             tokens_per_s[name].append(throughput(engine, params, args.concurrency, args.max_tokens))
+            print(f"  {name:<12} {tokens_per_s[name][-1]:8.1f} tok/s", flush=True)
     median = {name: statistics.median(values) for name, values in tokens_per_s.items()}
     ratios = {
         "greedy new/old": median["greedy/new"] / median["greedy/old"],
