@@ -164,7 +164,7 @@ class Sampler:
         drawn = [row for row in ok if not params[row].greedy]
         if drawn:
             try:
-                draws = self._draw(logits, drawn, [seq_ids[r] for r in drawn], params)
+                draws, failed = self._draw(logits, drawn, [seq_ids[r] for r in drawn], params)
             except Exception as error:  # NOTE: these rows' failure, not the greedy rows'
                 log.exception("sampling failed for requests %s", [seq_ids[r] for r in drawn])
                 failures.update(
@@ -172,7 +172,6 @@ class Sampler:
                 )
                 ok = [row for row in ok if params[row].greedy]
             else:
-                draws, failed = draws
                 for row, token in zip(drawn, draws, strict=True):
                     tokens[row] = token
                 failures.update({seq_ids[drawn[i]]: why for i, why in failed.items()})
