@@ -107,6 +107,32 @@ def test_generate_streams_the_engines_greedy_output(stub, reference):
 
 
 @pytest.mark.integration
+def test_logprobs_and_sampling_options_travel_over_grpc(stub, engine, reference):
+    msg = request()
+    msg.sampling.logprobs, msg.sampling.prompt_logprobs = 2, 1
+    chunks = list(stub.Generate(msg, timeout=60))
+    token_ids = [t for c in chunks for t in c.token_ids]
+    logprobs = [lp for c in chunks for lp in c.logprobs]
+    assert token_ids == list(reference.new_token_ids)  # greedy: the same tokens
+    assert [lp.chosen.token_id for lp in logprobs] == token_ids
+    assert all(len(lp.top) == 2 and lp.top[0].token_id == lp.chosen.token_id for lp in logprobs)
+    prompt = chunks[0].prompt_logprobs
+    assert [e.chosen.token_id for e in prompt] == engine.tokenizer.encode(PROMPT)
+    assert not prompt[0].chosen.HasField("logprob") and prompt[1].chosen.logprob < 0
+    assert not any(c.prompt_logprobs for c in chunks[1:])
+    banned = request()
+    banned.sampling.logit_bias[reference.new_token_ids[0]] = -100.0
+    first = next(iter(stub.Generate(banned, timeout=60)))
+    assert first.token_ids[0] != reference.new_token_ids[0]
+    unknown = inference_pb2.GenerateRequest()
+    unknown.ParseFromString(request().SerializeToString() + bytes([0xF8, 0x07, 0x01]))
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Generate(unknown, timeout=30))
+    assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("#127: ")
+
+
+@pytest.mark.integration
 def test_stop_string_ends_the_stream(stub, reference):
     cut = len(reference.new_text) // 2
     stop = reference.new_text[cut : cut + 2]
