@@ -48,7 +48,8 @@ image:
 	docker build -t $(IMAGE):$(VERSION) .
 
 image-cuda:
-	docker build -t $(IMAGE):$(VERSION)-cuda --build-arg TORCH_INDEX=$(TORCH_CUDA_INDEX) .
+	docker build -t $(IMAGE):$(VERSION)-cuda --build-arg TORCH_INDEX=$(TORCH_CUDA_INDEX) \
+		--build-arg EXTRAS=cluster,cuda .
 
 ## Re-pin the image's runtime dependencies (deploy/image/constraints.txt) after changing them.
 constraints: setup

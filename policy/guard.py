@@ -29,6 +29,7 @@ class SchedulerKind(enum.Enum):
 
 _BACKEND_FOR_INTENT = {
     BackendIntent.FLASH: BackendKind.FLASH_PAGED,
+    BackendIntent.TRITON: BackendKind.TRITON_PAGED,
     BackendIntent.TORCH: BackendKind.TORCH_PAGED,
 }
 

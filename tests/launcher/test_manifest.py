@@ -56,9 +56,9 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
             "auto, on, off",
         ),
         (
-            "spec: {pagedAttention: {backend: triton}}",
-            "spec.pagedAttention.backend: invalid value 'triton'; allowed values are auto, flash, "
-            "torch",
+            "spec: {pagedAttention: {backend: flashinfer}}",
+            "spec.pagedAttention.backend: invalid value 'flashinfer'; allowed values are auto, "
+            "flash, torch, triton",
         ),
         (
             "spec: {pagedAttention: {kvCacheMemory: 12XB}}",

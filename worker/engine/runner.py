@@ -28,7 +28,7 @@ class Runner(Protocol):
 class ModelRunner:
     def __init__(self, model: LlamaModel, attention, block_size: int, device: torch.device) -> None:
         self.model = model
-        self.attention = attention  # TorchPagedAttention or FlashPagedAttention over the KV pool
+        self.attention = attention  # a paged backend (attention/) over the KV pool
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()

@@ -20,6 +20,7 @@ class BackendIntent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_INTENT_AUTO: _ClassVar[BackendIntent]
     BACKEND_INTENT_FLASH: _ClassVar[BackendIntent]
     BACKEND_INTENT_TORCH: _ClassVar[BackendIntent]
+    BACKEND_INTENT_TRITON: _ClassVar[BackendIntent]
 
 class KvCacheDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_KIND_FLASH_PAGED: _ClassVar[BackendKind]
     BACKEND_KIND_TORCH_PAGED: _ClassVar[BackendKind]
     BACKEND_KIND_CONTIGUOUS: _ClassVar[BackendKind]
+    BACKEND_KIND_TRITON_PAGED: _ClassVar[BackendKind]
 
 class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -73,6 +75,7 @@ BACKEND_INTENT_UNSPECIFIED: BackendIntent
 BACKEND_INTENT_AUTO: BackendIntent
 BACKEND_INTENT_FLASH: BackendIntent
 BACKEND_INTENT_TORCH: BackendIntent
+BACKEND_INTENT_TRITON: BackendIntent
 KV_CACHE_DTYPE_UNSPECIFIED: KvCacheDtype
 KV_CACHE_DTYPE_AUTO: KvCacheDtype
 KV_CACHE_DTYPE_FLOAT32: KvCacheDtype
@@ -93,6 +96,7 @@ BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_FLASH_PAGED: BackendKind
 BACKEND_KIND_TORCH_PAGED: BackendKind
 BACKEND_KIND_CONTIGUOUS: BackendKind
+BACKEND_KIND_TRITON_PAGED: BackendKind
 CACHE_KIND_UNSPECIFIED: CacheKind
 CACHE_KIND_PAGED: CacheKind
 CACHE_KIND_CONTIGUOUS: CacheKind
