@@ -23,6 +23,8 @@ from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, 
 
 pytest.importorskip("triton", reason="triton is not installed (it is in the project's test extra)")
 
+# On a CUDA host the kernels compile and the engine runs on the device (the `gpu` layer).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPTS = [
     [int(i) for i in torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(n))]
@@ -35,7 +37,7 @@ def _tiny(tmp_path_factory, architecture):
     path = write_gguf(
         tmp_path_factory.mktemp(architecture) / "tiny.gguf", config, random_hf_weights(config)
     )
-    return load_model(str(path), dtype="float32")
+    return load_model(str(path), dtype="float32", device=DEVICE)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
@@ -44,19 +46,24 @@ def tiny(request, tmp_path_factory):
 
 
 def _cuda_like_capability(loaded, max_model_len):
-    """This CPU's capability with the Triton backend listed as a CUDA worker lists it."""
+    """This CPU's capability with the Triton backend listed as a CUDA worker lists it (a CUDA
+    host's own, as probed)."""
+    facts = model_facts(loaded.config, max_model_len)
+    if DEVICE == "cuda":
+        return probe_capability(DEVICE, facts)
     backends = tuple(
         BackendStatus(BackendKind.TRITON_PAGED, True, "", TRITON_KV_DTYPES)
         if b.kind is BackendKind.TRITON_PAGED
         else b
         for b in probe_backends(torch.device("cpu"))
     )
-    return probe_capability("cpu", model_facts(loaded.config, max_model_len), backends=backends)
+    return probe_capability("cpu", facts, backends=backends)
 
 
 def _triton_engine(loaded, **paged_options):
     builder = (
         EngineBuilder()
+        .device(DEVICE)
         .paged_attention("on", backend="triton", block_size=4, **paged_options)
         .kv_cache_memory(bytes=1 << 20)
         .scheduler(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=8)  # chunked
@@ -78,7 +85,8 @@ def test_greedy_tokens_match_cache_free_attention(tiny):
     engine = _triton_engine(tiny, prefix_caching="on")
     report = engine.realized
     assert report.cache.backend is BackendKind.TRITON_PAGED
-    assert "paged_attention kernel (Triton interpreter)" in report.decode_attention
+    how = "Triton interpreter" if DEVICE == "cpu" else "Triton "
+    assert f"paged_attention kernel ({how}" in report.decode_attention
     expected = [_reference_greedy(tiny, p) for p in PROMPTS]
     outputs = engine.generate(PROMPTS, GREEDY)
     assert [list(o.new_token_ids) for o in outputs] == expected
@@ -96,6 +104,7 @@ def test_an_fp8_cache_is_realized_and_reported(tmp_path_factory):
     assert len(out.new_token_ids) == GREEDY.max_tokens
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="a CUDA host runs the Triton kernel")
 def test_triton_is_refused_by_name_where_the_worker_cannot_run_it(tmp_path_factory):
     """This CPU's own capability: `backend: triton` is a requirement, refused with the reason."""
     loaded = _tiny(tmp_path_factory, "llama")
