@@ -17,6 +17,7 @@ class RealizedReport:
     matmuls: str = ""  # the same for the projections: which kernel runs them, and why
     norms_and_activations: str = ""  # the same for RMSNorm and SiLU: fused CPU kernels or torch
     decode_layers: str = ""  # decode steps: every layer in one compiled call, or why not
+    decode_graphs: str = ""  # decode steps replayed from CUDA graphs: sizes, capture time
 
     @property
     def dtype(self) -> str:
@@ -49,5 +50,7 @@ class RealizedReport:
             lines.append(f"norms and activations: {self.norms_and_activations}")
         if self.decode_layers:
             lines.append(f"decode layers: {self.decode_layers}")
+        if self.decode_graphs:
+            lines.append(f"decode steps: {self.decode_graphs}")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

@@ -32,6 +32,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
+        self.graphs = None  # DecodeGraphs, set where decode steps replay CUDA graphs
 
     @torch.inference_mode()
     def run(
@@ -45,8 +46,10 @@ class ModelRunner:
         input_ids = torch.tensor(
             [t for item in scheduled for t in item.token_ids], dtype=torch.int64, device=self.device
         )
-        meta = self.attention.prepare(batch)
-        hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
+        hidden = self.graphs.run(batch, input_ids) if self.graphs is not None else None
+        if hidden is None:
+            meta = self.attention.prepare(batch)
+            hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
         wanted = [i for i, item in enumerate(scheduled) if item.needs_logits]
         if not wanted:
             return StepSamples({}, {})

@@ -112,3 +112,32 @@ def test_triton_is_refused_by_name_where_the_worker_cannot_run_it(tmp_path_facto
     config = dataclasses.replace(builder.config, max_model_len=64)
     with pytest.raises(Exception, match="triton_paged.*needs a CUDA device"):
         build_engine(config, loaded=loaded)
+
+
+def test_decode_steps_replayed_from_graphs_give_the_eager_tokens(tmp_path_factory):
+    """The static buffers, padding rows and tiles a CUDA graph replays, with the graph replaced by
+    one that re-runs the captured step (on a CPU there is nothing to capture): three sequences
+    decode in the graph of four, one of them padding; prefill steps run eagerly."""
+    from intentserve.worker.engine.cuda_graphs import DecodeGraphs, EagerStepGraph
+
+    loaded = _tiny(tmp_path_factory, "llama")
+    expected = [list(o.new_token_ids) for o in _triton_engine(loaded).generate(PROMPTS, GREEDY)]
+    engine = _triton_engine(loaded)
+    runner = engine.runner
+    graphs = DecodeGraphs(
+        runner.model, runner.attention, 4, 64 // 4, torch.device(DEVICE), EagerStepGraph
+    ).capture([1, 4])
+    replays = []
+    graph_run = graphs.run
+
+    def counting_run(batch, input_ids):
+        hidden = graph_run(batch, input_ids)
+        replays.append((batch.num_seqs, hidden is not None))
+        return hidden
+
+    graphs.run = counting_run
+    runner.graphs = graphs
+    assert graphs.describe().startswith("CUDA graphs for 2 batch sizes (1-4)")
+    assert [list(o.new_token_ids) for o in engine.generate(PROMPTS, GREEDY)] == expected
+    assert (3, True) in replays  # three decodes in the graph of four
+    assert any(not replayed for _, replayed in replays)  # prefill steps ran eagerly
