@@ -218,6 +218,7 @@ PAGED = RealizedCache(
     block_size=16,
     num_blocks=64,
     kv_cache_bytes=64 * 16 * PER_TOKEN,
+    max_num_seqs=8,
     kv_cache_dtype="float32",
     scheduler=SchedulerKind.PAGED,
 )
@@ -225,6 +226,7 @@ CONTIGUOUS = RealizedCache(
     kind=CacheKind.CONTIGUOUS,
     block_size=2048,
     num_blocks=4,
+    max_num_seqs=4,
     kv_cache_bytes=4 * 2048 * PER_TOKEN,
     kv_cache_dtype="float32",
     scheduler=SchedulerKind.DEFAULT,
