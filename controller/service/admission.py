@@ -41,6 +41,9 @@ class QueueLimits:
     max_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S
 
 
+DEFAULT_QUEUE_LIMITS = QueueLimits()
+
+
 class WaitTimes(Protocol):
     """Where each request's time in the queue goes (a Prometheus histogram)."""
 

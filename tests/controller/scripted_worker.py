@@ -108,6 +108,8 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
             with contextlib.suppress(grpc.RpcError):
                 for command in request_iterator:
                     if command.WhichOneof("command") == "start":
+                        with self._worker.lock:  # in the order the controller sent them
+                            self._worker.arrivals.append(command.start.prompt)
                         cancels[command.stream] = threading.Event()
                         threading.Thread(
                             target=self._play,
@@ -252,6 +254,7 @@ class ScriptedWorker:
         self.lock = threading.Lock()
         self.requests: list[inference_pb2.GenerateRequest] = []
         self.deadlines_s: list[float] = []
+        self.arrivals: list[str] = []  # prompts started on its multiplexed call, in order
         self.num_serve_calls = 0  # multiplexed calls the controller opened
         self.cancelled = threading.Event()
         self.cancelled_ids: list[str] = []  # requests whose own cancel command arrived
