@@ -151,3 +151,23 @@ def test_a_deadline_or_the_longest_wait_passing_in_the_queue_ends_the_request(
     eventually(lambda: queued(server) == 0, what="both gone from the queue")
     running.cancel()
     assert worker.arrivals == ["running"]
+
+
+def test_waiting_requests_end_unavailable_when_the_deployment_stops_being_ready(
+    start_controller, make_worker
+):
+    server, client = start_controller(paged_attention="on", max_outstanding_per_worker=1)
+    worker = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
+    assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    running = client.generate(prompt="running", timeout=30)
+    next(running)
+    waiting = client.generate(prompt="waiting", timeout=30)
+    eventually(lambda: queued(server) == 1, what="queued")
+    worker.stop_heartbeats()  # LOST after the heartbeat timeout (1 s): nothing left to wait for
+    with pytest.raises(grpc.RpcError) as error:
+        list(waiting)
+    assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert error.value.details().startswith("deployment is not ready: ")
+    assert queued(server) == 0
+    assert worker.arrivals == ["running"]
