@@ -114,7 +114,9 @@ def test_a_full_queue_is_refused_by_both_front_ends_naming_its_limit(start_contr
 
 
 def test_a_request_whose_client_goes_away_leaves_the_queue_at_once(start_controller, make_worker):
-    server, client = start_controller(paged_attention="on", max_outstanding_per_worker=1)
+    server, client = start_controller(
+        http_port=0, paged_attention="on", max_outstanding_per_worker=1
+    )
     worker = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
     assert worker.up().verified
     eventually(lambda: server.verdict().ready, what="READY")
@@ -124,6 +126,11 @@ def test_a_request_whose_client_goes_away_leaves_the_queue_at_once(start_control
     eventually(lambda: queued(server) == 1, what="queued")
     waiting.cancel()
     eventually(lambda: queued(server) == 0, timeout_s=1.0, what="the cancelled request gone")
+    body = {"model": MODEL, "prompt": "http", "max_tokens": 2}
+    with pytest.raises(httpx.ReadTimeout):  # then the client hangs up
+        httpx.post(f"{server.http_url}/v1/completions", json=body, timeout=0.5)
+    eventually(lambda: queued(server) == 0, timeout_s=1.0, what="the disconnected request gone")
+    assert sample(server, "intentserve_requests_total", status="cancelled") == 2
     running.cancel()
     assert worker.arrivals == ["running"]
 
