@@ -31,6 +31,10 @@ T = TypeVar("T")
 # Without `maxQueued`, the queue holds this many requests per sequence slot of the READY workers.
 QUEUED_PER_SLOT = 4
 DEFAULT_MAX_QUEUE_WAIT_S = 300.0
+# NOTE: a wait ends this long before the request's deadline, so that the status naming the wait
+# reaches the client before the client's own timer ends the call with a bare "Deadline Exceeded"
+# (a request that would reach its worker with less left could not be served anyway).
+DEADLINE_MARGIN_S = 0.05
 MAX_QUEUED = "max_queued (spec.controller.admission.maxQueued)"
 MAX_QUEUE_WAIT = "max_queue_wait_s (spec.controller.admission.maxQueueWaitS)"
 
@@ -79,8 +83,8 @@ class AdmissionQueue(Generic[T]):
     async def take(self, try_take: Callable[[], T | None], deadline_s: float | None) -> T:
         """A slot: at once when one is free and nobody waits, else after waiting in line.
         QueueFull when the queue holds its most; QueueTimeout when `deadline_s` (the request's
-        remaining time; None: none) or the longest wait passes first; whatever `try_take`
-        raises (e.g. the deployment stopped being ready) ends the wait too."""
+        remaining time, less DEADLINE_MARGIN_S; None: none) or the longest wait passes first;
+        whatever `try_take` raises (e.g. the deployment stopped being ready) ends the wait too."""
         with self._lock:
             if not self._waiters and (slot := try_take()) is not None:
                 self._wait_times.observe(0.0)
@@ -122,7 +126,10 @@ class AdmissionQueue(Generic[T]):
 
     async def _wait(self, waiter: _Waiter, deadline_s: float | None, started_s: float) -> T:
         max_wait_s = self.limits.max_wait_s
-        wait_s = max_wait_s if deadline_s is None else min(deadline_s, max_wait_s)
+        if deadline_s is None or deadline_s > max_wait_s + DEADLINE_MARGIN_S:
+            wait_s, by_deadline = max_wait_s, False
+        else:
+            wait_s, by_deadline = max(deadline_s - DEADLINE_MARGIN_S, 0.0), True
         try:
             async with asyncio.timeout(wait_s):
                 while True:
@@ -134,7 +141,7 @@ class AdmissionQueue(Generic[T]):
                         return slot
         except TimeoutError:
             waited_s = time.monotonic() - started_s
-            if deadline_s is not None and deadline_s <= max_wait_s:
+            if by_deadline:
                 raise QueueTimeout(
                     f"deadline exceeded after {waited_s:.2f} s in the admission queue, waiting "
                     "for a worker slot"

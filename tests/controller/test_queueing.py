@@ -149,6 +149,9 @@ def test_a_deadline_or_the_longest_wait_passing_in_the_queue_ends_the_request(
     with pytest.raises(grpc.RpcError) as error:
         list(client.generate(timeout=0.2))
     assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    # The controller's status, not the client's own timer: it says where the time went.
+    assert error.value.details().startswith("deadline exceeded after 0.")
+    assert "in the admission queue, waiting for a worker slot" in error.value.details()
     body = {"model": MODEL, "prompt": "late", "max_tokens": 2}
     answer = httpx.post(f"{server.http_url}/v1/completions", json=body, timeout=10)
     assert answer.status_code == 504
