@@ -44,7 +44,9 @@ class RealizedCache:
     block_size: int = 0
     num_blocks: int = 0
     kv_cache_bytes: int = 0
-    max_num_seqs: int = 0  # concurrent sequences at max model length
+    # Sequence slots: how many sequences the scheduler runs at once (a paged pool's free blocks
+    # may run fewer); the controller admits this many requests to the worker at a time.
+    max_num_seqs: int = 0
     kv_cache_dtype: str = ""
     scheduler: SchedulerKind | None = None  # None until the guard has selected one
     fallback_reasons: tuple[Reason, ...] = ()
@@ -65,6 +67,14 @@ class RealizedCache:
         """Tokens per streamed message, in words ("" when not reported)."""
         n = self.stream_interval
         return f"{n} token{'s' * (n > 1)} per streamed message" if n else ""
+
+    def describe_slots(self) -> str:
+        """The sequence slots, and how many sequences of max length the cache holds, in words."""
+        slots = f"{self.max_num_seqs} sequence slots"
+        if not (self.block_size and self.max_model_len):
+            return slots
+        num_full = self.num_blocks // -(-self.max_model_len // self.block_size)
+        return f"{slots} ({num_full} at max length)"
 
     def describe_window(self) -> str:
         """How the model's sliding window is realized, in words ("" when it has none)."""

@@ -25,6 +25,11 @@ from typing import Annotated, Any
 
 import yaml
 from intentserve.controller.launch.validation import describe_validation_error
+from intentserve.controller.service.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
 from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
 from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState, replica_ids
 from intentserve.policy import (
@@ -204,6 +209,18 @@ class SchedulerSpec(_Section):
     stream_interval: int = Field(1, ge=1, le=_UINT32_MAX, description="tokens per streamed message")
 
 
+class AdmissionSpec(_Section):
+    """The queue where requests wait, in arrival order, while every worker slot is taken."""
+
+    max_queued: int | None = Field(
+        None, ge=0, description=f"default: {QUEUED_PER_SLOT} x the READY workers' slots"
+    )
+    max_queue_wait_s: float = Field(DEFAULT_MAX_QUEUE_WAIT_S, gt=0, allow_inf_nan=False)
+
+    def limits(self) -> QueueLimits:
+        return QueueLimits(self.max_queued, self.max_queue_wait_s)
+
+
 class ControllerSpec(_Section):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
@@ -217,7 +234,9 @@ class ControllerSpec(_Section):
     advertise_host: str | None = None  # where workers reach it; default: found from the route
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
-    max_outstanding_per_worker: int = Field(32, ge=1)
+    # Requests sent to each worker at once; null: the sequence slots it realized.
+    max_outstanding_per_worker: int | None = Field(None, ge=1)
+    admission: AdmissionSpec = AdmissionSpec()
 
     @field_validator("heartbeat_timeout_s")
     @classmethod
@@ -367,6 +386,7 @@ class Manifest(BaseSettings):
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,
+            admission=c.admission.limits(),
         )
 
     def shared_kv_problem(self) -> str | None:

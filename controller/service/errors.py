@@ -41,7 +41,16 @@ class WorkerUnavailable(Exception):
 
 
 class Overloaded(Exception):
-    """Every READY worker's queue is full."""
+    """More load than the deployment takes (RESOURCE_EXHAUSTED)."""
+
+
+class QueueFull(Overloaded):
+    """Every worker slot is taken and the admission queue holds as many requests as it may."""
+
+
+class QueueTimeout(Exception):
+    """A request's deadline, or the longest wait the manifest allows, passed while it waited in
+    the admission queue (DEADLINE_EXCEEDED)."""
 
 
 class UpstreamError(Exception):

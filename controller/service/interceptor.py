@@ -7,6 +7,7 @@ import grpc
 from intentserve.controller.service.errors import (
     NotReady,
     Overloaded,
+    QueueTimeout,
     UnknownWorker,
     WorkerUnavailable,
     WrongState,
@@ -24,4 +25,5 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (NotReady, grpc.StatusCode.UNAVAILABLE),
     (WorkerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (QueueTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
 )

@@ -8,6 +8,8 @@ Names and buckets follow vLLM's (`vllm:time_to_first_token_seconds` is
 `intentserve_time_to_first_token_seconds` here). A request's final status is the gRPC status code
 its client saw (the controller's one exception -> status table), in lower case: `ok`,
 `invalid_argument`, `unavailable`, `resource_exhausted`, `cancelled` (the client went away), ...
+The router's admission queue reports here too: its length at each scrape, and each request's time
+in it (`intentserve_request_queue_time_seconds`, vLLM's `request_queue_time_seconds`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
+from intentserve.controller.service.admission import AdmissionQueue
 from intentserve.controller.service.interceptor import STATUS_CODES
 from intentserve.controller.service.router import Router, deadline_passed
 from intentserve.status import lookup
 from intentserve.v1 import inference_pb2
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LABELS = ("deployment", "model_name")
 # vLLM's buckets.
@@ -90,10 +93,29 @@ class RequestMetrics:
             registry=registry,
             buckets=E2E_BUCKETS_S,
         )
+        self.queue_time_s = Histogram(
+            "intentserve_request_queue_time_seconds",
+            "Time in the controller's admission queue waiting for a worker slot, however the "
+            "wait ended (0: a slot was free)",
+            LABELS,
+            registry=registry,
+            buckets=E2E_BUCKETS_S,
+        )
+        self.num_queued = Gauge(
+            "intentserve_num_requests_queued",
+            "Requests waiting in the controller's admission queue for a worker slot",
+            LABELS,
+            registry=registry,
+        )
+        self.queue_wait_times = self.queue_time_s.labels(*self._labels)
         # NOTE: the per-token series, looked up once: `labels()` takes a lock and a dict lookup,
         # and runs for every streamed token otherwise.
         self._ttft_s = self.ttft_s.labels(*self._labels)
         self._itl_s = self.itl_s.labels(*self._labels)
+
+    def watch_queue(self, queue: AdmissionQueue) -> None:
+        """The queue's length, read at each scrape."""
+        self.num_queued.labels(*self._labels).set_function(lambda: queue.num_waiting)
 
     async def aobserve(
         self, responses: AsyncGenerator[inference_pb2.GenerateResponse, None], call=None

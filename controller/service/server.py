@@ -85,15 +85,25 @@ class ControllerServer:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self._shutdown = threading.Event()
-        # Every registry transition wakes the loop, so health follows a report at once.
-        self.deployment = Deployment(config.desired, on_change=lambda: self.reconciler.wake())
+        # Every registry transition wakes the loop, so health follows a report at once, and
+        # the admission queue, whose head may find a slot (or learn there is none to wait for).
+        self.deployment = Deployment(config.desired, on_change=self._workers_changed)
+        # Requests are measured where both front ends (gRPC, HTTP) take the router's responses,
+        # and while they wait in the router's admission queue.
+        self.metrics = CollectorRegistry()
+        desired = config.desired
+        request_metrics = RequestMetrics(
+            self.metrics, deployment=desired.deployment, model=desired.model
+        )
         self.router = Router(
             self.deployment,
             max_outstanding_per_worker=config.max_outstanding_per_worker,
-            max_outstanding_total=config.max_outstanding_total,
+            queue_limits=config.admission,
+            queue_wait_times=request_metrics.queue_wait_times,
             channel_factory=_worker_channels(config),
             aio_channel_factory=_worker_aio_channels(config),
         )
+        request_metrics.watch_queue(self.router.queue)
         # The loop first: health is published to it from the reconciler's construction on.
         self._loop = EventLoopThread("controller-rpc")
         self._probe_health = None if config.health_port is None else health.HealthServicer()
@@ -107,14 +117,8 @@ class ControllerServer:
             interval_s=config.reconcile_interval_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
-        # Requests are measured where both front ends (gRPC, HTTP) take the router's responses.
-        self.metrics = CollectorRegistry()
         self.metrics.register(DeploymentCollector(self.deployment, self.reconciler))
-        desired = config.desired
-        self.metered_router = MeteredRouter(
-            self.router,
-            RequestMetrics(self.metrics, deployment=desired.deployment, model=desired.model),
-        )
+        self.metered_router = MeteredRouter(self.router, request_metrics)
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
             self._health_server, self.health_port = self._probe_server()
@@ -122,6 +126,10 @@ class ControllerServer:
         except BaseException:
             self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
             raise
+
+    def _workers_changed(self) -> None:
+        self.reconciler.wake()
+        self.router.workers_changed()
 
     def _probe_server(self) -> tuple[grpc.Server | None, int | None]:
         """Probes that speak no TLS get a port of their own, with nothing on it but health."""

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from intentserve.controller.service.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
 from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
 from intentserve.policy import (
@@ -70,12 +75,9 @@ class ControllerConfig:
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     reconcile_interval_s: float = 0.5
-    max_outstanding_per_worker: int = 32
-
-    @property
-    def max_outstanding_total(self) -> int:
-        """Streams the router admits at once; the server keeps threads beyond it for control."""
-        return self.desired.replicas * self.max_outstanding_per_worker
+    # Requests sent to each worker at once; None: the sequence slots it realized.
+    max_outstanding_per_worker: int | None = None
+    admission: QueueLimits = QueueLimits()  # the queue where requests wait for a slot
 
 
 class ControllerSettings(BaseSettings):
@@ -107,7 +109,13 @@ class ControllerSettings(BaseSettings):
     heartbeat_interval_s: float = Field(1.0, gt=0.0)
     heartbeat_timeout_s: float = Field(5.0, gt=0.0)
     reconcile_interval_s: float = Field(0.5, gt=0.0)
-    max_outstanding_per_worker: int = Field(32, ge=1)
+    max_outstanding_per_worker: int | None = Field(
+        None, ge=1, description="default: each worker's realized sequence slots"
+    )
+    max_queued: int | None = Field(
+        None, ge=0, description=f"default: {QUEUED_PER_SLOT} x the READY workers' slots"
+    )
+    max_queue_wait_s: float = Field(DEFAULT_MAX_QUEUE_WAIT_S, gt=0.0, allow_inf_nan=False)
 
     # Security (README: Security). TLS needs all three files; without them the operator must
     # say `insecure` (plaintext, no worker identity), and off loopback `insecure_network` too.
@@ -224,6 +232,7 @@ class ControllerSettings(BaseSettings):
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             reconcile_interval_s=self.reconcile_interval_s,
             max_outstanding_per_worker=self.max_outstanding_per_worker,
+            admission=QueueLimits(self.max_queued, self.max_queue_wait_s),
         )
 
 

@@ -108,6 +108,8 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
             with contextlib.suppress(grpc.RpcError):
                 for command in request_iterator:
                     if command.WhichOneof("command") == "start":
+                        with self._worker.lock:  # in the order the controller sent them
+                            self._worker.arrivals.append(command.start.prompt)
                         cancels[command.stream] = threading.Event()
                         threading.Thread(
                             target=self._play,
@@ -218,6 +220,7 @@ PAGED = RealizedCache(
     block_size=16,
     num_blocks=64,
     kv_cache_bytes=64 * 16 * PER_TOKEN,
+    max_num_seqs=8,
     kv_cache_dtype="float32",
     scheduler=SchedulerKind.PAGED,
 )
@@ -225,6 +228,7 @@ CONTIGUOUS = RealizedCache(
     kind=CacheKind.CONTIGUOUS,
     block_size=2048,
     num_blocks=4,
+    max_num_seqs=4,
     kv_cache_bytes=4 * 2048 * PER_TOKEN,
     kv_cache_dtype="float32",
     scheduler=SchedulerKind.DEFAULT,
@@ -250,6 +254,7 @@ class ScriptedWorker:
         self.lock = threading.Lock()
         self.requests: list[inference_pb2.GenerateRequest] = []
         self.deadlines_s: list[float] = []
+        self.arrivals: list[str] = []  # prompts started on its multiplexed call, in order
         self.num_serve_calls = 0  # multiplexed calls the controller opened
         self.cancelled = threading.Event()
         self.cancelled_ids: list[str] = []  # requests whose own cancel command arrived

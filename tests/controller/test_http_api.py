@@ -123,7 +123,9 @@ def test_with_api_keys_a_key_is_needed(start_controller, make_worker, tmp_path):
 
 
 def test_a_full_queue_is_429(start_controller, make_worker):
-    server, _ = start_controller(http_port=0, paged_attention="on", max_outstanding_per_worker=1)
+    server, _ = start_controller(
+        http_port=0, paged_attention="on", max_outstanding_per_worker=1, max_queued=0
+    )
     blocking = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
     assert blocking.up().verified
     eventually(lambda: server.verdict().ready, what="READY")

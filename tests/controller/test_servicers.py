@@ -37,6 +37,7 @@ from intentserve.v1 import (
     worker_pb2,
 )
 
+from tests.controller.conftest import WAITS
 from tests.controller.scripted_worker import CONTIGUOUS, ScriptedWorker, realized_for
 
 REGISTRY = "registry"
@@ -65,7 +66,7 @@ class Harness:
         )
         self.deployment = Deployment(desired)
         self.shutdowns = []
-        self.router = Router(self.deployment, max_outstanding_per_worker=4, max_outstanding_total=4)
+        self.router = Router(self.deployment, queue_wait_times=WAITS)
         self.servicers = {
             REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
             ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),

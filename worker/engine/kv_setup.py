@@ -181,7 +181,8 @@ def _plan(request: KvRequest, geometry: KvGeometry, budget: int, source: str) ->
             prefix_caching=request.resolution.prefix_caching.enabled,
             block_size=block_size,
             num_blocks=num_blocks,
-            max_num_seqs=num_blocks // -(-max_model_len // block_size),
+            # The scheduler's slots; free blocks decide how many of them run at once.
+            max_num_seqs=request.limits.max_num_seqs,
             kv_cache_dtype=kv_cache_dtype,
             fallback_reasons=request.fallback_reasons,
         )

@@ -34,7 +34,7 @@ class RealizedReport:
             f"model {self.model} ({self.dtype}), max_model_len {self.max_model_len}",
             f"cache {c.kind.value}, backend {c.backend.value}, scheduler {scheduler}",
             f"{c.num_blocks} blocks x {c.block_size} tokens, {c.kv_cache_bytes / 2**20:.1f} MiB "
-            f"{c.kv_cache_dtype}, {c.max_num_seqs} sequences at max length, "
+            f"{c.kv_cache_dtype}, {c.describe_slots()}, "
             f"prefix caching {'on' if c.prefix_caching else 'off'}",
             f"weights {c.weight_format.value}, {c.weight_bytes / 2**20:.1f} MiB resident",
         ]
