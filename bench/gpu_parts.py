@@ -317,7 +317,7 @@ def throughput(device: str, out: Path) -> dict:
     rows, graphs = [], ""
     for streams in STREAMS[device]:
         engine = _engine(folder, device, dtype, backend, max_num_seqs=streams)
-        graphs = engine.realized.decode_graphs or graphs
+        graphs = engine.realized.cache.decode_graphs or graphs
         params_bytes = engine.realized.cache.weight_bytes
         rate, step_s = _decode_rate(engine, streams, max_tokens, device)
         row = {"streams": streams, "tokens_per_s": rate, "step_ms": 1000 * step_s}

@@ -59,6 +59,10 @@ class RealizedCache:
     # realized as a mask; every layer still keeps K/V blocks for the whole sequence.
     sliding_window: int = 0
     num_windowed_layers: int = 0
+    # What computes attention, and decode steps captured as CUDA graphs: facts of the build,
+    # reported for operators; the policy does not read them ("": not reported / none).
+    attention_kernel: str = ""
+    decode_graphs: str = ""
     # Tokens per streamed message after a request's first (the worker's `streamInterval`; 0: a
     # worker that does not report it).
     stream_interval: int = 0

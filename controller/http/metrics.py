@@ -43,6 +43,7 @@ REALIZED = (
     "scheduler",
     "prefix_caching",
     "weight_format",
+    "attention_kernel",
     "reason_code",
 )
 DEPLOYMENT_GAUGES = {
@@ -153,6 +154,7 @@ class DeploymentCollector(Collector):
                     r.scheduler.value if r and r.scheduler else "",
                     _word(r.prefix_caching) if r else "",
                     r.weight_format.value if r else "",
+                    r.attention_kernel if r else "",
                     w.reasons[0].code.value if w.reasons else "",
                 ),
                 strict=True,

@@ -99,6 +99,10 @@ def describe_realized(realized: RealizedCache | None) -> str:
         parts.append(realized.describe_window())
     if realized.stream_interval:
         parts.append(realized.describe_stream())
+    if realized.attention_kernel:
+        parts.append(f"attention by {realized.attention_kernel}")
+    if realized.decode_graphs:
+        parts.append(f"decode steps from {realized.decode_graphs}")
     text = ", ".join(parts)
     if realized.fallback_reasons:
         text += "; fallbacks: " + "; ".join(str(r) for r in realized.fallback_reasons)

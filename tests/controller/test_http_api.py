@@ -242,6 +242,7 @@ def expected_labels(worker: dict) -> dict[str, str]:
         "scheduler": field("scheduler"),
         "prefix_caching": field("prefix_caching"),
         "weight_format": field("weight_format"),
+        "attention_kernel": field("attention_kernel"),
         "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
     }
 
@@ -252,7 +253,7 @@ def test_the_realized_info_metric_matches_status_for_every_worker(
 ):
     server, _ = start_controller(http_port=0, paged_attention=mode, replicas=4, min_ready=1)
     fallback = make_worker(server, "w0", CPU)  # auto: the default scheduler, and why
-    paged = make_worker(server, "w1", examples.cuda(flash=False))  # torch paged, and why
+    paged = make_worker(server, "w1", examples.cuda(flash=False))  # triton paged, and why
     no_kv = make_worker(server, "w2", BERT)  # on: rejected at registration
     failed = make_worker(server, "w3", CPU)  # rejected: its KV cache did not fit
     for worker in (fallback, paged, no_kv, failed):
@@ -277,7 +278,7 @@ def test_the_realized_info_metric_matches_status_for_every_worker(
         assert labels["w0"]["enabled"] == "false" and states["w0"] == "ready"
     else:
         assert states["w2"] == "rejected" and labels["w2"]["cache_kind"] == ""
-    assert labels["w1"]["enabled"] == "true" and labels["w1"]["backend"] == "torch_paged"
+    assert labels["w1"]["enabled"] == "true" and labels["w1"]["backend"] == "triton_paged"
     ready = metrics(server)["intentserve_deployment_ready"][0][1]
     assert ready == (1.0 if server.verdict().ready else 0.0)
 

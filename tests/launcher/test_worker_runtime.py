@@ -88,6 +88,8 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
     assert record.address == rt.status()["address"]
     assert record.realized.kind.value == "paged"
     assert record.realized.kv_cache_bytes == KV_BYTES
+    # What computes attention reaches the controller as the worker built it.
+    assert record.realized.attention_kernel.startswith(("compiled CPU kernel", "torch gather ("))
     eventually(lambda: worker_record(server).load.num_kv_total > 0, what="a heartbeat with load")
     client = Client(server.address)
     try:

@@ -134,13 +134,13 @@ def build_engine(
             kv.cache,
             weight_format=_held_format(loaded),
             weight_bytes=resident_weight_bytes(loaded.model),
+            attention_kernel=kv.attention.decode_impl if kv.attention is not None else "",
+            decode_graphs=_describe_graphs(runner),
         ),
         model=config.model,
-        decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
         matmuls=matmuls,
         norms_and_activations=norms,
         decode_layers=_compile_decode(loaded, kv.attention, device),
-        decode_graphs=_describe_graphs(runner),
     )
     return Engine(
         tokenizer=loaded.tokenizer,

@@ -86,7 +86,7 @@ def test_greedy_tokens_match_cache_free_attention(tiny):
     report = engine.realized
     assert report.cache.backend is BackendKind.TRITON_PAGED
     how = "Triton interpreter" if DEVICE == "cpu" else "Triton "
-    assert f"paged_attention kernel ({how}" in report.decode_attention
+    assert f"paged_attention kernel ({how}" in report.cache.attention_kernel
     expected = [_reference_greedy(tiny, p) for p in PROMPTS]
     outputs = engine.generate(PROMPTS, GREEDY)
     assert [list(o.new_token_ids) for o in outputs] == expected
