@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/ (the seeded checkpoints) and bench/
 from bench.gpu_parts import (  # noqa: E402
+    SCRATCH,
     engine_parity,
     gpu_tests,
     host_facts,
@@ -64,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {"host": host_facts(device), "dry_run": args.dry_run}
     run_part(results, "gpu_tests", gpu_tests, device)
-    run_part(results, "engine_parity", engine_parity, device, args.out)
-    run_part(results, "served_over_tls", served_over_tls, device, args.out)
-    run_part(results, "throughput", throughput, device, args.out)
+    run_part(results, "engine_parity", engine_parity, device)
+    run_part(results, "served_over_tls", served_over_tls, device)
+    run_part(results, "throughput", throughput, device)
     write_report(results, args.out)
+    shutil.rmtree(SCRATCH, ignore_errors=True)
     failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("ok") is False]
     print(f"[gpu-check] wrote {args.out}/gpu_check.json and gpu_check.md; failed: {failed or 0}")
     return 1 if failed else 0

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Seeded checkpoints and the test PKI: scratch space, not the report folder (a lease sends back
+# what is under OUT, and a 1B checkpoint is 5 GB).
+SCRATCH = Path(tempfile.mkdtemp(prefix="intentserve-gpu-check-"))
 PROMPT_LEN, PARITY_TOKENS = 24, 8
 
 # Seeded checkpoints of the real models' shapes (weights random, from the seed); the dry run keeps
@@ -66,6 +71,7 @@ def gpu_tests(device: str) -> dict:
     """The `gpu` layer: on a CUDA host its tests run on the device; dry, the interpreter's."""
     files = [
         "tests/worker/engine/test_triton_paged.py",
+        "tests/worker/engine/test_cuda_backends.py",
         "tests/worker/engine/test_triton_engine.py",
         "tests/worker/engine/test_paged_attention_kernels.py",
     ]
@@ -90,15 +96,16 @@ def _config(name: str, device: str):
     return tiny_config("llama", max_position_embeddings=4096, **shape)
 
 
-def _checkpoint(name: str, device: str, out: Path) -> tuple[object, dict, Path]:
-    """(config, weights, folder): seeded weights written as a safetensors folder."""
+@functools.cache
+def _checkpoint(name: str, device: str) -> tuple[object, dict, Path]:
+    """(config, weights, folder): seeded weights written as a safetensors folder, once a run."""
     from tests.worker.model.tiny_checkpoints import random_hf_weights, write_hf_folder
 
     config = _config(name, device)
     weights = random_hf_weights(config, seed=0)
     scale = config.hidden_size**-0.5  # keep the residual stream tame over many layers
     weights = {k: v if "norm" in k else v * scale / 0.2 for k, v in weights.items()}
-    folder = write_hf_folder(out / "checkpoints" / name, config, weights)
+    folder = write_hf_folder(SCRATCH / name, config, weights)
     return config, weights, folder
 
 
@@ -178,11 +185,11 @@ def _reference_greedy(config, weights, prompts, max_tokens: int) -> list[list[in
     return outs
 
 
-def engine_parity(device: str, out: Path) -> dict:
+def engine_parity(device: str) -> dict:
     """Greedy tokens of the engine (mode on, each paged backend) against transformers."""
     found: dict = {}
     for name in SHAPES:
-        config, weights, folder = _checkpoint(name, device, out)
+        config, weights, folder = _checkpoint(name, device)
         prompts = _prompts(3, config.vocab_size)
         expected = _reference_greedy(config, weights, prompts, PARITY_TOKENS)
         for backend in _available_paged_backends(device):
@@ -203,7 +210,7 @@ def engine_parity(device: str, out: Path) -> dict:
     return {"cases": found}
 
 
-def served_over_tls(device: str, out: Path) -> dict:
+def served_over_tls(device: str) -> dict:
     """A controller and one worker over mutual TLS, no Ray: READY only once the realized paged
     cache is verified; then `backend: flash` where vllm-flash-attn is missing, refused by name."""
     from intentserve.controller.launch.pki import DeploymentCa
@@ -212,8 +219,8 @@ def served_over_tls(device: str, out: Path) -> dict:
     from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
     from intentserve.worker.runtime.spec import WorkerSpec
 
-    _, _, folder = _checkpoint("smollm2-135m", device, out)
-    pki = out / "pki"
+    _, _, folder = _checkpoint("smollm2-135m", device)
+    pki = SCRATCH / "pki"
     ca = DeploymentCa.create("gpucheck")
     files = {}
     identity = ca.controller_identity(())
@@ -306,10 +313,10 @@ def _decode_rate(engine, streams: int, max_tokens: int, device: str) -> tuple[fl
     return sum(len(o) for o in outs) / seconds, seconds / max_tokens
 
 
-def throughput(device: str, out: Path) -> dict:
+def throughput(device: str) -> dict:
     """tokens/s of the 1B shape in bf16 at each stream count, against the in-run limits; at one
     stream, the graph-replayed step against the eager one."""
-    _, _, folder = _checkpoint("llama-3.2-1b", device, out)
+    _, _, folder = _checkpoint("llama-3.2-1b", device)
     ceilings = _measure_ceilings(device)
     dtype = "bfloat16"
     backend = _available_paged_backends(device)[0]
