@@ -34,11 +34,11 @@ ENTRYPOINT python -m intentserve
 """
 
 
-def lint(path: Path) -> list[str]:
-    """What is wrong with the Dockerfile at `path`, in words (the build context is ROOT)."""
+def lint(path: Path, context: Path = ROOT) -> list[str]:
+    """What is wrong with the Dockerfile at `path`, in words (the build context: `context`)."""
     _, stages = parse(path)
     problems = []
-    patterns = dockerignore(ROOT / ".dockerignore")
+    patterns = dockerignore(context / ".dockerignore")
     names = set()
     for stage in stages:
         if stage.base not in names and not _pinned(stage.base):
@@ -48,7 +48,7 @@ def lint(path: Path) -> list[str]:
             if copy.from_stage is not None:
                 continue
             for source in copy.sources:
-                if not (ROOT / source).exists():
+                if not (context / source).exists():
                     problems.append(f"COPY {source}: no such file in the build context")
                 elif ignored(source, patterns):
                     problems.append(f"COPY {source}: .dockerignore leaves it out")
@@ -74,9 +74,13 @@ def test_the_dockerfile_passes_its_lint():
 
 
 def test_a_broken_dockerfile_fails_each_check(tmp_path):
+    """In a context of its own: whether this checkout holds a `.venv` must not matter."""
+    context = tmp_path / "context"
+    (context / ".venv").mkdir(parents=True)
+    (context / ".dockerignore").write_text((ROOT / ".dockerignore").read_text())
     broken = tmp_path / "Dockerfile"
     broken.write_text(BROKEN)
-    assert lint(broken) == [
+    assert lint(broken, context) == [
         "base image python:3-slim is pinned by neither version nor digest",
         "COPY no-such-file.txt: no such file in the build context",
         "COPY .venv/: .dockerignore leaves it out",
