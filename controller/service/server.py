@@ -86,7 +86,11 @@ class ControllerServer:
         self.config = config
         self._shutdown = threading.Event()
         # Every registry transition wakes the loop, so health follows a report at once.
-        self.deployment = Deployment(config.desired, on_change=lambda: self.reconciler.wake())
+        self.deployment = Deployment(
+            config.desired,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            on_change=lambda: self.reconciler.wake(),
+        )
         self.router = Router(
             self.deployment,
             max_outstanding_per_worker=config.max_outstanding_per_worker,

@@ -22,6 +22,9 @@ from intentserve.worker.service.engine_loop import EngineLoad
 log = logging.getLogger(__name__)
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# NOTE: a restarted worker may register before the controller sees its predecessor gone (its
+# connection broken or its heartbeats lapsed); until then its id is taken: ALREADY_EXISTS.
+REGISTER_RETRYABLE = (*RETRYABLE, grpc.StatusCode.ALREADY_EXISTS)
 
 
 class Action(enum.Enum):
@@ -72,10 +75,11 @@ class RegistryClient:
             else secure_channel(controller_address, tls, server_name(deployment, CONTROLLER))
         )
         self._stub = worker_pb2_grpc.WorkerRegistryStub(self._channel)
+        self._token = b""  # the current registration's: reports and heartbeats carry it
 
     def register(self, address: str, capability: Capability, wait_s: float) -> Registration:
-        """Retry while the controller is unreachable (up to `wait_s`); Rejected with the reason
-        when it refuses the worker."""
+        """Retry while the controller is unreachable or the id is still held by a live
+        predecessor (up to `wait_s`); Rejected with the reason when it refuses the worker."""
         request = worker_pb2.RegisterRequest(
             worker_id=self.worker_id,
             address=address,
@@ -87,10 +91,13 @@ class RegistryClient:
                 response = self._stub.Register(request, timeout=self._timeout_s)
                 break
             except grpc.RpcError as error:
-                if error.code() not in RETRYABLE or time.monotonic() > deadline:
+                if error.code() not in REGISTER_RETRYABLE or time.monotonic() > deadline:
                     raise
-                log.info("controller not reachable yet (%s); retrying", error.code().name)
+                log.info(
+                    "cannot register yet (%s: %s); retrying", error.code().name, error.details()
+                )
                 time.sleep(0.5)
+        self._token = response.registration_token
         if response.WhichOneof("outcome") == "rejection":
             raise Rejected(convert.reason_from_pb(response.rejection))
         config, resolution, kv_budget = convert.resolution_from_pb(response.config)
@@ -106,7 +113,9 @@ class RegistryClient:
         """None when the controller verified the report, else its reason; NotRegistered when
         it forgot the worker (restarted) or counts it as lost."""
         state = convert.realized_to_pb(realized.cache)
-        request = worker_pb2.RealizedReport(worker_id=self.worker_id, realized=state)
+        request = worker_pb2.RealizedReport(
+            worker_id=self.worker_id, realized=state, registration_token=self._token
+        )
         try:
             verification = self._stub.ReportRealized(request, timeout=self._timeout_s)
         except grpc.RpcError as error:
@@ -119,12 +128,15 @@ class RegistryClient:
 
     def report_load_error(self, reason: Reason) -> None:
         request = worker_pb2.RealizedReport(
-            worker_id=self.worker_id, load_error=convert.reason_to_pb(reason)
+            worker_id=self.worker_id,
+            load_error=convert.reason_to_pb(reason),
+            registration_token=self._token,
         )
         self._stub.ReportRealized(request, timeout=self._timeout_s)
 
     def heartbeat(self, load: EngineLoad, timeout_s: float) -> Action:
         request = heartbeat_request_to_pb(self.worker_id, load)
+        request.registration_token = self._token
         return Action(self._stub.Heartbeat(request, timeout=timeout_s).action)
 
     def close(self) -> None:
