@@ -126,6 +126,17 @@ class WorkerChannels:
     def close(self) -> None:
         self.prune(set())
 
+    async def aclose_loop(self) -> None:
+        """Close the channels made on the running loop, and their calls, there: the loop is
+        about to end. NOTE: a call left open on a closed loop has grpc's poller hand its last
+        events to that loop from another (RuntimeError: Event loop is closed)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            made = [e.on_loops.pop(loop) for e in self._entries.values() if loop in e.on_loops]
+        for channel, mux in made:
+            mux.close()
+            await channel.close()
+
     def _entry(self, address: str, worker_id: str) -> _Entry:
         entry = self._entries.get(address)
         if entry is None:
