@@ -39,6 +39,13 @@ class NotRegistered(Exception):
     """The controller does not (or no longer) know this worker as loading or serving."""
 
 
+class CertificateRefused(Exception):
+    """The controller's registry port ended the TLS handshake: it does not accept this worker's
+    certificate. NOTE: grpc's Python server can neither answer that with a status nor sends a
+    TLS alert, and its own log of it is at INFO, without the peer: the client sees only
+    UNAVAILABLE "Socket closed", which this names."""
+
+
 class Rejected(Exception):
     """The controller refused the worker: it cannot honour a required policy."""
 
@@ -76,6 +83,8 @@ class RegistryClient:
         )
         self._stub = worker_pb2_grpc.WorkerRegistryStub(self._channel)
         self._token = b""  # the current registration's: reports and heartbeats carry it
+        self._address = controller_address
+        self._tls = tls is not None
 
     def register(self, address: str, capability: Capability, wait_s: float) -> Registration:
         """Retry while the controller is unreachable or the id is still held by a live
@@ -86,12 +95,18 @@ class RegistryClient:
             capability=convert.capability_to_pb(capability),
         )
         deadline = time.monotonic() + wait_s
+        refusal: str | None = None
         while True:
             try:
                 response = self._stub.Register(request, timeout=self._timeout_s)
                 break
             except grpc.RpcError as error:
+                if refusal is None and self._handshake_refused(error):
+                    refusal = self._refusal()
+                    log.warning("%s", refusal)
                 if error.code() not in REGISTER_RETRYABLE or time.monotonic() > deadline:
+                    if refusal is not None and self._handshake_refused(error):
+                        raise CertificateRefused(refusal) from None
                     raise
                 log.info(
                     "cannot register yet (%s: %s); retrying", error.code().name, error.details()
@@ -107,6 +122,23 @@ class RegistryClient:
             kv_budget,
             response.heartbeat_interval_s,
             response.config.SerializeToString(deterministic=True),
+        )
+
+    def _handshake_refused(self, error: grpc.RpcError) -> bool:
+        """An UNAVAILABLE whose connection closed during TLS: a controller that is down
+        refuses the connection instead."""
+        return (
+            self._tls
+            and error.code() is grpc.StatusCode.UNAVAILABLE
+            and "Socket closed" in (error.details() or "")
+        )
+
+    def _refusal(self) -> str:
+        return (
+            f"the controller at {self._address} closed the TLS handshake: it does not accept the "
+            f"certificate of worker {self.worker_id} (issued by another CA than the "
+            "deployment's, expired, or missing); the server sends no TLS alert, so gRPC reports "
+            "it as UNAVAILABLE: Socket closed"
         )
 
     def report_realized(self, realized: RealizedReport) -> Reason | None:
