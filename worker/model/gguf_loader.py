@@ -100,8 +100,8 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
 
 
 def forget_opened() -> None:
-    """Drop the files `open_gguf` keeps parsed (a worker, once its engine is built: the parse
-    is ~500,000 Python objects for SmolLM2; worker/runtime/heap.py)."""
+    """Drop the files `open_gguf` keeps parsed (a worker, once its engine is built: the
+    metadata holds SmolLM2's ~200,000 tokenizer strings and numbers; worker/runtime/heap.py)."""
     _open_cached.cache_clear()
 
 
