@@ -263,7 +263,8 @@ class ControllerServer:
                 self.router.abort_streams(record.worker_id, STOPPING)
         stopping.result()
         if self._http is not None:
-            self._http.join()
+            self._http.join()  # its loop closes what was made on it as it ends
+        self._loop.run(self.router.channels.aclose_loop())
         self.router.close()
         self._loop.close()
 
