@@ -304,9 +304,12 @@ class Registry:
 
 
 def _alive(record: WorkerRecord, now_s: float, timeout_s: float) -> bool:
-    """Whether a live process stands behind the record. A suspect one is not counted: its
-    connection broke, as a dead process's does, and its replacement must not wait."""
-    if record.state not in _MONITORED or record.state is WorkerState.SUSPECT:
+    """Whether a live process stands behind the record. A suspect one not heard from since is
+    not counted: its connection broke, as a dead process's does, and its replacement must not
+    wait; one that has heartbeat since is alive (a dead process cannot)."""
+    if record.state not in _MONITORED:
+        return False
+    if record.state is WorkerState.SUSPECT and record.last_seen_s <= record.suspect_since_s:
         return False
     return now_s - record.last_seen_s <= timeout_s
 

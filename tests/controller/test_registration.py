@@ -92,3 +92,16 @@ def test_reports_and_heartbeats_count_only_with_the_current_registrations_token(
     assert warnings[0].startswith("refused a report for worker w0 from ipv4:10.6.6.6:1")
     assert warnings[1].startswith("ignored a heartbeat for worker w0 from in-process")
     assert state_of(deployment) is WorkerState.READY
+
+
+def test_a_suspect_worker_heard_from_since_is_alive():
+    """A broken stream alone does not free the id: once the worker heartbeats again, it is
+    alive (a dead process cannot), and a registration under its id is refused."""
+    deployment, clock, _ = make("on")
+    verified(deployment, b"real")
+    deployment.suspect("w0", "w0:1", BROKE)
+    clock.now_s += 0.1
+    assert deployment.heartbeat("w0", WorkerLoad(), token=b"real") is HeartbeatAction.CONTINUE
+    with pytest.raises(WorkerAlive, match=r"worker 'w0' is alive \(suspect"):
+        register(deployment, b"impostor", address="evil:1")
+    assert deployment.registry.get("w0").address == "w0:1"
