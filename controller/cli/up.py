@@ -7,7 +7,7 @@ Ctrl-C, SIGTERM or `intentserve down` -> controller stopped, actors killed, Ray 
 Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
 reason is printed), start-up failed, or workers whose restart budget is spent leave too few to
 meet minReady (each named with its last error); 2 bad manifest (the field, the value, what is
-allowed).
+allowed). A failure once the controller is up stops everything first, then prints the error last.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ POLL_S = 0.25
 ACTOR_POLL_S = 2.0  # while serving: how often the actors are asked whether they live
 WAITING_NOTE_S = 15.0  # while starting: how often a "still waiting" line is printed
 _ANY_HOST = ("0.0.0.0", "::", "[::]")
+
+
+class UpFailed(Exception):
+    """`up` cannot go on: the message is printed last, once everything is stopped."""
 
 
 def _startup_failure(
@@ -189,10 +193,12 @@ def run(args: argparse.Namespace) -> int:
         temp_dir=args.ray_temp_dir,
         log_to_driver=args.worker_logs,
     )
+    failure: str | None = None
     try:
         return _up(manifest, server, launcher, progress, prepared)
-    except LaunchError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (LaunchError, UpFailed) as error:
+        failure = str(error)
+        progress.say("stopping: the error is printed last")
         return EXIT_FAILED
     finally:
         if progress.signals:
@@ -204,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signum, handler)
         ray_after = "Ray shut down" if launcher.embedded else "the Ray cluster left running"
         progress.say(f"stopped: controller down, worker actors killed, {ray_after}")
+        if failure is not None:
+            print(f"error: {failure}", file=sys.stderr, flush=True)
 
 
 def _up(
@@ -239,8 +247,7 @@ def _up(
     while True:
         verdict = server.wait_until_settled(POLL_S)
         if server.wait(0):
-            print("error: interrupted before the deployment became ready", file=sys.stderr)
-            return EXIT_FAILED
+            raise UpFailed("interrupted before the deployment became ready")
         probes = launcher.probe(POLL_S)
         progress.controller(server, verdict)
         progress.actors(probes)
@@ -250,15 +257,12 @@ def _up(
             server.deployment, probes, s.max_restarts
         )
         if failure is not None:
-            print(f"error: {failure}", file=sys.stderr)
-            return EXIT_FAILED
+            raise UpFailed(failure)
         if time.monotonic() > deadline_s:
-            print(
-                f"error: not ready after spec.startupTimeoutS={manifest.spec.startup_timeout_s:g}"
-                f" s: {verdict.reason.code.value}: {verdict.reason.message}",
-                file=sys.stderr,
+            raise UpFailed(
+                f"not ready after spec.startupTimeoutS={manifest.spec.startup_timeout_s:g}"
+                f" s: {verdict.reason.code.value}: {verdict.reason.message}"
             )
-            return EXIT_FAILED
         if time.monotonic() > next_note_s:
             next_note_s += WAITING_NOTE_S
             progress.say(f"still waiting: {verdict.reason.message}")
@@ -282,6 +286,7 @@ def _serve(
     Exit 1 once workers whose restart budget is spent leave too few to meet minReady."""
     next_actor_poll_s = 0.0
     while not server.wait(1.0):
+        failure = None
         try:
             progress.controller(server, server.verdict())
             if time.monotonic() > next_actor_poll_s:
@@ -289,12 +294,11 @@ def _serve(
                 probes = launcher.probe(POLL_S)
                 progress.actors(probes)
                 failure = supervise(server.deployment, probes, max_restarts)
-                if failure is not None:
-                    progress.controller(server, server.verdict())
-                    print(f"error: {failure}", file=sys.stderr, flush=True)
-                    return EXIT_FAILED
         except Exception as error:  # NOTE: reporting must never stop serving
             progress.say(f"cannot read the status: {type(error).__name__}: {error}")
+        if failure is not None:
+            progress.controller(server, server.verdict())
+            raise UpFailed(failure)
     return EXIT_OK
 
 

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 import ray
-from intentserve.controller.launch.reap import child_pids, reap
+from intentserve.controller.launch.reap import child_pids, reap, reap_orphaned_ray_agents
 from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
 
@@ -104,6 +104,8 @@ class RayLauncher:
             }
         else:
             options["address"] = self.address
+        if self.embedded:
+            reap_orphaned_ray_agents()  # NOTE: a killed `up` leaves them ~60 s (reap.py)
         before = child_pids() if self.embedded else set()
         try:
             self._init(options)

@@ -9,6 +9,7 @@ from intentserve.controller.service.errors import (
     Overloaded,
     QueueTimeout,
     UnknownWorker,
+    WorkerAlive,
     WorkerUnavailable,
     WrongState,
 )
@@ -20,6 +21,7 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IntentError, grpc.StatusCode.INVALID_ARGUMENT),
     (PolicyError, grpc.StatusCode.FAILED_PRECONDITION),
     (WrongState, grpc.StatusCode.FAILED_PRECONDITION),
+    (WorkerAlive, grpc.StatusCode.ALREADY_EXISTS),
     (UnknownWorker, grpc.StatusCode.NOT_FOUND),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotReady, grpc.StatusCode.UNAVAILABLE),

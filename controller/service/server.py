@@ -18,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent import futures
 from typing import Any, TypeVar
@@ -47,7 +48,7 @@ from intentserve.controller.service.settings import (
     describe_errors,
 )
 from intentserve.controller.service.state import DeploymentState
-from intentserve.policy import Verdict
+from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES, STREAM_READER_OPTIONS
 from intentserve.tls import (
@@ -70,6 +71,11 @@ from pydantic import ValidationError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+END_WAIT_S = 1.0  # after the grace: for ended streams to send their status, before a cancel
+STOPPING = Reason(
+    ReasonCode.WORKER_NOT_SERVING,
+    "the controller is stopping (intentserve down, SIGTERM or Ctrl-C); the stream was ended",
+)
 SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
     inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
@@ -87,7 +93,11 @@ class ControllerServer:
         self._shutdown = threading.Event()
         # Every registry transition wakes the loop, so health follows a report at once, and
         # the admission queue, whose head may find a slot (or learn there is none to wait for).
-        self.deployment = Deployment(config.desired, on_change=self._workers_changed)
+        self.deployment = Deployment(
+            config.desired,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            on_change=self._workers_changed,
+        )
         # Requests are measured where both front ends (gRPC, HTTP) take the router's responses,
         # and while they wait in the router's admission queue.
         self.metrics = CollectorRegistry()
@@ -151,7 +161,13 @@ class ControllerServer:
             self.metrics,
         )
         app = build_app(frontend)
-        return HttpServer(app, config.host, config.http_port, config.security.tls)
+        return HttpServer(
+            app,
+            config.host,
+            config.http_port,
+            config.security.tls,
+            on_stopped=self.router.channels.aclose_loop,
+        )
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
         """The gRPC server, made on the loop that runs it; its public and registry ports."""
@@ -232,23 +248,44 @@ class ControllerServer:
         return self
 
     def stop(self, grace_s: float | None = 1.0) -> None:
-        """Health goes NOT_SERVING, running streams get `grace_s` to finish, then all stops."""
+        """Health goes NOT_SERVING and no new call is taken; streams in flight on either front
+        end get `grace_s` to finish, then end with UNAVAILABLE naming the stop; then the HTTP
+        server's loop and the gRPC server's stop, each closing the channels made on it."""
         if self._loop.closed:
             return  # stopped already
+        grace = grace_s or 0.0
         self._health.enter_graceful_shutdown()
         self.request_shutdown()
         self.reconciler.stop()
         if self._health_server is not None:
             self._health_server.stop(0)
+        # NOTE: both servers' own cancels come END_WAIT_S after the grace: by then every stream
+        # has ended with its reason (a cancel reads "Cancelling all calls"; uvicorn logs its
+        # cancels as errors). Calls that are no streams (health watches, idle shared calls) are
+        # cancelled then.
         if self._http is not None:
-            self._http.begin_stop(grace_s)
-        # Streams still running after the grace are cancelled: their handlers cancel the
-        # workers' requests on the way out.
-        self._loop.run(self._server.stop(grace_s))
+            self._http.begin_stop(grace + END_WAIT_S)
+        stopping = self._loop.future(self._server.stop(grace + END_WAIT_S))
+        if not self._wait_idle(grace):
+            for record in self.deployment.workers():
+                self.router.abort_streams(record.worker_id, STOPPING)
+        stopping.result()
         if self._http is not None:
-            self._http.join()
+            self._http.join()  # its loop closes what was made on it as it ends
+        self._loop.run(self.router.channels.aclose_loop())
         self.router.close()
         self._loop.close()
+
+    def _wait_idle(self, timeout_s: float) -> bool:
+        """Whether every request through the controller ended within `timeout_s`."""
+        deadline_s = time.monotonic() + timeout_s
+        while any(r.num_outstanding for r in self.deployment.workers()) or (
+            self._http is not None and self._http.num_requests
+        ):
+            if time.monotonic() >= deadline_s:
+                return False
+            time.sleep(0.02)
+        return True
 
     def request_shutdown(self) -> None:
         """What Admin.Shutdown does: `wait()` returns; the owner then calls `stop()`."""
@@ -291,7 +328,11 @@ class EventLoopThread:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run `coroutine` on the loop and return its result (or raise its error)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return self.future(coroutine).result()
+
+    def future(self, coroutine: Coroutine[Any, Any, T]) -> futures.Future[T]:
+        """Run `coroutine` on the loop; its result is waited for later."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def submit(self, coroutine: Coroutine[Any, Any, Any], what: str) -> None:
         """Run `coroutine` on the loop without waiting; a failure is logged."""

@@ -217,5 +217,8 @@ def test_down_stops_everything_and_up_exits_0(local):
     )
     assert result.returncode == 0, result.stderr
     assert local.wait_exit(60) == 0, local.describe()
-    assert "stopped: controller down, worker actors killed, Ray shut down" in local.stdout
+    assert local.stdout.rstrip().endswith(
+        "stopped: controller down, worker actors killed, Ray shut down"
+    )
+    assert "Traceback" not in local.stdout + local.stderr, local.describe()
     assert local.ray_processes() == []
