@@ -93,7 +93,7 @@ class ControllerServer:
         self.metrics = CollectorRegistry()
         desired = config.desired
         request_metrics = RequestMetrics(
-            self.metrics, deployment=desired.deployment, model=desired.model
+            self.metrics, deployment=desired.deployment, model=desired.model_names[0]
         )
         self.router = Router(
             self.deployment,
@@ -147,11 +147,12 @@ class ControllerServer:
             self.metered_router,
             self.reconciler,
             config.security,
-            config.desired.model,
+            config.desired.model_names,
             self.metrics,
         )
         app = build_app(frontend)
-        return HttpServer(app, config.host, config.http_port, config.security.tls)
+        tls = None if config.http_plaintext else config.security.tls
+        return HttpServer(app, config.host, config.http_port, tls)
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
         """The gRPC server, made on the loop that runs it; its public and registry ports."""

@@ -108,6 +108,54 @@ def test_an_unknown_model_is_404_and_a_refused_field_400(start_controller, make_
         assert error.value.body["param"] == "n"
 
 
+def test_the_served_name_and_the_exact_reference_are_both_accepted(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker, served_name="smol")
+    with client_for(server) as client:
+        assert [m.id for m in client.models.list()] == ["smol"]
+        for name in ("smol", MODEL):
+            done = client.completions.create(model=name, prompt="Hi", max_tokens=2)
+            assert done.model == name
+        with pytest.raises(openai.NotFoundError) as error:
+            client.completions.create(model="gpt-4", prompt="Hi")
+    assert "serves 'smol' or 'smollm2-135m'" in error.value.body["message"]
+
+
+def test_refusals_before_routing_are_counted_by_route_and_status(
+    start_controller, make_worker, tmp_path
+):
+    (tmp_path / "keys").write_text("the-key\n")
+    server, _ = ready_controller(
+        start_controller, make_worker, api_keys_file=str(tmp_path / "keys")
+    )
+    url = f"{server.http_url}/v1/completions"
+    key = {"Authorization": "Bearer the-key"}
+    assert httpx.post(url, json={"model": MODEL}, timeout=5).status_code == 401
+    assert httpx.post(url, json={"model": "x", "prompt": "a"}, headers=key).status_code == 404
+    assert httpx.post(url, json={"model": MODEL, "n": 0}, headers=key).status_code == 400
+    assert httpx.get(f"{server.http_url}/nowhere", timeout=5).status_code == 404
+    ok = httpx.post(url, json={"model": MODEL, "prompt": "a", "max_tokens": 2}, headers=key)
+    assert ok.status_code == 200
+    refused = "intentserve_http_requests_refused_total"
+    for status in ("401", "404", "400"):
+        assert sample(server, refused, route="/v1/completions", status=status) == 1
+    assert sample(server, refused, route="unmatched", status="404") == 1
+    assert sample(server, refused, status="200") == 0
+
+
+def test_the_request_id_is_the_clients_or_a_new_one_and_is_echoed(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker)
+    url = f"{server.http_url}/v1/completions"
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    given = httpx.post(url, json=body, headers={"X-Request-Id": "trace-42"}, timeout=5)
+    assert given.headers["x-request-id"] == "trace-42"
+    assert given.json()["id"] == "cmpl-trace-42"
+    made = httpx.post(url, json=body, timeout=5)
+    assert made.headers["x-request-id"].startswith("req-")
+    bad = httpx.post(url, json=body, headers={"X-Request-Id": "x" * 300}, timeout=5)
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "X-Request-Id"
+
+
 def test_with_api_keys_a_key_is_needed(start_controller, make_worker, tmp_path):
     (tmp_path / "keys").write_text("the-key\n")
     server, _ = ready_controller(
