@@ -317,7 +317,12 @@ class ScriptedWorker:
     def heartbeat(self, num_kv_used: int = 3, num_kv_total: int = 64) -> int:
         response = self._registry.Heartbeat(
             worker_pb2.HeartbeatRequest(
-                worker_id=self.worker_id, num_kv_used=num_kv_used, num_kv_total=num_kv_total
+                worker_id=self.worker_id,
+                num_kv_used=num_kv_used,
+                num_kv_total=num_kv_total,
+                num_steps=10,
+                total_step_s=0.25,
+                num_step_seqs=30,
             ),
             timeout=5,
         )

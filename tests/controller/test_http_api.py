@@ -334,6 +334,11 @@ def test_worker_load_comes_from_heartbeats(start_controller, make_worker):
     server, worker = ready_controller(start_controller, make_worker)
     eventually(lambda: sample(server, "intentserve_worker_kv_blocks_total", worker_id="w0") == 64)
     assert sample(server, "intentserve_worker_kv_blocks_used", worker_id="w0") == 3
+    assert sample(server, "intentserve_kv_cache_usage_ratio", worker_id="w0") == 3 / 64
+    step = "intentserve_worker_step_duration_seconds"
+    assert sample(server, f"{step}_count", worker_id="w0") == 10
+    assert sample(server, f"{step}_sum", worker_id="w0") == 0.25
+    assert sample(server, "intentserve_worker_batch_size_sum", worker_id="w0") == 30
     assert sample(server, "intentserve_deployment_verified_replicas") == 1
     assert sample(server, "intentserve_deployment_min_ready_replicas") == 1
     assert sample(server, "intentserve_reconcile_loop_duration_seconds_count") >= 1

@@ -100,3 +100,17 @@ def test_a_request_is_tokenized_on_the_callers_thread(served, monkeypatch):
     monkeypatch.setattr(tokenizer, "encode", recording)
     list(loop.submit("hello world", PARAMS))
     assert threads == [threading.current_thread()]
+
+
+def test_the_load_counts_steps_their_time_and_the_sequences_each_advanced(served):
+    loop, _ = served
+    before = loop.load()
+    streams = [loop.submit(f"hello {i}", PARAMS) for i in range(3)]
+    for stream in streams:
+        list(stream)
+    after = loop.load()
+    num_steps = after.num_steps - before.num_steps
+    assert num_steps >= PARAMS.max_tokens  # one token per sequence per step at most
+    assert after.total_step_s > before.total_step_s
+    # each sequence advanced in one step per token it generated (its prompt's step included)
+    assert after.num_step_seqs - before.num_step_seqs == 3 * PARAMS.max_tokens
