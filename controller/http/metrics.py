@@ -70,6 +70,7 @@ WORKER_COUNTERS = {
     "num_preemptions": "Sequences preempted (to be recomputed) since the worker started",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
     "prefix_cache_hits": "Prompt tokens whose KV the prefix cache supplied",
+    "worker_registrations": "Times the worker registered: 1, plus one per restart (or return)",
 }
 
 
@@ -78,9 +79,14 @@ def _word(value: bool) -> str:
 
 
 class DeploymentCollector(Collector):
-    def __init__(self, deployment: Deployment, reconciler: Reconciler) -> None:
+    def __init__(
+        self, deployment: Deployment, reconciler: Reconciler, max_restarts: int | None = None
+    ) -> None:
+        """`max_restarts`: each worker's restart budget (spec.maxRestarts; -1 unlimited), shown
+        beside the registrations; None: not known (a controller run without `up`)."""
         self._deployment = deployment
         self._reconciler = reconciler
+        self._max_restarts = max_restarts
 
     def collect(self) -> Iterator[Metric]:
         name = self._deployment.desired.deployment
@@ -103,6 +109,14 @@ class DeploymentCollector(Collector):
             )
             gauge.add_metric([name], float(values[metric]))
             yield gauge
+        if self._max_restarts is not None:
+            budget = GaugeMetricFamily(
+                "intentserve_deployment_max_restarts",
+                "Each worker's restart budget (spec.maxRestarts; -1: unlimited)",
+                labels=["deployment"],
+            )
+            budget.add_metric([name], float(self._max_restarts))
+            yield budget
 
     def _workers(
         self, name: str, workers: tuple[WorkerRecord, ...], now_s: float
@@ -139,6 +153,7 @@ class DeploymentCollector(Collector):
                 "num_preemptions": load.num_preemptions,
                 "prefix_cache_queries": load.num_prefix_queried_tokens,
                 "prefix_cache_hits": load.num_prefix_hit_tokens,
+                "worker_registrations": w.num_registrations,
             }
             for metric, family in families.items():
                 family.add_metric(labels, float(values[metric]))

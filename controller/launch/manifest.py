@@ -415,6 +415,7 @@ class Manifest(BaseSettings):
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,
             admission=c.admission.limits(),
+            max_restarts=s.max_restarts,
         )
 
     def shared_kv_problem(self) -> str | None:

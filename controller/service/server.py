@@ -117,7 +117,9 @@ class ControllerServer:
             interval_s=config.reconcile_interval_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
-        self.metrics.register(DeploymentCollector(self.deployment, self.reconciler))
+        self.metrics.register(
+            DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
+        )
         self.metered_router = MeteredRouter(self.router, request_metrics)
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())

@@ -81,6 +81,7 @@ class ControllerConfig:
     # Requests sent to each worker at once; None: the sequence slots it realized.
     max_outstanding_per_worker: int | None = None
     admission: QueueLimits = QueueLimits()  # the queue where requests wait for a slot
+    max_restarts: int | None = None  # each worker's restart budget (for metrics); None: unknown
 
 
 class ControllerSettings(BaseSettings):
