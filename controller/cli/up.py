@@ -96,9 +96,14 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
 
 
 def _replicas(
-    manifest: Manifest, controller_address: str, host: str, prepared: DeploymentSecurity
+    manifest: Manifest,
+    controller_address: str,
+    host: str,
+    prepared: DeploymentSecurity,
+    log_format: str,
 ) -> list[Replica]:
-    """One actor per replica; each is handed its own certificate and key, and no other."""
+    """One actor per replica; each is handed its own certificate and key, and no other, and
+    logs in the controller's format."""
     r = manifest.spec.resources
     return [
         Replica(
@@ -106,6 +111,7 @@ def _replicas(
             {
                 **manifest.worker_config(worker_id, controller_address, host),
                 "tls": prepared.worker_tls(worker_id),
+                "log_format": log_format,
             },
             r.num_cpus,
             r.num_gpus,
@@ -196,7 +202,7 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
         log_to_driver=args.worker_logs,
     )
     try:
-        return _up(manifest, server, launcher, progress, prepared)
+        return _up(manifest, server, launcher, progress, prepared, args.log_format)
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -218,6 +224,7 @@ def _up(
     launcher: RayLauncher,
     progress: Progress,
     prepared: DeploymentSecurity,
+    log_format: str,
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
     described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
@@ -234,6 +241,7 @@ def _up(
         _controller_address(manifest, server, launcher),
         launcher.worker_host(),
         prepared,
+        log_format,
     )
     launcher.launch(replicas)
     progress.say(

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 from intentserve.controller.cli.logs import configure_logging
+from intentserve.logs import formatter
 
 
 @pytest.fixture
@@ -39,6 +40,11 @@ def test_json_lines_carry_the_fields_and_the_level_filters(restore_logging, caps
     )
     assert first["time"].endswith("+00:00")
     assert "ValueError: boom" in lines[1]["error"]
+
+
+def test_a_log_format_other_than_text_or_json_is_refused_naming_it():
+    with pytest.raises(ValueError, match="log_format: 'yaml'; allowed: text, json"):
+        formatter("yaml")
 
 
 def test_text_is_the_default_shape_and_warning_hides_info(restore_logging, capsys):

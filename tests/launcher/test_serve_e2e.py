@@ -1,7 +1,9 @@
 """A newcomer's first run: `intentserve serve smollm2-135m` with no manifest, then the official
 `openai` client with no TLS arguments gets a completion by the served name, using the API key
 `serve` printed; the same server refuses a client without the key, and logs each HTTP request as
-one JSON line carrying the request id the client sent (echoed in the response).
+one JSON line carrying the request id the client sent (echoed in the response), and the worker
+logs the request's end under the same id (its JSON lines reach `serve`'s output with
+`--worker-logs`).
 
 One CPU worker with small limits (flags), so it is quick.
 """
@@ -29,7 +31,7 @@ pytestmark = [
 ]
 
 FLAGS = ("--kv-cache-memory", "32Mi", "--max-model-len", "512", "--max-num-seqs", "4")
-FLAGS += ("--log-format", "json", "--log-level", "info")
+FLAGS += ("--log-format", "json", "--log-level", "info", "--worker-logs")
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +97,16 @@ def test_each_request_is_one_json_access_log_line_with_the_clients_request_id(se
     assert response.headers["x-request-id"] == "e2e-abc-1"
     assert response.json()["id"].endswith("e2e-abc-1")
 
-    def logged() -> dict | None:
-        for line in serve.stderr.splitlines():
-            if line.startswith("{") and '"e2e-abc-1"' in line:
-                return json.loads(line)
+    def logged(logger: str) -> dict | None:
+        for line in (serve.stdout + serve.stderr).splitlines():
+            start = line.find("{")  # NOTE: Ray prefixes a worker's lines with its actor and pid
+            if start >= 0 and '"e2e-abc-1"' in line and f'"{logger}"' in line:
+                return json.loads(line[start:])
         return None
 
-    line = eventually(logged, what="the access log line")
-    assert line["logger"] == "intentserve.access"
+    line = eventually(lambda: logged("intentserve.access"), what="the access log line")
     assert (line["method"], line["route"], line["status"]) == ("POST", "/v1/completions", 200)
     assert line["latency_s"] > 0
+    logger = "intentserve.worker.service.engine_loop"
+    worker = eventually(lambda: logged(logger), timeout_s=30, what="the worker's line")
+    assert (worker["request_id"], worker["finish_reason"]) == ("e2e-abc-1", "length")

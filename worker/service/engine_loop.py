@@ -31,7 +31,7 @@ from typing import Any
 
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.engine import Engine
-from intentserve.worker.engine.request import PreparedRequest
+from intentserve.worker.engine.request import PreparedRequest, RequestOutput
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.request_stream import (
@@ -270,6 +270,8 @@ class EngineLoop:
             if output.finish_reason is FinishReason.ERROR:
                 stream._fail(RequestFailedError(output.request_id, output.error))
             else:
+                if output.finished:
+                    _log_finished(output)  # NOTE: before its reader can see the end
                 stream._put(output)
             if output.finished:
                 del self._streams[output.request_id]
@@ -317,3 +319,24 @@ class EngineLoop:
             total_step_s=self._total_step_s,
             num_step_seqs=self._num_step_seqs,
         )
+
+
+def _log_finished(output: RequestOutput) -> None:
+    """One line per finished request, named by the id the controller routed it with (the HTTP
+    client's X-Request-Id, when it sent one), so one id follows it through every log."""
+    reason = output.finish_reason.value if output.finish_reason is not None else ""
+    log.info(
+        "request %s finished: %s, %d prompt + %d generated tokens",
+        output.request_id,
+        reason,
+        output.num_prompt_tokens,
+        output.num_output_tokens,
+        extra={
+            "fields": {
+                "request_id": output.request_id,
+                "finish_reason": reason,
+                "num_prompt_tokens": output.num_prompt_tokens,
+                "num_output_tokens": output.num_output_tokens,
+            }
+        },
+    )
