@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import httpx2 as httpx
 import openai
@@ -369,6 +370,38 @@ def test_streams_in_flight_end_when_the_controller_stops(start_controller, make_
     eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 1, what="stream")
     server.stop(grace_s=0)
     assert ended.wait(10)
+
+
+def test_a_stream_in_flight_is_given_the_drain_timeout_before_it_is_ended(
+    start_controller, make_worker
+):
+    """What spec.controller.drainTimeoutS gives a stream when the controller stops (SIGTERM:
+    Kubernetes' grace period), where it used to get a fixed 2 s."""
+    server, _ = start_controller(http_port=0, paged_attention="on")
+    assert make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK).up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    ended = threading.Event()
+
+    def read() -> None:
+        body = {"model": MODEL, "prompt": "Hi", "stream": True}
+        url = f"{server.http_url}/v1/completions"
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream("POST", url, json=body, timeout=30) as response,
+        ):
+            for _ in response.iter_lines():
+                pass
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 1, what="stream")
+    stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 3.0}, daemon=True)
+    started_s = time.monotonic()
+    stopper.start()
+    assert not ended.wait(2.0)  # still draining
+    assert ended.wait(10)
+    stopper.join(10)
+    assert 3.0 <= time.monotonic() - started_s < 10
 
 
 def test_an_oversized_prompt_is_refused_alone_and_the_streams_beside_it_go_on(
