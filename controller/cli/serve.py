@@ -32,7 +32,7 @@ DEFAULT_NAME = "serve"
 FIELDS: dict[str, tuple[str, type, str]] = {
     "--served-name": ("spec.model.servedName", str, "the name clients give as `model`"),
     "--dtype": ("spec.model.dtype", str, "auto, float32, bfloat16 or float16"),
-    "--weights": ("spec.model.weights", str, "auto, int8 or int4 (how weights are held)"),
+    "--weights": ("spec.model.weights", str, "auto, dequantized, int8, int4 or w8a8"),
     "--replicas": ("spec.replicas", int, "worker replicas"),
     "--device": ("spec.resources.device", str, "cpu or cuda"),
     "--num-cpus": ("spec.resources.numCpus", float, "CPUs per worker (also its threads)"),

@@ -323,7 +323,7 @@ def client_hint(server: ControllerServer, served_name: str, prepared: Deployment
         lines.append(f"  export OPENAI_BASE_URL={http_url}/v1 OPENAI_API_KEY={prepared.api_key}")
     if http_url.startswith("https:"):
         ca_file = credentials.folder_for(server.address) / "ca.crt"
-        lines.append(f"  HTTPS: verify it with the CA in {ca_file} (e.g. SSL_CERT_FILE)")
+        lines.append(f"  HTTPS: clients verify it with the CA in {ca_file}")
     return "\n".join(lines)
 
 
