@@ -65,6 +65,12 @@ USER 1000:1000
 WORKDIR /home/intentserve
 # The kernels built ahead load here, as this user, with no compiler (the build fails otherwise).
 RUN python -m intentserve.worker.attention.cpu_kernels --build
-# gRPC (TLS), the workers' registry (mutual TLS), the plaintext health-only port for probes.
-EXPOSE 50051 50061 8081
+# The HTTP API on 8000 (OpenAI's /v1, /health, /metrics; vLLM's port), gRPC (TLS) on 50051, the
+# workers' registry (mutual TLS) on 50061, the plaintext health-only port for probes on 8081.
+EXPOSE 8000 50051 50061 8081
+# Docker's liveness check: the controller accepts connections on its HTTP port. (Readiness is gRPC
+# health or GET /health, 503 until READY; Kubernetes and KubeRay use their own probes.) On stop,
+# streams get spec.controller.drainTimeoutS: give `docker stop -t` more than that.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import socket; socket.create_connection(('127.0.0.1', 8000), 4).close()"]
 CMD ["intentserve", "up", "/etc/intentserve/deployment.yaml"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import signal
 import sys
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from intentserve.controller.cli import credentials
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from intentserve.controller.cli.client import to_data
+from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
@@ -100,9 +100,14 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
 
 
 def _replicas(
-    manifest: Manifest, controller_address: str, host: str, prepared: DeploymentSecurity
+    manifest: Manifest,
+    controller_address: str,
+    host: str,
+    prepared: DeploymentSecurity,
+    log_format: str,
 ) -> list[Replica]:
-    """One actor per replica; each is handed its own certificate and key, and no other."""
+    """One actor per replica; each is handed its own certificate and key, and no other, and
+    logs in the controller's format."""
     r = manifest.spec.resources
     return [
         Replica(
@@ -110,6 +115,7 @@ def _replicas(
             {
                 **manifest.worker_config(worker_id, controller_address, host),
                 "tls": prepared.worker_tls(worker_id),
+                "log_format": log_format,
             },
             r.num_cpus,
             r.num_gpus,
@@ -139,20 +145,26 @@ PAGED_ATTENTION_ENV = "INTENTSERVE_SPEC__PAGEDATTENTION__MODE"
 def run(args: argparse.Namespace) -> int:
     if args.paged_attention is not None:
         os.environ[PAGED_ATTENTION_ENV] = args.paged_attention
-    embedded = args.ray_address is None  # every replica on this one node
     try:
-        manifest = load_manifest(args.manifest, one_node=embedded)
+        manifest = load_manifest(args.manifest, one_node=args.ray_address is None)
     except ManifestError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    return launch(manifest, args.manifest, args)
+
+
+def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
+    """Bring the validated `manifest` up and serve it (what `up` and `serve` share); `args`
+    has the Ray and logging flags of `add_launch_arguments`."""
+    embedded = args.ray_address is None  # every replica on this one node
     shared = None if embedded else manifest.shared_kv_problem()
     if shared is not None:
         print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_format, args.log_level)
     progress = Progress()
     s = manifest.spec
     progress.say(
-        f"manifest {args.manifest}: deployment {manifest.name}, {s.replicas} x {s.model.name} on "
+        f"manifest {source}: deployment {manifest.name}, {s.replicas} x {s.model.name} on "
         f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
     )
     try:
@@ -195,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     )
     failure: str | None = None
     try:
-        return _up(manifest, server, launcher, progress, prepared)
+        return _up(manifest, server, launcher, progress, prepared, args.log_format)
     except (LaunchError, UpFailed) as error:
         failure = str(error)
         progress.say("stopping: the error is printed last")
@@ -203,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if progress.signals:
             progress.say(f"{progress.signals[0]}: shutting down")
-        server.stop(grace_s=2.0)
+        server.stop(grace_s=s.controller.drain_timeout_s)
         launcher.shutdown()
         credentials.remove(server.address)
         for signum, handler in previous.items():
@@ -220,6 +232,7 @@ def _up(
     launcher: RayLauncher,
     progress: Progress,
     prepared: DeploymentSecurity,
+    log_format: str,
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
     described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
@@ -236,6 +249,7 @@ def _up(
         _controller_address(manifest, server, launcher),
         launcher.worker_host(),
         prepared,
+        log_format,
     )
     launcher.launch(replicas)
     progress.say(
@@ -270,6 +284,7 @@ def _up(
     print(f"\n{status_report(server)}\n", flush=True)
     if server.http_url:
         print(f"serving HTTP on {server.http_url}: OpenAI's /v1, /health, /metrics", flush=True)
+        print(client_hint(server, manifest.spec.model.served(), prepared), flush=True)
     print(
         f"serving gRPC on {server.address} (intentserve.v1.Inference/Generate); "
         f"try: intentserve generate 'Hello' --controller {server.address}\n"
@@ -302,6 +317,20 @@ def _serve(
     return EXIT_OK
 
 
+def client_hint(server: ControllerServer, served_name: str, prepared: DeploymentSecurity) -> str:
+    """How an OpenAI client connects: base URL, the model's name and, when `up` made the API
+    key, the key (a key read from apiKeysFile stays in its file)."""
+    http_url = server.http_url
+    lines = [f"OpenAI clients: base_url {http_url}/v1, model {served_name!r}"]
+    if prepared.api_key is not None:
+        lines.append(f"  API key (made for this run): {prepared.api_key}")
+        lines.append(f"  export OPENAI_BASE_URL={http_url}/v1 OPENAI_API_KEY={prepared.api_key}")
+    if http_url.startswith("https:"):
+        ca_file = credentials.folder_for(server.address) / "ca.crt"
+        lines.append(f"  HTTPS: clients verify it with the CA in {ca_file}")
+    return "\n".join(lines)
+
+
 def _whole_cpus(text: str) -> int:
     """An argparse type: what Ray's num_cpus takes, checked before anything starts."""
     if not (text.isdigit() and int(text) >= 1):
@@ -324,22 +353,30 @@ def add_parser(commands) -> None:
         help="auto, on or off: overrides spec.pagedAttention.mode (on: realized on every worker "
         "or the deployment does not start)",
     )
-    up.add_argument(
+    add_launch_arguments(up)
+    up.set_defaults(handler=run)
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `up` and `serve` share: where Ray runs, and the logs."""
+    parser.add_argument(
         "--ray-address",
         default=None,
         metavar="ADDRESS",
         help="join this Ray cluster (auto, HOST:6379, ray://HOST:10001; local: start an embedded "
         "one); default: $RAY_ADDRESS when set (as `ray job submit` sets it), else embedded",
     )
-    up.add_argument(
+    parser.add_argument(
         "--ray-num-cpus",
         type=_whole_cpus,
         default=None,
         metavar="N",
         help="CPUs of the embedded cluster (default: what the replicas need)",
     )
-    up.add_argument("--ray-temp-dir", default=None, metavar="DIR", help="embedded Ray's temp dir")
-    up.add_argument(
+    parser.add_argument(
+        "--ray-temp-dir", default=None, metavar="DIR", help="embedded Ray's temp dir"
+    )
+    parser.add_argument(
         "--worker-logs", action="store_true", help="print the workers' logs here as well"
     )
-    up.set_defaults(handler=run)
+    add_logging_arguments(parser)

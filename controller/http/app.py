@@ -2,14 +2,15 @@
 parts: the same readiness verdict as gRPC health, the same (metered) router and its admission,
 the same API keys.
 
-    GET  /v1/models             the deployment's model, named as the manifest names it
+    GET  /v1/models             the deployment's model, by its served name
     POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
     POST /v1/chat/completions   OpenAI's chat completions; the worker templates every turn
     GET  /health                200 when gRPC health says SERVING, else 503 with the reason
     GET  /metrics               Prometheus text format
 
 `/v1/*` needs an API key (`Authorization: Bearer ...`) when keys are set; `/health` and
-`/metrics` are open, like gRPC health.
+`/metrics` are open, like gRPC health. Every request gets a request id and an access-log line
+(access.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from intentserve.controller.http import openai_convert
+from intentserve.controller.http.access import (
+    AccessLog,
+    mark_routed,
+    refused_requests,
+    request_id_of,
+)
 from intentserve.controller.http.bridge import HttpCall, RoutedResponses
 from intentserve.controller.http.errors import (
     OpenAIError,
@@ -53,7 +60,8 @@ class Frontend:
     router: MeteredRouter
     reconciler: Reconciler  # its published verdict is what gRPC health says
     security: Security
-    model: str  # the deployment's model, as the manifest names it
+    # What a request's `model` may be: the served name (listed), then the exact reference.
+    model_names: tuple[str, ...]
     metrics: CollectorRegistry
 
 
@@ -67,6 +75,7 @@ def _sse(data: dict | str) -> str:
 
 def build_app(frontend: Frontend) -> FastAPI:
     app = FastAPI(title="intentserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(AccessLog, refused=refused_requests(frontend.metrics))
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
@@ -87,11 +96,11 @@ def build_app(frontend: Frontend) -> FastAPI:
         unsupported = body.unsupported()
         if unsupported is not None:
             raise from_unsupported(unsupported)
-        if body.model != frontend.model:
+        if body.model not in frontend.model_names:
             raise OpenAIError(
                 404,
                 f"model {body.model!r} is not served here; this deployment serves "
-                f"{frontend.model!r}",
+                + " or ".join(repr(name) for name in frontend.model_names),
                 param="model",
                 code="model_not_found",
             )
@@ -100,7 +109,8 @@ def build_app(frontend: Frontend) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         authorize(request)
-        model = {"id": frontend.model, "object": "model", "created": 0, "owned_by": "intentserve"}
+        served = frontend.model_names[0]
+        model = {"id": served, "object": "model", "created": 0, "owned_by": "intentserve"}
         return {"object": "list", "data": [model]}
 
     @app.post("/v1/completions")
@@ -114,6 +124,8 @@ def build_app(frontend: Frontend) -> FastAPI:
         return await generate(request, body, openai_convert.chat_request_to_pb(body))
 
     async def generate(request: Request, body, pb) -> Response:
+        pb.request_id = request_id_of(request.scope)
+        mark_routed(request.scope)
         call = HttpCall()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
         responses = RoutedResponses(frontend.router, pb, call)

@@ -89,6 +89,9 @@ def heartbeat_from_pb(msg: worker_pb2.HeartbeatRequest) -> tuple[str, bytes, Wor
         msg.num_preemptions,
         msg.num_prefix_queried_tokens,
         msg.num_prefix_hit_tokens,
+        msg.num_steps,
+        msg.total_step_s,
+        msg.num_step_seqs,
     )
     return _required(msg.worker_id, "worker_id"), msg.registration_token, load
 

@@ -48,6 +48,9 @@ class WorkerLoad:
     num_preemptions: int = 0  # cumulative since the worker started, like the prefix-cache counts
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_steps: int = 0  # cumulative: engine steps, their total time, the sequences they advanced
+    total_step_s: float = 0.0
+    num_step_seqs: int = 0
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class ControllerServer:
         self.metrics = CollectorRegistry()
         desired = config.desired
         request_metrics = RequestMetrics(
-            self.metrics, deployment=desired.deployment, model=desired.model
+            self.metrics, deployment=desired.deployment, model=desired.model_names[0]
         )
         self.router = Router(
             self.deployment,
@@ -127,7 +127,9 @@ class ControllerServer:
             interval_s=config.reconcile_interval_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
-        self.metrics.register(DeploymentCollector(self.deployment, self.reconciler))
+        self.metrics.register(
+            DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
+        )
         self.metered_router = MeteredRouter(self.router, request_metrics)
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
@@ -157,15 +159,16 @@ class ControllerServer:
             self.metered_router,
             self.reconciler,
             config.security,
-            config.desired.model,
+            config.desired.model_names,
             self.metrics,
         )
         app = build_app(frontend)
+        tls = None if config.http_plaintext else config.security.tls
         return HttpServer(
             app,
             config.host,
             config.http_port,
-            config.security.tls,
+            tls,
             on_stopped=self.router.channels.aclose_loop,
         )
 

@@ -72,12 +72,16 @@ class ControllerConfig:
     # The OpenAI-compatible HTTP API, /health and /metrics (HTTPS with the controller's
     # certificate when `security.tls` is set); None: none. 0 picks a free port.
     http_port: int | None = None
+    # The HTTP API in plaintext while gRPC keeps TLS (the manifest's security.plaintextHttp:
+    # loopback only, with API keys).
+    http_plaintext: bool = False
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     reconcile_interval_s: float = 0.5
     # Requests sent to each worker at once; None: the sequence slots it realized.
     max_outstanding_per_worker: int | None = None
     admission: QueueLimits = QueueLimits()  # the queue where requests wait for a slot
+    max_restarts: int | None = None  # each worker's restart budget (for metrics); None: unknown
 
 
 class ControllerSettings(BaseSettings):
@@ -89,6 +93,7 @@ class ControllerSettings(BaseSettings):
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
     deployment: str = Field("intentserve", min_length=1, description="the health service name")
     model: str = Field(DEFAULT_MODEL, min_length=1, description="the model id HTTP clients name")
+    served_name: str | None = Field(None, min_length=1, description="another name for `model`")
 
     # The intent (see README: the contract).
     paged_attention: Mode = Mode.AUTO
@@ -216,6 +221,7 @@ class ControllerSettings(BaseSettings):
             replicas=self.replicas,
             min_ready=self.min_ready or self.replicas,
             model=self.model,
+            served_name=self.served_name,
             weights=self.weights,
         )
 

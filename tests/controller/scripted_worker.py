@@ -341,6 +341,9 @@ class ScriptedWorker:
                 num_kv_used=num_kv_used,
                 num_kv_total=num_kv_total,
                 registration_token=self.token,
+                num_steps=10,
+                total_step_s=0.25,
+                num_step_seqs=30,
             ),
             timeout=5,
         )

@@ -5,6 +5,7 @@ dependencies, and the CPU kernels are built into the image where its workers loo
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import intentserve
 import pytest
+from intentserve.controller.launch.manifest import DEFAULT_HTTP_PORT
 from intentserve.worker.attention import cpu_kernels
 
 from tests.deploy.dockerfile import copies, dockerignore, ignored, parse
@@ -167,3 +169,16 @@ def test_make_image_builds_this_dockerfile_tagged_with_the_version():
     assert dry_run[0] == f"docker build -t intentserve:{version} ."
     assert dry_run[1].startswith(f"docker build -t intentserve:{version}-cuda --build-arg ")
     assert "TORCH_INDEX=https://download.pytorch.org/whl/cu" in dry_run[1]
+
+
+def test_the_image_exposes_the_http_port_and_checks_it_is_alive():
+    _, stages = parse(DOCKERFILE)
+    final = stages[-1]
+    exposed = {int(p) for i in final.all("EXPOSE") for p in i.text.split()}
+    assert {DEFAULT_HTTP_PORT, 50051} <= exposed
+    (check,) = final.all("HEALTHCHECK")
+    options, _, command = check.text.partition("CMD ")
+    assert "--start-period=" in options
+    probe = json.loads(command)
+    assert probe[0] in ("python", "intentserve")
+    assert f"'127.0.0.1', {DEFAULT_HTTP_PORT})" in probe[-1]

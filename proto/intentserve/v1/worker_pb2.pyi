@@ -63,7 +63,7 @@ class Verification(_message.Message):
     def __init__(self, verified: _Optional[bool] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total", "num_preemptions", "num_prefix_queried_tokens", "num_prefix_hit_tokens", "registration_token")
+    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total", "num_preemptions", "num_prefix_queried_tokens", "num_prefix_hit_tokens", "registration_token", "num_steps", "total_step_s", "num_step_seqs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,9 @@ class HeartbeatRequest(_message.Message):
     NUM_PREFIX_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEP_SEQS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_running: int
     num_waiting: int
@@ -82,7 +85,10 @@ class HeartbeatRequest(_message.Message):
     num_prefix_queried_tokens: int
     num_prefix_hit_tokens: int
     registration_token: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_prefix_queried_tokens: _Optional[int] = ..., num_prefix_hit_tokens: _Optional[int] = ..., registration_token: _Optional[bytes] = ...) -> None: ...
+    num_steps: int
+    total_step_s: float
+    num_step_seqs: int
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_prefix_queried_tokens: _Optional[int] = ..., num_prefix_hit_tokens: _Optional[int] = ..., registration_token: _Optional[bytes] = ..., num_steps: _Optional[int] = ..., total_step_s: _Optional[float] = ..., num_step_seqs: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("action",)
