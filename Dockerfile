@@ -9,9 +9,10 @@
 #   CUDA           `make image-cuda`: the same base image (torch's CUDA wheels bring the CUDA
 #                  runtime; the node's driver comes in through the NVIDIA Container Toolkit) with
 #                  TORCH_INDEX=https://download.pytorch.org/whl/cu128 (the CUDA build matching the
-#                  nodes' driver). EXTRAS stays `cluster`: the `cuda` extra (vllm-flash-attn 2.6.2,
-#                  the newest on PyPI) pins torch==2.4.0 and cannot install beside torch 2.13.0, so
-#                  the CUDA image serves PagedAttention with the torch paged backend and says why.
+#                  nodes' driver) and EXTRAS=cluster,cuda: the `cuda` extra is Triton, for the
+#                  triton_paged backend (all wheels, no compiler). vllm-flash-attn (`backend:
+#                  flash`) is not in it: its last release, 2.6.2, pins torch==2.4.0, so the image
+#                  reports flash unavailable with the import error and `auto` picks triton_paged.
 #   KERNEL_MARCH   what the CPU kernels are compiled for here: x86-64-v3 (AVX2) by default, a
 #                  level any x86 server since 2015 has; x86-64-v4 for AVX-512 nodes; on arm64 e.g.
 #                  armv8.2-a. A node without the level's features uses the torch path, with why.
@@ -64,6 +65,12 @@ USER 1000:1000
 WORKDIR /home/intentserve
 # The kernels built ahead load here, as this user, with no compiler (the build fails otherwise).
 RUN python -m intentserve.worker.attention.cpu_kernels --build
-# gRPC (TLS), the workers' registry (mutual TLS), the plaintext health-only port for probes.
-EXPOSE 50051 50061 8081
+# The HTTP API on 8000 (OpenAI's /v1, /health, /metrics; vLLM's port), gRPC (TLS) on 50051, the
+# workers' registry (mutual TLS) on 50061, the plaintext health-only port for probes on 8081.
+EXPOSE 8000 50051 50061 8081
+# Docker's liveness check: the controller accepts connections on its HTTP port. (Readiness is gRPC
+# health or GET /health, 503 until READY; Kubernetes and KubeRay use their own probes.) On stop,
+# streams get spec.controller.drainTimeoutS: give `docker stop -t` more than that.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import socket; socket.create_connection(('127.0.0.1', 8000), 4).close()"]
 CMD ["intentserve", "up", "/etc/intentserve/deployment.yaml"]

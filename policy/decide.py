@@ -18,10 +18,18 @@ from intentserve.policy.reasons import Reason, ReasonCode
 # Device kinds on which `auto` turns PagedAttention on (the seed system's default: CUDA only).
 DEFAULT_AUTO_DEVICES: frozenset[DeviceKind] = frozenset({DeviceKind.CUDA})
 
-# Preference order when the backend intent is `auto`.
+# Preference order when the backend intent is `auto`, fastest first: vllm-flash-attn, then the
+# Triton kernel (one launch a layer for a whole mixed step, K/V read in place through the block
+# table), then torch's gather + SDPA (a gather copy of every context and one SDPA call per
+# prefill chunk). `make gpu-check` measures the three side by side (docs/benchmarks.md).
 _PAGED_BACKENDS_BY_INTENT: dict[BackendIntent, tuple[BackendKind, ...]] = {
-    BackendIntent.AUTO: (BackendKind.FLASH_PAGED, BackendKind.TORCH_PAGED),
+    BackendIntent.AUTO: (
+        BackendKind.FLASH_PAGED,
+        BackendKind.TRITON_PAGED,
+        BackendKind.TORCH_PAGED,
+    ),
     BackendIntent.FLASH: (BackendKind.FLASH_PAGED,),
+    BackendIntent.TRITON: (BackendKind.TRITON_PAGED,),
     BackendIntent.TORCH: (BackendKind.TORCH_PAGED,),
 }
 

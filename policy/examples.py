@@ -26,13 +26,24 @@ LLAMA = ModelFacts(
 BERT = ModelFacts("BertModel", has_kv_cache=False)
 
 
-def backends(*, flash: bool, torch_paged: bool = True) -> tuple[BackendStatus, ...]:
+FP8_DTYPES = frozenset({KvCacheDtype.FP8_E4M3, KvCacheDtype.FP8_E5M2})
+
+
+def backends(
+    *, flash: bool, triton: bool = True, torch_paged: bool = True
+) -> tuple[BackendStatus, ...]:
     return (
         BackendStatus(
             BackendKind.FLASH_PAGED,
             flash,
             "" if flash else "No module named 'vllm_flash_attn'",
             FLOAT_DTYPES - {KvCacheDtype.FLOAT32} if flash else frozenset(),
+        ),
+        BackendStatus(
+            BackendKind.TRITON_PAGED,
+            triton,
+            "" if triton else "the Triton paged kernel needs a CUDA device; this worker is cpu",
+            FLOAT_DTYPES | FP8_DTYPES if triton else frozenset(),
         ),
         BackendStatus(
             BackendKind.TORCH_PAGED,
@@ -50,7 +61,10 @@ MEMORY = {"total_memory_bytes": 16 * GIB, "free_memory_bytes": 12 * GIB}
 
 def cpu(**overrides) -> Capability:
     base = Capability(
-        device_kind=DeviceKind.CPU, model=LLAMA, backends=backends(flash=False), **MEMORY
+        device_kind=DeviceKind.CPU,
+        model=LLAMA,
+        backends=backends(flash=False, triton=False),
+        **MEMORY,
     )
     return replace(base, **overrides)
 
@@ -86,10 +100,16 @@ SITUATIONS: tuple[ExampleWorker, ...] = (
     ExampleWorker(
         "cuda, vllm-flash-attn imports, kv_cache_dtype float32", cuda(), KvCacheDtype.FLOAT32
     ),
-    ExampleWorker("cuda, vllm-flash-attn missing", cuda(flash=False)),
+    ExampleWorker("cuda, vllm-flash-attn missing (a current torch)", cuda(flash=False)),
+    ExampleWorker(
+        "cuda, vllm-flash-attn missing, kv_cache_dtype fp8_e4m3",
+        cuda(flash=False),
+        KvCacheDtype.FP8_E4M3,
+    ),
     ExampleWorker("layers on cpu and cuda", mixed()),
     ExampleWorker(
-        "no paged backend in the build", cuda(backends=backends(flash=False, torch_paged=False))
+        "no paged backend in the build",
+        cuda(backends=backends(flash=False, triton=False, torch_paged=False)),
     ),
     ExampleWorker("encoder model (no KV cache)", cpu(model=BERT)),
     ExampleWorker("no_kv_cache debug mode", cpu(no_kv_cache=True)),

@@ -29,6 +29,7 @@ class SchedulerKind(enum.Enum):
 
 _BACKEND_FOR_INTENT = {
     BackendIntent.FLASH: BackendKind.FLASH_PAGED,
+    BackendIntent.TRITON: BackendKind.TRITON_PAGED,
     BackendIntent.TORCH: BackendKind.TORCH_PAGED,
 }
 
@@ -43,7 +44,9 @@ class RealizedCache:
     block_size: int = 0
     num_blocks: int = 0
     kv_cache_bytes: int = 0
-    max_num_seqs: int = 0  # concurrent sequences at max model length
+    # Sequence slots: how many sequences the scheduler runs at once (a paged pool's free blocks
+    # may run fewer); the controller admits this many requests to the worker at a time.
+    max_num_seqs: int = 0
     kv_cache_dtype: str = ""
     scheduler: SchedulerKind | None = None  # None until the guard has selected one
     fallback_reasons: tuple[Reason, ...] = ()
@@ -56,6 +59,10 @@ class RealizedCache:
     # realized as a mask; every layer still keeps K/V blocks for the whole sequence.
     sliding_window: int = 0
     num_windowed_layers: int = 0
+    # What computes attention, and decode steps captured as CUDA graphs: facts of the build,
+    # reported for operators; the policy does not read them ("": not reported / none).
+    attention_kernel: str = ""
+    decode_graphs: str = ""
     # Tokens per streamed message after a request's first (the worker's `streamInterval`; 0: a
     # worker that does not report it).
     stream_interval: int = 0
@@ -64,6 +71,14 @@ class RealizedCache:
         """Tokens per streamed message, in words ("" when not reported)."""
         n = self.stream_interval
         return f"{n} token{'s' * (n > 1)} per streamed message" if n else ""
+
+    def describe_slots(self) -> str:
+        """The sequence slots, and how many sequences of max length the cache holds, in words."""
+        slots = f"{self.max_num_seqs} sequence slots"
+        if not (self.block_size and self.max_model_len):
+            return slots
+        num_full = self.num_blocks // -(-self.max_model_len // self.block_size)
+        return f"{slots} ({num_full} at max length)"
 
     def describe_window(self) -> str:
         """How the model's sliding window is realized, in words ("" when it has none)."""

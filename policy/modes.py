@@ -65,6 +65,7 @@ class BackendIntent(_ParsedEnum):
     AUTO = "auto"  # the best that imports on the worker, and say which
     FLASH = "flash"  # vllm-flash-attn; a start-up error where it does not import
     TORCH = "torch"  # the torch gather/SDPA backend (any device)
+    TRITON = "triton"  # the project's Triton paged kernel (CUDA); an error where it cannot run
 
 
 class KvCacheDtype(_ParsedEnum):

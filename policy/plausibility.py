@@ -5,6 +5,7 @@ a report that cannot be true is a rejection of its own, whatever the policy mode
     geometry        kv_cache_bytes == num_blocks x block_size x bytes per token of the model
     backend, dtype  among those the capability lists as available
     weights         a format the capability lists as available, within the worker's memory
+    slots           at least one sequence slot (the controller admits that many requests to it)
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def check_plausible(
     realized: RealizedCache, capability: Capability, budget: KvBudget
 ) -> Reason | None:
     """Why the report cannot be true; None when it is consistent."""
+    if realized.max_num_seqs < 1:
+        return _implausible(
+            f"it reports no sequence slots (max_num_seqs {realized.max_num_seqs}): it could "
+            "serve no request"
+        )
     return _weights_implausible(realized, capability) or _cache_implausible(
         realized, capability, budget
     )

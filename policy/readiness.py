@@ -23,6 +23,11 @@ class Availability(enum.Enum):
 # NOTE: out of service through a fault, not the operator's choice: these make a ready
 # deployment DEGRADED.
 FAULTS = frozenset({Availability.SUSPECT, Availability.LOST})
+# NOTE: a rejection that says nothing of the policy: the report cannot be true, so the worker is
+# broken or not what it claims. It is out of service as a fault (replaced within its restart
+# budget) while the others serve; a report that can be true and breaks the policy fails the
+# deployment.
+UNTRUSTED = frozenset({ReasonCode.REALIZED_REPORT_IMPLAUSIBLE})
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,10 @@ def readiness(
         problem = report.rejection or (
             verify_report(policy, report.realized) if report.realized is not None else None
         )
-        if problem is not None:
+        if problem is not None and problem.code in UNTRUSTED:
+            out_of_service.append((report.worker_id, problem))
+            faulty = True
+        elif problem is not None:
             violations.append((report.worker_id, problem))
         elif report.availability is not Availability.SERVING:
             why = report.why or Reason(ReasonCode.WORKER_NOT_SERVING, report.availability.value)

@@ -46,8 +46,10 @@ def test_the_mode_is_parsed_once_from_manifest_to_the_workers_engine_config(pars
     m = manifest_module.load_manifest(ROOT / "deploy" / "local.yaml")
     desired = m.controller_config().desired
     resolution = resolve(desired.policy, examples.cpu(), desired.auto_devices)
-    wire = register_to_pb(desired, resolution, heartbeat_interval_s=1.0).SerializeToString()
-    response = type(register_to_pb(desired, resolution, 1.0)).FromString(wire)
+    wire = register_to_pb(
+        desired, resolution, heartbeat_interval_s=1.0, token=b"t"
+    ).SerializeToString()
+    response = type(register_to_pb(desired, resolution, 1.0, b"t")).FromString(wire)
     config, got_resolution, budget = convert.resolution_from_pb(response.config)
     engine_config = WorkerSpec("local-0", "127.0.0.1:1").engine_config(config, budget)
 
@@ -80,8 +82,10 @@ def test_the_weight_format_is_parsed_once_and_reaches_the_engine_config(parses, 
         ),
     )
     resolution = resolve(desired.policy, capability, desired.auto_devices, desired.weights)
-    wire = register_to_pb(desired, resolution, heartbeat_interval_s=1.0).SerializeToString()
-    response = type(register_to_pb(desired, resolution, 1.0)).FromString(wire)
+    wire = register_to_pb(
+        desired, resolution, heartbeat_interval_s=1.0, token=b"t"
+    ).SerializeToString()
+    response = type(register_to_pb(desired, resolution, 1.0, b"t")).FromString(wire)
     config, got_resolution, budget = convert.resolution_from_pb(response.config)
     engine_config = WorkerSpec("local-0", "127.0.0.1:1").engine_config(
         config, budget, got_resolution.weights.intent

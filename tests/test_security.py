@@ -15,9 +15,11 @@ import textwrap
 
 import grpc
 import pytest
+from intentserve import convert
 from intentserve.controller.cli.client import ControllerClient
 from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.launch.pki import DeploymentCa
+from intentserve.policy import examples
 from intentserve.tls import TlsIdentity, secure_channel, server_name
 from intentserve.v1 import (
     admin_pb2,
@@ -152,6 +154,38 @@ def test_a_live_worker_id_cannot_be_taken_over_by_another_identity(deployment, c
     assert_unchanged(up, before)
     addresses = {w["address"] for w in operator(up).status()["workers"]}
     assert "127.0.0.1:9" not in addresses
+
+
+def test_a_holder_of_a_live_replicas_certificate_cannot_displace_it(deployment, ca):
+    """Issue 40: an impostor registered again as replica 0 and reported a 1 TiB cache; the live
+    replica lost its place and the deployment stopped serving. Now its registration is refused
+    while replica 0 lives, its report names no registration of its own, and both are logged."""
+    up, before = deployment
+    real = {w["worker_id"]: w["address"] for w in operator(up).status()["workers"]}
+    with as_outsider(up, ca[0].issue(f"{NAME}-0"), up.registry_address()) as channel:
+        stub = worker_pb2_grpc.WorkerRegistryStub(channel)
+        request = worker_pb2.RegisterRequest(
+            worker_id=f"{NAME}-0",
+            address="127.0.0.1:9",
+            capability=convert.capability_to_pb(examples.cpu()),
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Register(request, timeout=5)
+        assert error.value.code() is grpc.StatusCode.ALREADY_EXISTS
+        report = worker_pb2.RealizedReport(worker_id=f"{NAME}-0", realized=FORGED)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ReportRealized(report, timeout=5)
+        assert error.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert_unchanged(up, before)
+    assert {w["worker_id"]: w["address"] for w in operator(up).status()["workers"]} == real
+    with ControllerClient(
+        up.address, credentials=Credentials(NAME, ca[0].cert_pem, None, API_KEY)
+    ) as client:
+        for _ in range(10):
+            assert list(client.generate("Hi", max_tokens=2, timeout_s=60))
+    peer = "from ipv4:127.0.0.1:"
+    assert f"refused a registration of worker {NAME}-0 {peer}" in up.stderr, up.describe()
+    assert f"refused a report for worker {NAME}-0 {peer}" in up.stderr
 
 
 def test_certificates_of_another_ca_expired_or_none_do_not_get_through(deployment, ca):

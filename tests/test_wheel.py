@@ -114,3 +114,24 @@ def test_the_installed_cli_answers_help_and_version(venv):
     version = _run(venv, "intentserve", "--version")
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"intentserve {intentserve.__version__}"
+
+
+def test_the_cuda_extra_resolves_beside_the_pinned_torch():
+    """`pip install '.[cuda]'` must not ask for another torch (vllm-flash-attn pins 2.4.0): a dry
+    run in this environment, whose torch is the one the Makefile pins, keeps that torch."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-build-isolation",
+            f"{ROOT}[cuda]",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    would = [line for line in done.stdout.splitlines() if line.startswith("Would install")]
+    assert would and "torch" not in would[0] and "vllm" not in would[0], would

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from intentserve.logs import formatter
 from intentserve.worker.runtime.lifecycle import WorkerRuntime
 from intentserve.worker.runtime.spec import WorkerSpec
 
@@ -30,12 +31,11 @@ def _exit_for_restart(reason: str) -> None:
 
 class WorkerActor:
     def __init__(self, config: dict[str, Any]) -> None:
-        logging.basicConfig(
-            level=logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-        self.runtime = WorkerRuntime(WorkerSpec.from_dict(config), on_fatal=_exit_for_restart)
+        spec = WorkerSpec.from_dict(config)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(formatter(spec.log_format))
+        logging.basicConfig(level=logging.INFO, handlers=[handler])
+        self.runtime = WorkerRuntime(spec, on_fatal=_exit_for_restart)
         self.runtime.start()
 
     def status(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from intentserve.policy import (
     WeightFormatStatus,
 )
 from intentserve.worker.attention.flash_paged import flash_status
+from intentserve.worker.attention.triton_paged import triton_status
 from intentserve.worker.memory import SYSTEM_FILES, MemoryFiles, device_memory
 from intentserve.worker.model.weight_format import weight_format_statuses
 
@@ -43,6 +44,7 @@ def torch_paged_status() -> BackendStatus:
 def probe_backends(device: torch.device) -> tuple[BackendStatus, ...]:
     return (
         flash_status(device),
+        triton_status(device),
         torch_paged_status(),
         BackendStatus(BackendKind.CONTIGUOUS, True, "", TORCH_KV_DTYPES),
     )

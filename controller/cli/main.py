@@ -1,5 +1,6 @@
 """The `intentserve` command line.
 
+    intentserve serve smollm2-135m            # serve one model, no manifest needed
     intentserve up deploy/local.yaml          # bring a deployment up and serve it
     intentserve status | workers | explain W | drain W | resume W | down | generate PROMPT
     intentserve policy-table                  # the decision table the controller enforces
@@ -23,6 +24,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from intentserve import __version__  # noqa: E402
 from intentserve.controller.cli import admin as cli_admin  # noqa: E402
 from intentserve.controller.cli import ca as cli_ca  # noqa: E402
+from intentserve.controller.cli import serve as cli_serve  # noqa: E402
 from intentserve.controller.cli import up as cli_up  # noqa: E402
 from intentserve.controller.cli.admin import EXIT_OK  # noqa: E402
 from intentserve.policy.examples import decision_table, render_markdown  # noqa: E402
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--markdown", action="store_true", help="print a Markdown table")
     table.set_defaults(handler=_policy_table)
     cli_up.add_parser(commands)
+    cli_serve.add_parser(commands)
     cli_ca.add_parser(commands)
     cli_admin.add_parsers(commands)
     return parser

@@ -81,6 +81,10 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
     if realized.get("stream_interval"):
         n = realized["stream_interval"]
         text += f", {n} token{'s' * (n > 1)} per message"
+    if realized.get("attention_kernel"):
+        text += f", attention by {realized['attention_kernel']}"
+    if realized.get("decode_graphs"):
+        text += f", decode steps from {realized['decode_graphs']}"
     return text
 
 

@@ -7,14 +7,13 @@ Ctrl-C, SIGTERM or `intentserve down` -> controller stopped, actors killed, Ray 
 Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
 reason is printed), start-up failed, or workers whose restart budget is spent leave too few to
 meet minReady (each named with its last error); 2 bad manifest (the field, the value, what is
-allowed).
+allowed). A failure once the controller is up stops everything first, then prints the error last.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import signal
 import sys
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from intentserve.controller.cli import credentials
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from intentserve.controller.cli.client import to_data
+from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
@@ -49,6 +49,10 @@ POLL_S = 0.25
 ACTOR_POLL_S = 2.0  # while serving: how often the actors are asked whether they live
 WAITING_NOTE_S = 15.0  # while starting: how often a "still waiting" line is printed
 _ANY_HOST = ("0.0.0.0", "::", "[::]")
+
+
+class UpFailed(Exception):
+    """`up` cannot go on: the message is printed last, once everything is stopped."""
 
 
 def _startup_failure(
@@ -96,9 +100,14 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
 
 
 def _replicas(
-    manifest: Manifest, controller_address: str, host: str, prepared: DeploymentSecurity
+    manifest: Manifest,
+    controller_address: str,
+    host: str,
+    prepared: DeploymentSecurity,
+    log_format: str,
 ) -> list[Replica]:
-    """One actor per replica; each is handed its own certificate and key, and no other."""
+    """One actor per replica; each is handed its own certificate and key, and no other, and
+    logs in the controller's format."""
     r = manifest.spec.resources
     return [
         Replica(
@@ -106,6 +115,7 @@ def _replicas(
             {
                 **manifest.worker_config(worker_id, controller_address, host),
                 "tls": prepared.worker_tls(worker_id),
+                "log_format": log_format,
             },
             r.num_cpus,
             r.num_gpus,
@@ -135,20 +145,26 @@ PAGED_ATTENTION_ENV = "INTENTSERVE_SPEC__PAGEDATTENTION__MODE"
 def run(args: argparse.Namespace) -> int:
     if args.paged_attention is not None:
         os.environ[PAGED_ATTENTION_ENV] = args.paged_attention
-    embedded = args.ray_address is None  # every replica on this one node
     try:
-        manifest = load_manifest(args.manifest, one_node=embedded)
+        manifest = load_manifest(args.manifest, one_node=args.ray_address is None)
     except ManifestError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    return launch(manifest, args.manifest, args)
+
+
+def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
+    """Bring the validated `manifest` up and serve it (what `up` and `serve` share); `args`
+    has the Ray and logging flags of `add_launch_arguments`."""
+    embedded = args.ray_address is None  # every replica on this one node
     shared = None if embedded else manifest.shared_kv_problem()
     if shared is not None:
         print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_format, args.log_level)
     progress = Progress()
     s = manifest.spec
     progress.say(
-        f"manifest {args.manifest}: deployment {manifest.name}, {s.replicas} x {s.model.name} on "
+        f"manifest {source}: deployment {manifest.name}, {s.replicas} x {s.model.name} on "
         f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
     )
     try:
@@ -189,21 +205,25 @@ def run(args: argparse.Namespace) -> int:
         temp_dir=args.ray_temp_dir,
         log_to_driver=args.worker_logs,
     )
+    failure: str | None = None
     try:
-        return _up(manifest, server, launcher, progress, prepared)
-    except LaunchError as error:
-        print(f"error: {error}", file=sys.stderr)
+        return _up(manifest, server, launcher, progress, prepared, args.log_format)
+    except (LaunchError, UpFailed) as error:
+        failure = str(error)
+        progress.say("stopping: the error is printed last")
         return EXIT_FAILED
     finally:
         if progress.signals:
             progress.say(f"{progress.signals[0]}: shutting down")
-        server.stop(grace_s=2.0)
+        server.stop(grace_s=s.controller.drain_timeout_s)
         launcher.shutdown()
         credentials.remove(server.address)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         ray_after = "Ray shut down" if launcher.embedded else "the Ray cluster left running"
         progress.say(f"stopped: controller down, worker actors killed, {ray_after}")
+        if failure is not None:
+            print(f"error: {failure}", file=sys.stderr, flush=True)
 
 
 def _up(
@@ -212,6 +232,7 @@ def _up(
     launcher: RayLauncher,
     progress: Progress,
     prepared: DeploymentSecurity,
+    log_format: str,
 ) -> int:
     s, r = manifest.spec, manifest.spec.resources
     described = launcher.start(s.replicas * r.num_cpus, s.replicas * r.num_gpus)
@@ -228,6 +249,7 @@ def _up(
         _controller_address(manifest, server, launcher),
         launcher.worker_host(),
         prepared,
+        log_format,
     )
     launcher.launch(replicas)
     progress.say(
@@ -239,8 +261,7 @@ def _up(
     while True:
         verdict = server.wait_until_settled(POLL_S)
         if server.wait(0):
-            print("error: interrupted before the deployment became ready", file=sys.stderr)
-            return EXIT_FAILED
+            raise UpFailed("interrupted before the deployment became ready")
         probes = launcher.probe(POLL_S)
         progress.controller(server, verdict)
         progress.actors(probes)
@@ -250,15 +271,12 @@ def _up(
             server.deployment, probes, s.max_restarts
         )
         if failure is not None:
-            print(f"error: {failure}", file=sys.stderr)
-            return EXIT_FAILED
+            raise UpFailed(failure)
         if time.monotonic() > deadline_s:
-            print(
-                f"error: not ready after spec.startupTimeoutS={manifest.spec.startup_timeout_s:g}"
-                f" s: {verdict.reason.code.value}: {verdict.reason.message}",
-                file=sys.stderr,
+            raise UpFailed(
+                f"not ready after spec.startupTimeoutS={manifest.spec.startup_timeout_s:g}"
+                f" s: {verdict.reason.code.value}: {verdict.reason.message}"
             )
-            return EXIT_FAILED
         if time.monotonic() > next_note_s:
             next_note_s += WAITING_NOTE_S
             progress.say(f"still waiting: {verdict.reason.message}")
@@ -266,6 +284,7 @@ def _up(
     print(f"\n{status_report(server)}\n", flush=True)
     if server.http_url:
         print(f"serving HTTP on {server.http_url}: OpenAI's /v1, /health, /metrics", flush=True)
+        print(client_hint(server, manifest.spec.model.served(), prepared), flush=True)
     print(
         f"serving gRPC on {server.address} (intentserve.v1.Inference/Generate); "
         f"try: intentserve generate 'Hello' --controller {server.address}\n"
@@ -282,6 +301,7 @@ def _serve(
     Exit 1 once workers whose restart budget is spent leave too few to meet minReady."""
     next_actor_poll_s = 0.0
     while not server.wait(1.0):
+        failure = None
         try:
             progress.controller(server, server.verdict())
             if time.monotonic() > next_actor_poll_s:
@@ -289,13 +309,26 @@ def _serve(
                 probes = launcher.probe(POLL_S)
                 progress.actors(probes)
                 failure = supervise(server.deployment, probes, max_restarts)
-                if failure is not None:
-                    progress.controller(server, server.verdict())
-                    print(f"error: {failure}", file=sys.stderr, flush=True)
-                    return EXIT_FAILED
         except Exception as error:  # NOTE: reporting must never stop serving
             progress.say(f"cannot read the status: {type(error).__name__}: {error}")
+        if failure is not None:
+            progress.controller(server, server.verdict())
+            raise UpFailed(failure)
     return EXIT_OK
+
+
+def client_hint(server: ControllerServer, served_name: str, prepared: DeploymentSecurity) -> str:
+    """How an OpenAI client connects: base URL, the model's name and, when `up` made the API
+    key, the key (a key read from apiKeysFile stays in its file)."""
+    http_url = server.http_url
+    lines = [f"OpenAI clients: base_url {http_url}/v1, model {served_name!r}"]
+    if prepared.api_key is not None:
+        lines.append(f"  API key (made for this run): {prepared.api_key}")
+        lines.append(f"  export OPENAI_BASE_URL={http_url}/v1 OPENAI_API_KEY={prepared.api_key}")
+    if http_url.startswith("https:"):
+        ca_file = credentials.folder_for(server.address) / "ca.crt"
+        lines.append(f"  HTTPS: clients verify it with the CA in {ca_file}")
+    return "\n".join(lines)
 
 
 def _whole_cpus(text: str) -> int:
@@ -320,22 +353,30 @@ def add_parser(commands) -> None:
         help="auto, on or off: overrides spec.pagedAttention.mode (on: realized on every worker "
         "or the deployment does not start)",
     )
-    up.add_argument(
+    add_launch_arguments(up)
+    up.set_defaults(handler=run)
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `up` and `serve` share: where Ray runs, and the logs."""
+    parser.add_argument(
         "--ray-address",
         default=None,
         metavar="ADDRESS",
         help="join this Ray cluster (auto, HOST:6379, ray://HOST:10001; local: start an embedded "
         "one); default: $RAY_ADDRESS when set (as `ray job submit` sets it), else embedded",
     )
-    up.add_argument(
+    parser.add_argument(
         "--ray-num-cpus",
         type=_whole_cpus,
         default=None,
         metavar="N",
         help="CPUs of the embedded cluster (default: what the replicas need)",
     )
-    up.add_argument("--ray-temp-dir", default=None, metavar="DIR", help="embedded Ray's temp dir")
-    up.add_argument(
+    parser.add_argument(
+        "--ray-temp-dir", default=None, metavar="DIR", help="embedded Ray's temp dir"
+    )
+    parser.add_argument(
         "--worker-logs", action="store_true", help="print the workers' logs here as well"
     )
-    up.set_defaults(handler=run)
+    add_logging_arguments(parser)

@@ -2,7 +2,7 @@
 parts: the same readiness verdict as gRPC health, the same (metered) router and its admission,
 the same API keys.
 
-    GET  /v1/models             the deployment's model, named as the manifest names it, with its
+    GET  /v1/models             the deployment's model, by its served name, with its
                                 max_model_len and what each worker realized
     GET  /version               intentserve's version
     POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
@@ -11,7 +11,8 @@ the same API keys.
     GET  /metrics               Prometheus text format
 
 `/v1/*` needs an API key (`Authorization: Bearer ...`) when keys are set; `/health` and
-`/metrics` are open, like gRPC health.
+`/metrics` are open, like gRPC health. Every request gets a request id and an access-log line
+(access.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from intentserve import __version__
 from intentserve.controller.http import openai_convert
+from intentserve.controller.http.access import (
+    AccessLog,
+    mark_routed,
+    refused_requests,
+    request_id_of,
+)
 from intentserve.controller.http.bridge import HttpCall, RoutedResponses
 from intentserve.controller.http.cors import allow_origins
 from intentserve.controller.http.errors import (
@@ -59,7 +66,8 @@ class Frontend:
     router: MeteredRouter
     reconciler: Reconciler  # its published verdict is what gRPC health says
     security: Security
-    model: str  # the deployment's model, as the manifest names it
+    # What a request's `model` may be: the served name (listed), then the exact reference.
+    model_names: tuple[str, ...]
     metrics: CollectorRegistry
     deployment: Deployment  # its workers' realized reports
     cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
@@ -76,6 +84,8 @@ def _sse(data: dict | str) -> str:
 def build_app(frontend: Frontend) -> FastAPI:
     app = FastAPI(title="intentserve", docs_url=None, redoc_url=None, openapi_url=None)
     allow_origins(app, frontend.cors_origins)
+    # Added last, so outermost: every request gets its access-log line, CORS preflights too.
+    app.add_middleware(AccessLog, refused=refused_requests(frontend.metrics))
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
@@ -96,11 +106,11 @@ def build_app(frontend: Frontend) -> FastAPI:
         unsupported = body.unsupported()
         if unsupported is not None:
             raise from_unsupported(unsupported)
-        if body.model != frontend.model:
+        if body.model not in frontend.model_names:
             raise OpenAIError(
                 404,
                 f"model {body.model!r} is not served here; this deployment serves "
-                f"{frontend.model!r}",
+                + " or ".join(repr(name) for name in frontend.model_names),
                 param="model",
                 code="model_not_found",
             )
@@ -112,7 +122,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         policy = frontend.deployment.desired.policy
         workers = [w for w in frontend.deployment.workers() if w.realized is not None]
         model = {
-            "id": frontend.model,
+            "id": frontend.model_names[0],
             "object": "model",
             "created": 0,
             "owned_by": "intentserve",
@@ -139,6 +149,8 @@ def build_app(frontend: Frontend) -> FastAPI:
         return await generate(request, body, openai_convert.chat_request_to_pb(body))
 
     async def generate(request: Request, body, pb) -> Response:
+        pb.request_id = request_id_of(request.scope)
+        mark_routed(request.scope)
         call = HttpCall()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
         requests = openai_convert.choice_requests(pb, body.n or 1)

@@ -1,7 +1,7 @@
 """The deployment's state as Prometheus metrics, read from the registry's snapshot at scrape time
 (nothing is pushed): readiness, every worker's realized state as an info metric, its load from
-heartbeats, and the reconcile loop's timings. Request metrics (`RequestMetrics`) sit beside these
-in the same `CollectorRegistry`.
+heartbeats (KV cache usage, engine step time and batch size), and the reconcile loop's timings.
+Request metrics (`RequestMetrics`) sit beside these in the same `CollectorRegistry`.
 
 The info metric carries the intent (`mode`, `required`) beside what was realized (`enabled`: a
 paged KV cache really built, `cache_kind`, `backend`, ...), so "realized != intent" is one line:
@@ -43,6 +43,7 @@ REALIZED = (
     "scheduler",
     "prefix_caching",
     "weight_format",
+    "attention_kernel",
     "reason_code",
 )
 DEPLOYMENT_GAUGES = {
@@ -55,15 +56,22 @@ DEPLOYMENT_GAUGES = {
 WORKER_GAUGES = {
     "worker_kv_blocks_used": "KV cache blocks (or slots) in use, from the last heartbeat",
     "worker_kv_blocks_total": "KV cache blocks (or slots) in total, from the last heartbeat",
+    "kv_cache_usage_ratio": "Share of the KV cache in use, 0 to 1 (vLLM's kv_cache_usage_perc)",
     "num_requests_running": "Sequences the worker is generating",
     "num_requests_waiting": "Sequences waiting for admission on the worker",
     "worker_requests_outstanding": "Requests in flight to the worker through the router",
     "worker_heartbeat_age_seconds": "Seconds since the worker was last heard from",
 }
+# From the workers' cumulative step counts: rate(_sum) / rate(_count) is the mean over a window.
+WORKER_SUMMARIES = {
+    "worker_step_duration_seconds": "Engine steps and the time they took",
+    "worker_batch_size": "Engine steps and the sequences each advanced (its batch)",
+}
 WORKER_COUNTERS = {
     "num_preemptions": "Sequences preempted (to be recomputed) since the worker started",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
     "prefix_cache_hits": "Prompt tokens whose KV the prefix cache supplied",
+    "worker_registrations": "Times the worker registered: 1, plus one per restart (or return)",
 }
 
 
@@ -72,9 +80,14 @@ def _word(value: bool) -> str:
 
 
 class DeploymentCollector(Collector):
-    def __init__(self, deployment: Deployment, reconciler: Reconciler) -> None:
+    def __init__(
+        self, deployment: Deployment, reconciler: Reconciler, max_restarts: int | None = None
+    ) -> None:
+        """`max_restarts`: each worker's restart budget (spec.maxRestarts; -1 unlimited), shown
+        beside the registrations; None: not known (a controller run without `up`)."""
         self._deployment = deployment
         self._reconciler = reconciler
+        self._max_restarts = max_restarts
 
     def collect(self) -> Iterator[Metric]:
         name = self._deployment.desired.deployment
@@ -97,6 +110,14 @@ class DeploymentCollector(Collector):
             )
             gauge.add_metric([name], float(values[metric]))
             yield gauge
+        if self._max_restarts is not None:
+            budget = GaugeMetricFamily(
+                "intentserve_deployment_max_restarts",
+                "Each worker's restart budget (spec.maxRestarts; -1: unlimited)",
+                labels=["deployment"],
+            )
+            budget.add_metric([name], float(self._max_restarts))
+            yield budget
 
     def _workers(
         self, name: str, workers: tuple[WorkerRecord, ...], now_s: float
@@ -114,6 +135,10 @@ class DeploymentCollector(Collector):
             (m, CounterMetricFamily(f"intentserve_{m}", doc, labels=WORKER))
             for m, doc in WORKER_COUNTERS.items()
         )
+        summaries = {
+            m: SummaryMetricFamily(f"intentserve_{m}", doc, labels=WORKER)
+            for m, doc in WORKER_SUMMARIES.items()
+        }
         for w in workers:
             labels = [name, w.worker_id]
             info.add_metric(labels, realized_labels(self._deployment.desired.policy, w))
@@ -121,6 +146,7 @@ class DeploymentCollector(Collector):
             values = {
                 "worker_kv_blocks_used": load.num_kv_used,
                 "worker_kv_blocks_total": load.num_kv_total,
+                "kv_cache_usage_ratio": load.num_kv_used / max(load.num_kv_total, 1),
                 "num_requests_running": load.num_running,
                 "num_requests_waiting": load.num_waiting,
                 "worker_requests_outstanding": w.num_outstanding,
@@ -128,11 +154,17 @@ class DeploymentCollector(Collector):
                 "num_preemptions": load.num_preemptions,
                 "prefix_cache_queries": load.num_prefix_queried_tokens,
                 "prefix_cache_hits": load.num_prefix_hit_tokens,
+                "worker_registrations": w.num_registrations,
             }
             for metric, family in families.items():
                 family.add_metric(labels, float(values[metric]))
+            steps = summaries["worker_step_duration_seconds"]
+            steps.add_metric(labels, load.num_steps, load.total_step_s)
+            batch = summaries["worker_batch_size"]
+            batch.add_metric(labels, load.num_steps, float(load.num_step_seqs))
         yield info
         yield from families.values()
+        yield from summaries.values()
 
     def _loop(self) -> Iterator[Metric]:
         m = self._reconciler.metrics
@@ -177,6 +209,7 @@ def realized_labels(policy, w: WorkerRecord) -> dict[str, str]:
                 r.scheduler.value if r and r.scheduler else "",
                 _word(r.prefix_caching) if r else "",
                 r.weight_format.value if r else "",
+                r.attention_kernel if r else "",
                 w.reasons[0].code.value if w.reasons else "",
             ),
             strict=True,

@@ -8,12 +8,15 @@ uvicorn reads the certificate and key from files: they are written to a private 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import shutil
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import uvicorn
@@ -25,7 +28,16 @@ START_TIMEOUT_S = 30.0
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, host: str, port: int, tls: TlsIdentity | None) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str,
+        port: int,
+        tls: TlsIdentity | None,
+        on_stopped: Callable[[], Awaitable[None]],
+    ) -> None:
+        """`on_stopped`: awaited on the server's loop once it has stopped serving, before the
+        loop closes: what was made on that loop (grpc.aio channels) is closed there."""
         try:
             self._socket = socket.create_server(
                 (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -36,9 +48,8 @@ class HttpServer:
         self.scheme = "http" if tls is None else "https"
         config = _load_config(app, tls)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, name="http", daemon=True
-        )
+        self._on_stopped = on_stopped
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -48,10 +59,27 @@ class HttpServer:
                 raise RuntimeError("the HTTP server did not start (see the log)")
             time.sleep(0.01)
 
-    def begin_stop(self, grace_s: float | None) -> None:
-        """Stop accepting; streams in flight get `grace_s` (at least 1 s) to finish."""
-        self._server.config.timeout_graceful_shutdown = max(int(grace_s or 0), 1)
+    @property
+    def num_requests(self) -> int:
+        """Requests being answered (streams included)."""
+        return len(self._server.server_state.tasks)
+
+    def begin_stop(self, timeout_s: float) -> None:
+        """Stop accepting; requests in flight are cancelled after `timeout_s` (at least 1 s).
+        NOTE: the owner ends them with their reason first: uvicorn logs a cancelled one as an
+        error, with a traceback."""
+        self._server.config.timeout_graceful_shutdown = max(math.ceil(timeout_s), 1)
         self._server.should_exit = True
+
+    def _run(self) -> None:
+        with asyncio.Runner(loop_factory=self._server.config.get_loop_factory()) as runner:
+            runner.run(self._serve())
+
+    async def _serve(self) -> None:
+        try:
+            await self._server.serve(sockets=[self._socket])
+        finally:
+            await self._on_stopped()
 
     def join(self) -> None:
         if self._thread.is_alive():

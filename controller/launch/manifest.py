@@ -26,8 +26,18 @@ from typing import Annotated, Any
 import yaml
 from intentserve.controller.http.cors import check_origins
 from intentserve.controller.launch.validation import describe_validation_error
+from intentserve.controller.service.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
 from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
-from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState, replica_ids
+from intentserve.controller.service.state import (
+    DEFAULT_MODEL,
+    DesiredState,
+    replica_ids,
+    served_name_of,
+)
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
@@ -94,8 +104,15 @@ class ModelSpec(_Section):
         min_length=1,
         description="short name, .gguf file, folder or cached Hugging Face id",
     )
+    # The name HTTP clients give as `model` (the exact reference is accepted too).
+    served_name: str | None = Field(
+        None, min_length=1, description="default: the short name, or the file's or folder's name"
+    )
     dtype: str = "auto"
     weights: WeightFormat = WeightFormat.AUTO
+
+    def served(self) -> str:
+        return self.served_name or served_name_of(self.name)
 
     @field_validator("weights", mode="before")
     @classmethod
@@ -218,6 +235,18 @@ class HttpSpec(_Section):
         return check_origins(value)
 
 
+class AdmissionSpec(_Section):
+    """The queue where requests wait, in arrival order, while every worker slot is taken."""
+
+    max_queued: int | None = Field(
+        None, ge=0, description=f"default: {QUEUED_PER_SLOT} x the READY workers' slots"
+    )
+    max_queue_wait_s: float = Field(DEFAULT_MAX_QUEUE_WAIT_S, gt=0, allow_inf_nan=False)
+
+    def limits(self) -> QueueLimits:
+        return QueueLimits(self.max_queued, self.max_queue_wait_s)
+
+
 class ControllerSpec(_Section):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
@@ -232,7 +261,12 @@ class ControllerSpec(_Section):
     advertise_host: str | None = None  # where workers reach it; default: found from the route
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
-    max_outstanding_per_worker: int = Field(32, ge=1)
+    # On shutdown (SIGTERM, Ctrl-C, `down`): how long streams in flight may run to their end
+    # before they are cancelled. Under Kubernetes, below the pod's terminationGracePeriodSeconds.
+    drain_timeout_s: float = Field(2.0, ge=0, allow_inf_nan=False)
+    # Requests sent to each worker at once; null: the sequence slots it realized.
+    max_outstanding_per_worker: int | None = Field(None, ge=1)
+    admission: AdmissionSpec = AdmissionSpec()
 
     @field_validator("heartbeat_timeout_s")
     @classmethod
@@ -253,6 +287,9 @@ class SecuritySpec(_Section):
     ca_key_file: str | None = None
     admin_token_file: str | None = None  # default: a fresh token per `up`
     api_keys_file: str | None = None  # one key per line; set: Inference needs one of them
+    # The HTTP API in plaintext, so that a local client needs no CA file, while gRPC and the
+    # workers keep TLS. Loopback only, and never open: without apiKeysFile, `up` makes a key.
+    plaintext_http: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> SecuritySpec:
@@ -263,6 +300,8 @@ class SecuritySpec(_Section):
             raise IntentError("insecure", "true, but a CA is given for TLS; choose one")
         if self.insecure_network and not self.insecure:
             raise IntentError("insecureNetwork", "only applies with insecure: true")
+        if self.plaintext_http and self.insecure:
+            raise IntentError("plaintextHttp", "true, but insecure already makes all plaintext")
         return self
 
 
@@ -291,6 +330,12 @@ class DeploymentSpec(_Section):
                 f"true and the controller binds {host}, not loopback: anyone who "
                 "reaches it could register workers and drain the deployment; remove insecure, "
                 "or also set insecureNetwork: true to accept that",
+            )
+        if self.security.plaintext_http and not is_loopback(host):
+            raise IntentError(
+                "security.plaintextHttp",
+                f"true and the controller binds {host}, not loopback: API keys would cross the "
+                "network in the clear; allowed only with a loopback host (127.0.0.1, ::1)",
             )
         return self
 
@@ -366,6 +411,7 @@ class Manifest(BaseSettings):
             replicas=s.replicas,
             min_ready=s.min_ready or s.replicas,
             model=s.model.name,
+            served_name=s.model.served(),
             weights=s.model.weights,
             scheduler=SchedulerIntent(
                 stream_interval=s.scheduler.stream_interval,
@@ -380,9 +426,12 @@ class Manifest(BaseSettings):
             health_port=c.health_port,
             http_port=c.http_port,
             cors_origins=c.http.cors_origins,
+            http_plaintext=self.spec.security.plaintext_http,
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_outstanding_per_worker=c.max_outstanding_per_worker,
+            admission=c.admission.limits(),
+            max_restarts=s.max_restarts,
         )
 
     def shared_kv_problem(self) -> str | None:

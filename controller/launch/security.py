@@ -24,6 +24,8 @@ class DeploymentSecurity:
     security: Security
     admin_token: str
     ca: DeploymentCa | None  # None: an insecure deployment (plaintext, no worker identity)
+    api_key: str | None = None  # the clients' key `up` made (plaintextHttp, no apiKeysFile)
+    plaintext_http: bool = False  # the HTTP API without TLS (loopback only, API keys required)
 
     @classmethod
     def prepare(cls, manifest: Manifest) -> DeploymentSecurity:
@@ -33,11 +35,13 @@ class DeploymentSecurity:
             tokens = read_secret_lines(s.admin_token_file, "spec.security.adminTokenFile")
         else:
             tokens = frozenset({secrets.token_urlsafe(32)})
-        api_keys = (
-            read_secret_lines(s.api_keys_file, "spec.security.apiKeysFile")
-            if s.api_keys_file
-            else frozenset()
-        )
+        api_keys, made_key = frozenset(), None
+        if s.api_keys_file:
+            api_keys = read_secret_lines(s.api_keys_file, "spec.security.apiKeysFile")
+        elif s.plaintext_http:
+            # NOTE: a plaintext API is never open: any local user could reach it.
+            made_key = f"sk-intentserve-{secrets.token_urlsafe(24)}"
+            api_keys = frozenset({made_key})
         ca = None
         tls = None
         if not s.insecure:
@@ -51,7 +55,7 @@ class DeploymentSecurity:
                 raise SecurityError(str(error)) from None
             hosts = tuple(h for h in (c.host, c.advertise_host) if h and h not in ("0.0.0.0", "::"))
             tls = ca.controller_identity(hosts)
-        return cls(Security(tls, tokens, api_keys), min(tokens), ca)
+        return cls(Security(tls, tokens, api_keys), min(tokens), ca, made_key, s.plaintext_http)
 
     def worker_tls(self, worker_id: str) -> dict[str, str] | None:
         """The worker's own certificate and key, and the CA; None when insecure."""
@@ -64,4 +68,5 @@ def describe_security(prepared: DeploymentSecurity) -> str:
     keys = f", {len(s.api_keys)} API keys" if s.api_keys else ", inference open (no API keys)"
     if s.tls is None:
         return f"INSECURE: plaintext, workers unauthenticated; admin token required{keys}"
-    return f"mutual TLS with the deployment's CA, admin token required{keys}"
+    http = "; HTTP in plaintext on loopback" if prepared.plaintext_http else ""
+    return f"mutual TLS with the deployment's CA, admin token required{keys}{http}"

@@ -28,6 +28,7 @@ from intentserve.policy import Reason, ReasonCode
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0
+DRAIN_S = 0.2  # after closing a loop's calls: for their last events (aclose_loop)
 
 
 class _Entry:
@@ -125,6 +126,24 @@ class WorkerChannels:
 
     def close(self) -> None:
         self.prune(set())
+
+    async def aclose_loop(self) -> None:
+        """Close the channels made on the running loop, and their calls, there: the loop is
+        about to end.
+
+        NOTE: grpc's poller hands each event to the loop of its call, from whichever loop reads
+        it; one for a call of a loop that has closed raises there (RuntimeError: Event loop is
+        closed, with a traceback). A cancelled call's last events come from grpc's core after
+        the cancel returns, and nothing can be awaited for them: the loop runs on for
+        DRAIN_S to take them itself."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            made = [e.on_loops.pop(loop) for e in self._entries.values() if loop in e.on_loops]
+        for channel, mux in made:
+            await mux.aclose()
+            await channel.close()
+        if made:
+            await asyncio.sleep(DRAIN_S)
 
     def _entry(self, address: str, worker_id: str) -> _Entry:
         entry = self._entries.get(address)

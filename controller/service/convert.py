@@ -48,10 +48,12 @@ def register_from_pb(msg: worker_pb2.RegisterRequest) -> tuple[str, str, Capabil
 
 
 def register_to_pb(
-    desired: DesiredState, resolution: Resolution, heartbeat_interval_s: float
+    desired: DesiredState, resolution: Resolution, heartbeat_interval_s: float, token: bytes
 ) -> worker_pb2.RegisterResponse:
-    """The resolved config, or the rejection as a structured reason."""
-    response = worker_pb2.RegisterResponse(heartbeat_interval_s=heartbeat_interval_s)
+    """The resolved config, or the rejection as a structured reason; the registration's token."""
+    response = worker_pb2.RegisterResponse(
+        heartbeat_interval_s=heartbeat_interval_s, registration_token=token
+    )
     if resolution.rejection is not None:
         response.rejection.CopyFrom(convert.reason_to_pb(resolution.rejection))
     else:
@@ -63,13 +65,13 @@ def register_to_pb(
 
 def realized_report_from_pb(
     msg: worker_pb2.RealizedReport,
-) -> tuple[str, RealizedCache | None, Reason | None]:
+) -> tuple[str, bytes, RealizedCache | None, Reason | None]:
     worker_id = _required(msg.worker_id, "worker_id")
     load_error = convert.reason_from_pb(msg.load_error) if msg.HasField("load_error") else None
     realized = convert.realized_from_pb(msg.realized) if msg.HasField("realized") else None
     if realized is None and load_error is None:
         raise ValueError("realized: must be set (or load_error)")
-    return worker_id, realized, load_error
+    return worker_id, msg.registration_token, realized, load_error
 
 
 def verification_to_pb(problem: Reason | None) -> worker_pb2.Verification:
@@ -78,7 +80,7 @@ def verification_to_pb(problem: Reason | None) -> worker_pb2.Verification:
     return worker_pb2.Verification(verified=False, reason=convert.reason_to_pb(problem))
 
 
-def heartbeat_from_pb(msg: worker_pb2.HeartbeatRequest) -> tuple[str, WorkerLoad]:
+def heartbeat_from_pb(msg: worker_pb2.HeartbeatRequest) -> tuple[str, bytes, WorkerLoad]:
     load = WorkerLoad(
         msg.num_running,
         msg.num_waiting,
@@ -87,8 +89,11 @@ def heartbeat_from_pb(msg: worker_pb2.HeartbeatRequest) -> tuple[str, WorkerLoad
         msg.num_preemptions,
         msg.num_prefix_queried_tokens,
         msg.num_prefix_hit_tokens,
+        msg.num_steps,
+        msg.total_step_s,
+        msg.num_step_seqs,
     )
-    return _required(msg.worker_id, "worker_id"), load
+    return _required(msg.worker_id, "worker_id"), msg.registration_token, load
 
 
 def heartbeat_to_pb(action: HeartbeatAction) -> worker_pb2.HeartbeatResponse:

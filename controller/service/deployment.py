@@ -6,13 +6,19 @@ registry: `resolve` at registration, `verify_report` on a realized report, `read
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from intentserve.controller.service.errors import DrainRefused
-from intentserve.controller.service.registry import Registry, WorkerLoad, WorkerRecord
+from intentserve.controller.service.errors import DrainRefused, NotThisRegistration, WorkerAlive
+from intentserve.controller.service.registry import (
+    Registry,
+    WorkerLoad,
+    WorkerRecord,
+    check_token,
+)
 from intentserve.controller.service.state import (
     DeploymentState,
     DesiredState,
@@ -35,27 +41,62 @@ from intentserve.policy import (
     verify_report,
 )
 
+log = logging.getLogger(__name__)
+IN_PROCESS = "in-process"  # the peer of a call made without gRPC (tests, embedding code)
+
 
 class Deployment:
     def __init__(
         self,
         desired: DesiredState,
         *,
+        heartbeat_timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
+        """`heartbeat_timeout_s`: how long a worker silent since its last call still counts as
+        alive, so that no registration under its id takes its place."""
         self.desired = desired
         self.registry = Registry(on_change)
+        self._heartbeat_timeout_s = heartbeat_timeout_s
         self._clock = clock
         self._drains = threading.Lock()  # one drain's check and act at a time
 
     def now_s(self) -> float:
         return self._clock()
 
-    def register(self, worker_id: str, address: str, capability: Capability) -> Resolution:
+    def register(
+        self,
+        worker_id: str,
+        address: str,
+        capability: Capability,
+        *,
+        token: bytes = b"",
+        peer: str = IN_PROCESS,
+    ) -> Resolution:
         """Resolve the intent for a (re)registering worker. A worker that cannot honour the
-        policy is recorded REJECTED, and `resolution.rejection` says why."""
-        self.registry.register(worker_id, address, capability, self._clock())
+        policy is recorded REJECTED, and `resolution.rejection` says why. WorkerAlive while a
+        worker of that id is alive. `token`: what its reports and heartbeats must carry;
+        `peer`: who called, for the log."""
+        try:
+            record = self.registry.register(
+                worker_id,
+                address,
+                capability,
+                self._clock(),
+                token=token,
+                alive_timeout_s=self._heartbeat_timeout_s,
+            )
+        except WorkerAlive as refused:
+            log.warning("refused a registration of worker %s from %s: %s", worker_id, peer, refused)
+            raise
+        log.info(
+            "worker %s registered from %s (serves on %s; registration %d)",
+            worker_id,
+            peer,
+            address,
+            record.num_registrations,
+        )
         resolution = resolve(
             self.desired.policy, capability, self.desired.auto_devices, self.desired.weights
         )
@@ -63,10 +104,34 @@ class Deployment:
         return resolution
 
     def report_realized(
-        self, worker_id: str, realized: RealizedCache | None, load_error: Reason | None
+        self,
+        worker_id: str,
+        realized: RealizedCache | None,
+        load_error: Reason | None,
+        *,
+        token: bytes = b"",
+        peer: str = IN_PROCESS,
     ) -> Reason | None:
-        """Repeat the realized-state guard; the violation (or the load error), None if verified."""
+        """Repeat the realized-state guard; the violation (or the load error), None if verified.
+        NotThisRegistration when `token` is not the worker's current registration's."""
+        try:
+            problem = self._verify(worker_id, token, realized, load_error)
+        except NotThisRegistration as refused:
+            log.warning("refused a report for worker %s from %s: %s", worker_id, peer, refused)
+            raise
+        if problem is not None:
+            log.warning("worker %s's report from %s is rejected: %s", worker_id, peer, problem)
+        return problem
+
+    def _verify(
+        self,
+        worker_id: str,
+        token: bytes,
+        realized: RealizedCache | None,
+        load_error: Reason | None,
+    ) -> Reason | None:
         current = self.registry.get(worker_id)
+        check_token(current, token)
         if current.state is WorkerState.REJECTED:
             return current.problem  # it stays rejected until it registers again
         problem = load_error
@@ -81,11 +146,19 @@ class Deployment:
                 or check_scheduler(self.desired.scheduler, realized)
                 or check_plausible(realized, current.capability, self.desired.kv_budget)
             )
-        self.registry.realized(worker_id, realized, problem, self._clock())
+        self.registry.realized(worker_id, token, realized, problem, self._clock())
         return problem
 
-    def heartbeat(self, worker_id: str, load: WorkerLoad) -> HeartbeatAction:
-        return self.registry.heartbeat(worker_id, load, self._clock())
+    def heartbeat(
+        self, worker_id: str, load: WorkerLoad, *, token: bytes = b"", peer: str = IN_PROCESS
+    ) -> HeartbeatAction:
+        """What the worker does next; REGISTER (nothing recorded) for a heartbeat with a token
+        of another registration."""
+        try:
+            return self.registry.heartbeat(worker_id, token, load, self._clock())
+        except NotThisRegistration as refused:
+            log.warning("ignored a heartbeat for worker %s from %s: %s", worker_id, peer, refused)
+            return HeartbeatAction.REGISTER
 
     def drain(self, worker_id: str, *, force: bool = False) -> WorkerRecord:
         """Stop routing to a worker. Refused (DrainRefused) when it would leave fewer than

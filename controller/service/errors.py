@@ -13,6 +13,16 @@ class WrongState(Exception):
     """The call does not fit the worker's state, e.g. a realized report from a lost worker."""
 
 
+class NotThisRegistration(WrongState):
+    """A report or heartbeat whose registration token is not the worker's current one: another
+    process (an earlier incarnation, or one holding the same certificate) speaks for it."""
+
+
+class WorkerAlive(Exception):
+    """A registration for an id whose worker is alive (monitored, heartbeating, not suspect):
+    it cannot take that worker's place until the worker is gone."""
+
+
 class DrainRefused(WrongState):
     """A drain would leave fewer verified replicas than min_ready (it can be forced)."""
 
@@ -41,7 +51,16 @@ class WorkerUnavailable(Exception):
 
 
 class Overloaded(Exception):
-    """Every READY worker's queue is full."""
+    """More load than the deployment takes (RESOURCE_EXHAUSTED)."""
+
+
+class QueueFull(Overloaded):
+    """Every worker slot is taken and the admission queue holds as many requests as it may."""
+
+
+class QueueTimeout(Exception):
+    """A request's deadline, or the longest wait the manifest allows, passed while it waited in
+    the admission queue (DEADLINE_EXCEEDED)."""
 
 
 class UpstreamError(Exception):

@@ -88,7 +88,7 @@ def describe_realized(realized: RealizedCache | None) -> str:
     if realized.kv_cache_bytes:
         parts.append(f"{realized.kv_cache_bytes / 2**20:.1f} MiB of KV")
     if realized.max_num_seqs:
-        parts.append(f"{realized.max_num_seqs} sequences at max length")
+        parts.append(realized.describe_slots())
     parts.append(f"prefix caching {'on' if realized.prefix_caching else 'off'}")
     parts.append(
         f"{realized.weight_format.value} weights ({realized.weight_bytes / 2**20:.1f} MiB)"
@@ -99,6 +99,10 @@ def describe_realized(realized: RealizedCache | None) -> str:
         parts.append(realized.describe_window())
     if realized.stream_interval:
         parts.append(realized.describe_stream())
+    if realized.attention_kernel:
+        parts.append(f"attention by {realized.attention_kernel}")
+    if realized.decode_graphs:
+        parts.append(f"decode steps from {realized.decode_graphs}")
     text = ", ".join(parts)
     if realized.fallback_reasons:
         text += "; fallbacks: " + "; ".join(str(r) for r in realized.fallback_reasons)

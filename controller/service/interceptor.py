@@ -7,7 +7,9 @@ import grpc
 from intentserve.controller.service.errors import (
     NotReady,
     Overloaded,
+    QueueTimeout,
     UnknownWorker,
+    WorkerAlive,
     WorkerUnavailable,
     WrongState,
 )
@@ -19,9 +21,11 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IntentError, grpc.StatusCode.INVALID_ARGUMENT),
     (PolicyError, grpc.StatusCode.FAILED_PRECONDITION),
     (WrongState, grpc.StatusCode.FAILED_PRECONDITION),
+    (WorkerAlive, grpc.StatusCode.ALREADY_EXISTS),
     (UnknownWorker, grpc.StatusCode.NOT_FOUND),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotReady, grpc.StatusCode.UNAVAILABLE),
     (WorkerUnavailable, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (QueueTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
 )

@@ -7,11 +7,17 @@ decides it.
 
 from __future__ import annotations
 
+import hmac
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from intentserve.controller.service.errors import UnknownWorker, WrongState
+from intentserve.controller.service.errors import (
+    NotThisRegistration,
+    UnknownWorker,
+    WorkerAlive,
+    WrongState,
+)
 from intentserve.controller.service.state import HeartbeatAction, WorkerState
 from intentserve.policy import Capability, RealizedCache, Reason, ReasonCode, Resolution
 
@@ -42,6 +48,9 @@ class WorkerLoad:
     num_preemptions: int = 0  # cumulative since the worker started, like the prefix-cache counts
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_steps: int = 0  # cumulative: engine steps, their total time, the sequences they advanced
+    total_step_s: float = 0.0
+    num_step_seqs: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,9 @@ class WorkerRecord:
     num_outstanding: int = 0  # requests in flight through the controller
     num_registrations: int = 1  # a restarted worker registers again with the same id
     suspect_since_s: float = 0.0  # clock time it last became SUSPECT
+    # NOTE: the secret its registration was answered with; a report or heartbeat speaks for this
+    # record only with it (no other process can, even one holding the same certificate).
+    registration_token: bytes = b""
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
@@ -95,11 +107,27 @@ class Registry:
             return self._get(worker_id)
 
     def register(
-        self, worker_id: str, address: str, capability: Capability, now_s: float
+        self,
+        worker_id: str,
+        address: str,
+        capability: Capability,
+        now_s: float,
+        *,
+        token: bytes,
+        alive_timeout_s: float,
     ) -> WorkerRecord:
-        """A fresh record in REGISTERED; a known worker starts again from scratch."""
+        """A fresh record in REGISTERED; a known worker starts again from scratch once it is
+        gone. WorkerAlive while it is alive: monitored, not suspect, and heard from within
+        `alive_timeout_s` (a restarted process retries until its predecessor lapses)."""
         with self._lock:
             old = self._records.get(worker_id)
+            if old is not None and _alive(old, now_s, alive_timeout_s):
+                raise WorkerAlive(
+                    f"worker {worker_id!r} is alive ({old.state.value} at {old.address}, heard "
+                    f"from {now_s - old.last_seen_s:.1f} s ago): a registration under its id is "
+                    f"refused until it is lost (no heartbeat for {alive_timeout_s:g} s) or its "
+                    "connection breaks"
+                )
             record = WorkerRecord(
                 worker_id,
                 address,
@@ -108,6 +136,7 @@ class Registry:
                 now_s,
                 num_outstanding=old.num_outstanding if old else 0,
                 num_registrations=old.num_registrations + 1 if old else 1,
+                registration_token=token,
             )
             self._records[worker_id] = record
         self._on_change()
@@ -122,11 +151,17 @@ class Registry:
         )
 
     def realized(
-        self, worker_id: str, realized: RealizedCache | None, problem: Reason | None, now_s: float
+        self,
+        worker_id: str,
+        token: bytes,
+        realized: RealizedCache | None,
+        problem: Reason | None,
+        now_s: float,
     ) -> WorkerRecord:
         """A verified report: READY (a DRAINING worker stays DRAINING); a problem: REJECTED."""
         with self._lock:
             old = self._get(worker_id)
+            check_token(old, token)
             if old.state not in _VERIFIABLE:
                 raise WrongState(_state_error(old, "report a realized state"))
             if problem is not None:
@@ -142,11 +177,16 @@ class Registry:
         self._on_change()
         return record
 
-    def heartbeat(self, worker_id: str, load: WorkerLoad, now_s: float) -> HeartbeatAction:
+    def heartbeat(
+        self, worker_id: str, token: bytes, load: WorkerLoad, now_s: float
+    ) -> HeartbeatAction:
+        """REGISTER when unknown or lost; NotThisRegistration (nothing recorded) with a token
+        of another registration."""
         with self._lock:
             old = self._records.get(worker_id)
             if old is None or old.state is WorkerState.LOST:
                 return HeartbeatAction.REGISTER
+            check_token(old, token)
             self._records[worker_id] = replace(old, load=load, last_seen_s=now_s)
         if old.state is WorkerState.DRAINING:
             return HeartbeatAction.DRAIN
@@ -264,6 +304,26 @@ class Registry:
             self._records[worker_id] = record
         self._on_change()
         return record
+
+
+def _alive(record: WorkerRecord, now_s: float, timeout_s: float) -> bool:
+    """Whether a live process stands behind the record. A suspect one not heard from since is
+    not counted: its connection broke, as a dead process's does, and its replacement must not
+    wait; one that has heartbeat since is alive (a dead process cannot)."""
+    if record.state not in _MONITORED:
+        return False
+    if record.state is WorkerState.SUSPECT and record.last_seen_s <= record.suspect_since_s:
+        return False
+    return now_s - record.last_seen_s <= timeout_s
+
+
+def check_token(record: WorkerRecord, token: bytes) -> None:
+    """NotThisRegistration unless `token` is the record's registration token."""
+    if not hmac.compare_digest(record.registration_token, token):
+        raise NotThisRegistration(
+            f"worker {record.worker_id!r}: the registration token is not that of its current "
+            "registration (register again)"
+        )
 
 
 def _state_error(record: WorkerRecord, action: str) -> str:

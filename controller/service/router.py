@@ -1,6 +1,8 @@
-"""Inference routing: pick the READY worker with the fewest outstanding requests, and forward
-`Generate` on that worker's multiplexed call with the client's remaining deadline and
-cancellation. The request's content is
+"""Inference routing: pick the READY worker with the fewest outstanding requests that has a free
+slot (as many as the sequence slots it realized, or `max_outstanding_per_worker` when the
+operator set it), and forward `Generate` on that worker's multiplexed call with the client's
+remaining deadline and cancellation. While every slot is taken, a request waits in the
+admission queue (admission.py), in arrival order, until one frees. The request's content is
 checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) passes through.
 A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
 stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
@@ -23,6 +25,12 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+from intentserve.controller.service.admission import (
+    DEFAULT_QUEUE_LIMITS,
+    AdmissionQueue,
+    QueueLimits,
+    WaitTimes,
+)
 from intentserve.controller.service.channels import WorkerChannels
 from intentserve.controller.service.deployment import Deployment
 from intentserve.controller.service.errors import (
@@ -68,8 +76,9 @@ class Router:
         self,
         deployment: Deployment,
         *,
-        max_outstanding_per_worker: int,
-        max_outstanding_total: int,
+        max_outstanding_per_worker: int | None = None,
+        queue_limits: QueueLimits = DEFAULT_QUEUE_LIMITS,
+        queue_wait_times: WaitTimes,
         channel_factory: Callable[[str, str], grpc.Channel] = lambda address, worker_id: (
             grpc.insecure_channel(address)
         ),
@@ -77,14 +86,16 @@ class Router:
     ) -> None:
         """`aio_channel_factory`: channels for the multiplexed calls of requests served on an
         event loop, made on that loop (worker_mux.py); None: those use `channel_factory`'s too,
-        read by a thread."""
+        read by a thread. `max_outstanding_per_worker`: requests sent to each worker at once;
+        None: its realized sequence slots."""
         self._deployment = deployment
         self._max_per_worker = max_outstanding_per_worker
-        self._max_total = max_outstanding_total
+        self.queue: AdmissionQueue[WorkerRecord] = AdmissionQueue(
+            queue_limits, num_slots=self._num_slots, wait_times=queue_wait_times
+        )
         self.channels = WorkerChannels(deployment, channel_factory, aio_channel_factory)
         self._lock = threading.Lock()
         self._streams: dict[str, set[_Stream]] = {}
-        self._num_active = 0
         self._turn = itertools.count()  # breaks ties between equally loaded workers
 
     async def agenerate(
@@ -94,22 +105,20 @@ class Router:
         streaming), and pass its responses through; `context` is the front end's call
         (`time_remaining`, `cancelled`)."""
         self._admit(request)
-        try:
-            tried: dict[str, Exception] = {}
-            while True:
-                record = self._acquire(tried)
-                try:
-                    forwarded = self._aforward(record, request, context)
-                    async with contextlib.aclosing(forwarded) as responses:
-                        async for response in responses:
-                            yield response
-                    return
-                except _TryAnother as refusal:
-                    tried[record.worker_id] = refusal.failure
-                finally:
-                    self._deployment.registry.release(record.worker_id)
-        finally:
-            self._leave()
+        tried: dict[str, Exception] = {}
+        while True:
+            record = await self.queue.take(lambda: self._acquire(tried), _timeout_s(context))
+            try:
+                forwarded = self._aforward(record, request, context)
+                async with contextlib.aclosing(forwarded) as responses:
+                    async for response in responses:
+                        yield response
+                return
+            except _TryAnother as refusal:
+                tried[record.worker_id] = refusal.failure
+            finally:
+                self._deployment.registry.release(record.worker_id)
+                self.queue.wake()
 
     def abort_streams(self, worker_id: str, reason: Reason) -> int:
         """End every stream to a worker (it was lost); each ends with UNAVAILABLE."""
@@ -124,28 +133,34 @@ class Router:
     def close(self) -> None:
         self.channels.close()
 
+    def workers_changed(self) -> None:
+        """A worker's state changed (more slots may be free, or none left to wait for): the
+        head of the queue tries again."""
+        self.queue.wake()
+
     def _admit(self, request: inference_pb2.GenerateRequest) -> None:
-        """Give the request an id; refuse it unless the deployment is ready and has room."""
+        """Give the request an id; refuse it unless the deployment is ready."""
         if not request.request_id:
             request.request_id = new_request_id()
         check_size(request)
         verdict = self._deployment.verdict()
         if not verdict.ready:
             raise NotReady(verdict.reason)
-        with self._lock:
-            if self._num_active >= self._max_total:
-                raise Overloaded(
-                    f"{self._num_active} requests in flight, the controller admits "
-                    f"{self._max_total} (replicas x max_outstanding_per_worker)"
-                )
-            self._num_active += 1
 
-    def _leave(self) -> None:
-        with self._lock:
-            self._num_active -= 1
+    def _limit(self, record: WorkerRecord) -> int:
+        """Requests a READY worker is sent at once: the operator's number, else its slots."""
+        if self._max_per_worker is not None:
+            return self._max_per_worker
+        return record.realized.max_num_seqs if record.realized is not None else 0
 
-    def _acquire(self, tried: dict[str, Exception]) -> WorkerRecord:
-        """The READY worker with the fewest outstanding requests that has room for one more."""
+    def _num_slots(self) -> int:
+        """The slots of the READY workers (what the queue's default bound is a multiple of)."""
+        ready = (r for r in self._deployment.workers() if r.state is WorkerState.READY)
+        return sum(self._limit(r) for r in ready)
+
+    def _acquire(self, tried: dict[str, Exception]) -> WorkerRecord | None:
+        """The READY worker with the fewest outstanding requests that has room for one more;
+        None when every READY worker not yet tried is full (the request waits)."""
         ready = [
             r
             for r in self._deployment.workers()
@@ -155,18 +170,15 @@ class Router:
             shift = next(self._turn) % len(ready)
             ready = ready[shift:] + ready[:shift]
         for record in sorted(ready, key=lambda r: r.num_outstanding):
-            if self._deployment.registry.try_acquire(record.worker_id, self._max_per_worker):
+            if self._deployment.registry.try_acquire(record.worker_id, self._limit(record)):
                 return record
+        if ready:
+            return None
         if tried:
             failures = list(tried.values())
             if all(isinstance(f, Overloaded) for f in failures):
                 raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
             raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
-        if ready:
-            raise Overloaded(
-                f"every READY worker has {self._max_per_worker} requests outstanding "
-                "(max_outstanding_per_worker)"
-            )
         verdict = self._deployment.verdict()
         reason = verdict.reason if not verdict.ready else _NO_READY_WORKER
         raise NotReady(reason)

@@ -18,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent import futures
 from typing import Any, TypeVar
@@ -47,7 +48,7 @@ from intentserve.controller.service.settings import (
     describe_errors,
 )
 from intentserve.controller.service.state import DeploymentState
-from intentserve.policy import Verdict
+from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES, STREAM_READER_OPTIONS
 from intentserve.tls import (
@@ -70,6 +71,11 @@ from pydantic import ValidationError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+END_WAIT_S = 1.0  # after the grace: for ended streams to send their status, before a cancel
+STOPPING = Reason(
+    ReasonCode.WORKER_NOT_SERVING,
+    "the controller is stopping (intentserve down, SIGTERM or Ctrl-C); the stream was ended",
+)
 SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
     inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
@@ -85,15 +91,29 @@ class ControllerServer:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self._shutdown = threading.Event()
-        # Every registry transition wakes the loop, so health follows a report at once.
-        self.deployment = Deployment(config.desired, on_change=lambda: self.reconciler.wake())
+        # Every registry transition wakes the loop, so health follows a report at once, and
+        # the admission queue, whose head may find a slot (or learn there is none to wait for).
+        self.deployment = Deployment(
+            config.desired,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            on_change=self._workers_changed,
+        )
+        # Requests are measured where both front ends (gRPC, HTTP) take the router's responses,
+        # and while they wait in the router's admission queue.
+        self.metrics = CollectorRegistry()
+        desired = config.desired
+        request_metrics = RequestMetrics(
+            self.metrics, deployment=desired.deployment, model=desired.model_names[0]
+        )
         self.router = Router(
             self.deployment,
             max_outstanding_per_worker=config.max_outstanding_per_worker,
-            max_outstanding_total=config.max_outstanding_total,
+            queue_limits=config.admission,
+            queue_wait_times=request_metrics.queue_wait_times,
             channel_factory=_worker_channels(config),
             aio_channel_factory=_worker_aio_channels(config),
         )
+        request_metrics.watch_queue(self.router.queue)
         # The loop first: health is published to it from the reconciler's construction on.
         self._loop = EventLoopThread("controller-rpc")
         self._probe_health = None if config.health_port is None else health.HealthServicer()
@@ -107,14 +127,10 @@ class ControllerServer:
             interval_s=config.reconcile_interval_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
-        # Requests are measured where both front ends (gRPC, HTTP) take the router's responses.
-        self.metrics = CollectorRegistry()
-        self.metrics.register(DeploymentCollector(self.deployment, self.reconciler))
-        desired = config.desired
-        self.metered_router = MeteredRouter(
-            self.router,
-            RequestMetrics(self.metrics, deployment=desired.deployment, model=desired.model),
+        self.metrics.register(
+            DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
         )
+        self.metered_router = MeteredRouter(self.router, request_metrics)
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
             self._health_server, self.health_port = self._probe_server()
@@ -122,6 +138,10 @@ class ControllerServer:
         except BaseException:
             self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
             raise
+
+    def _workers_changed(self) -> None:
+        self.reconciler.wake()
+        self.router.workers_changed()
 
     def _probe_server(self) -> tuple[grpc.Server | None, int | None]:
         """Probes that speak no TLS get a port of their own, with nothing on it but health."""
@@ -139,13 +159,20 @@ class ControllerServer:
             self.metered_router,
             self.reconciler,
             config.security,
-            config.desired.model,
+            config.desired.model_names,
             self.metrics,
             self.deployment,
             config.cors_origins,
         )
         app = build_app(frontend)
-        return HttpServer(app, config.host, config.http_port, config.security.tls)
+        tls = None if config.http_plaintext else config.security.tls
+        return HttpServer(
+            app,
+            config.host,
+            config.http_port,
+            tls,
+            on_stopped=self.router.channels.aclose_loop,
+        )
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
         """The gRPC server, made on the loop that runs it; its public and registry ports."""
@@ -226,23 +253,44 @@ class ControllerServer:
         return self
 
     def stop(self, grace_s: float | None = 1.0) -> None:
-        """Health goes NOT_SERVING, running streams get `grace_s` to finish, then all stops."""
+        """Health goes NOT_SERVING and no new call is taken; streams in flight on either front
+        end get `grace_s` to finish, then end with UNAVAILABLE naming the stop; then the HTTP
+        server's loop and the gRPC server's stop, each closing the channels made on it."""
         if self._loop.closed:
             return  # stopped already
+        grace = grace_s or 0.0
         self._health.enter_graceful_shutdown()
         self.request_shutdown()
         self.reconciler.stop()
         if self._health_server is not None:
             self._health_server.stop(0)
+        # NOTE: both servers' own cancels come END_WAIT_S after the grace: by then every stream
+        # has ended with its reason (a cancel reads "Cancelling all calls"; uvicorn logs its
+        # cancels as errors). Calls that are no streams (health watches, idle shared calls) are
+        # cancelled then.
         if self._http is not None:
-            self._http.begin_stop(grace_s)
-        # Streams still running after the grace are cancelled: their handlers cancel the
-        # workers' requests on the way out.
-        self._loop.run(self._server.stop(grace_s))
+            self._http.begin_stop(grace + END_WAIT_S)
+        stopping = self._loop.future(self._server.stop(grace + END_WAIT_S))
+        if not self._wait_idle(grace):
+            for record in self.deployment.workers():
+                self.router.abort_streams(record.worker_id, STOPPING)
+        stopping.result()
         if self._http is not None:
-            self._http.join()
+            self._http.join()  # its loop closes what was made on it as it ends
+        self._loop.run(self.router.channels.aclose_loop())
         self.router.close()
         self._loop.close()
+
+    def _wait_idle(self, timeout_s: float) -> bool:
+        """Whether every request through the controller ended within `timeout_s`."""
+        deadline_s = time.monotonic() + timeout_s
+        while any(r.num_outstanding for r in self.deployment.workers()) or (
+            self._http is not None and self._http.num_requests
+        ):
+            if time.monotonic() >= deadline_s:
+                return False
+            time.sleep(0.02)
+        return True
 
     def request_shutdown(self) -> None:
         """What Admin.Shutdown does: `wait()` returns; the owner then calls `stop()`."""
@@ -285,7 +333,11 @@ class EventLoopThread:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run `coroutine` on the loop and return its result (or raise its error)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return self.future(coroutine).result()
+
+    def future(self, coroutine: Coroutine[Any, Any, T]) -> futures.Future[T]:
+        """Run `coroutine` on the loop; its result is waited for later."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def submit(self, coroutine: Coroutine[Any, Any, Any], what: str) -> None:
         """Run `coroutine` on the loop without waiting; a failure is logged."""

@@ -8,6 +8,7 @@ directly: they are quick and lock-protected, so the loop is never held for long.
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Callable
 
 from intentserve.controller.service import convert
@@ -27,20 +28,25 @@ class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
 
     async def Register(self, request, context):
         worker_id, address, capability = convert.register_from_pb(request)
-        resolution = self._deployment.register(worker_id, address, capability)
+        token = secrets.token_bytes(16)  # unguessable: only this registration's process holds it
+        resolution = self._deployment.register(
+            worker_id, address, capability, token=token, peer=context.peer()
+        )
         return convert.register_to_pb(
-            self._deployment.desired, resolution, self._heartbeat_interval_s
+            self._deployment.desired, resolution, self._heartbeat_interval_s, token
         )
 
     async def ReportRealized(self, request, context):
-        worker_id, realized, load_error = convert.realized_report_from_pb(request)
-        return convert.verification_to_pb(
-            self._deployment.report_realized(worker_id, realized, load_error)
+        worker_id, token, realized, load_error = convert.realized_report_from_pb(request)
+        problem = self._deployment.report_realized(
+            worker_id, realized, load_error, token=token, peer=context.peer()
         )
+        return convert.verification_to_pb(problem)
 
     async def Heartbeat(self, request, context):
-        worker_id, load = convert.heartbeat_from_pb(request)
-        return convert.heartbeat_to_pb(self._deployment.heartbeat(worker_id, load))
+        worker_id, token, load = convert.heartbeat_from_pb(request)
+        action = self._deployment.heartbeat(worker_id, load, token=token, peer=context.peer())
+        return convert.heartbeat_to_pb(action)
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):

@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Annotated
 
 from intentserve.controller.http.cors import check_origins
+from intentserve.controller.service.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
 from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
 from intentserve.policy import (
@@ -69,15 +74,16 @@ class ControllerConfig:
     # certificate when `security.tls` is set); None: none. 0 picks a free port.
     http_port: int | None = None
     cors_origins: tuple[str, ...] = ()  # browser origins the HTTP API allows; none: CORS off
+    # The HTTP API in plaintext while gRPC keeps TLS (the manifest's security.plaintextHttp:
+    # loopback only, with API keys).
+    http_plaintext: bool = False
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     reconcile_interval_s: float = 0.5
-    max_outstanding_per_worker: int = 32
-
-    @property
-    def max_outstanding_total(self) -> int:
-        """Streams the router admits at once; the server keeps threads beyond it for control."""
-        return self.desired.replicas * self.max_outstanding_per_worker
+    # Requests sent to each worker at once; None: the sequence slots it realized.
+    max_outstanding_per_worker: int | None = None
+    admission: QueueLimits = QueueLimits()  # the queue where requests wait for a slot
+    max_restarts: int | None = None  # each worker's restart budget (for metrics); None: unknown
 
 
 class ControllerSettings(BaseSettings):
@@ -89,6 +95,7 @@ class ControllerSettings(BaseSettings):
     port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
     deployment: str = Field("intentserve", min_length=1, description="the health service name")
     model: str = Field(DEFAULT_MODEL, min_length=1, description="the model id HTTP clients name")
+    served_name: str | None = Field(None, min_length=1, description="another name for `model`")
 
     # The intent (see README: the contract).
     paged_attention: Mode = Mode.AUTO
@@ -109,7 +116,13 @@ class ControllerSettings(BaseSettings):
     heartbeat_interval_s: float = Field(1.0, gt=0.0)
     heartbeat_timeout_s: float = Field(5.0, gt=0.0)
     reconcile_interval_s: float = Field(0.5, gt=0.0)
-    max_outstanding_per_worker: int = Field(32, ge=1)
+    max_outstanding_per_worker: int | None = Field(
+        None, ge=1, description="default: each worker's realized sequence slots"
+    )
+    max_queued: int | None = Field(
+        None, ge=0, description=f"default: {QUEUED_PER_SLOT} x the READY workers' slots"
+    )
+    max_queue_wait_s: float = Field(DEFAULT_MAX_QUEUE_WAIT_S, gt=0.0, allow_inf_nan=False)
 
     # Security (README: Security). TLS needs all three files; without them the operator must
     # say `insecure` (plaintext, no worker identity), and off loopback `insecure_network` too.
@@ -216,6 +229,7 @@ class ControllerSettings(BaseSettings):
             replicas=self.replicas,
             min_ready=self.min_ready or self.replicas,
             model=self.model,
+            served_name=self.served_name,
             weights=self.weights,
         )
 
@@ -233,6 +247,7 @@ class ControllerSettings(BaseSettings):
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             reconcile_interval_s=self.reconcile_interval_s,
             max_outstanding_per_worker=self.max_outstanding_per_worker,
+            admission=QueueLimits(self.max_queued, self.max_queue_wait_s),
         )
 
 

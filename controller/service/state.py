@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from intentserve.policy import (
     DeviceKind,
@@ -18,6 +19,16 @@ from intentserve.policy import (
 )
 
 DEFAULT_MODEL = "smollm2-135m"
+
+
+def served_name_of(model: str) -> str:
+    """The name HTTP clients use for `model` when the manifest gives none: a short name or a
+    Hugging Face id as written, a GGUF file's stem, a folder's name."""
+    if model.endswith(".gguf"):
+        return PurePath(model).stem
+    if model.startswith(("/", "./", "../", "~")):
+        return PurePath(model).name
+    return model
 
 
 def replica_ids(deployment: str, replicas: int) -> tuple[str, ...]:
@@ -35,11 +46,19 @@ class DesiredState:
     auto_devices: frozenset[DeviceKind]  # where `auto` enables PagedAttention
     replicas: int
     min_ready: int  # verified replicas needed before the deployment is ready
-    model: str = DEFAULT_MODEL  # as the manifest names it: the id clients ask for over HTTP
+    model: str = DEFAULT_MODEL  # as the manifest names it (a short name, a path, an HF id)
+    served_name: str | None = None  # what HTTP clients call it besides `model`; None: `model`
     weights: WeightFormat = WeightFormat.AUTO  # how each worker holds the projection weights
     # The scheduler settings each worker must report as written (from the manifest; a controller
     # run on its own checks none)
     scheduler: SchedulerIntent = SchedulerIntent()
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """What a request's `model` may be: the served name first (what /v1/models lists),
+        then the exact reference."""
+        names = (self.served_name or self.model, self.model)
+        return tuple(dict.fromkeys(names))
 
     @property
     def worker_ids(self) -> tuple[str, ...]:

@@ -230,6 +230,13 @@ class WorkerMux:
         with contextlib.suppress(RuntimeError):  # the loop has closed, and the call with it
             self.loop.call_soon_threadsafe(self._call.cancel)
 
+    async def aclose(self) -> None:
+        """`close()` on the call's own loop, returning once its reader and writer have ended:
+        the call's last events have been handled on this loop, which may then close."""
+        self._closing = True
+        self._call.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _send(self, command: worker_pb2.StreamCommand) -> None:
         if self.loop is None:
             self._commands.put(command)

@@ -236,6 +236,8 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         sliding_window=realized.sliding_window,
         num_windowed_layers=realized.num_windowed_layers,
         stream_interval=realized.stream_interval,
+        attention_kernel=realized.attention_kernel,
+        decode_graphs=realized.decode_graphs,
     )
 
 
@@ -264,6 +266,8 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         sliding_window=msg.sliding_window,
         num_windowed_layers=msg.num_windowed_layers,
         stream_interval=msg.stream_interval,
+        attention_kernel=msg.attention_kernel,
+        decode_graphs=msg.decode_graphs,
     )
 
 

@@ -9,10 +9,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.cli.credentials import Credentials
+from intentserve.controller.service.request_metrics import RequestMetrics
 from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
 from intentserve.policy import Capability, examples
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from tests.controller.scripted_worker import ScriptedWorker
 
@@ -31,6 +33,8 @@ FAST = {
 
 # What a Python client of the plaintext test controller is given.
 PLAINTEXT = Credentials(DEPLOYMENT)
+# Where a router built by hand (no server) puts its queue's wait times.
+WAITS = RequestMetrics(CollectorRegistry(), deployment=DEPLOYMENT, model="m").queue_wait_times
 
 
 def ready(start_controller, make_worker, **worker_kwargs):

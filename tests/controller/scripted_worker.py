@@ -32,6 +32,13 @@ from intentserve.policy import (
     SchedulerKind,
 )
 from intentserve.policy.examples import LLAMA, kv_bytes_per_token
+from intentserve.tls import (
+    CONTROLLER,
+    TlsIdentity,
+    secure_channel,
+    server_credentials,
+    server_name,
+)
 from intentserve.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -108,6 +115,8 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
             with contextlib.suppress(grpc.RpcError):
                 for command in request_iterator:
                     if command.WhichOneof("command") == "start":
+                        with self._worker.lock:  # in the order the controller sent them
+                            self._worker.arrivals.append(command.start.prompt)
                         cancels[command.stream] = threading.Event()
                         threading.Thread(
                             target=self._play,
@@ -218,6 +227,7 @@ PAGED = RealizedCache(
     block_size=16,
     num_blocks=64,
     kv_cache_bytes=64 * 16 * PER_TOKEN,
+    max_num_seqs=8,
     kv_cache_dtype="float32",
     scheduler=SchedulerKind.PAGED,
 )
@@ -225,6 +235,7 @@ CONTIGUOUS = RealizedCache(
     kind=CacheKind.CONTIGUOUS,
     block_size=2048,
     num_blocks=4,
+    max_num_seqs=4,
     kv_cache_bytes=4 * 2048 * PER_TOKEN,
     kv_cache_dtype="float32",
     scheduler=SchedulerKind.DEFAULT,
@@ -241,7 +252,12 @@ class ScriptedWorker:
         behaviour: Behaviour = Behaviour.STREAM,
         num_tokens: int = 3,
         token_delay_s: float = 0.0,
+        tls: TlsIdentity | None = None,
+        deployment: str = "",
     ) -> None:
+        """With `tls` (this worker's certificate and key, of `deployment`'s CA), it registers
+        on the controller's mutual-TLS port and serves the controller over TLS, as a real
+        worker does."""
         self.worker_id = worker_id
         self.capability = capability
         self.behaviour = behaviour
@@ -250,6 +266,7 @@ class ScriptedWorker:
         self.lock = threading.Lock()
         self.requests: list[inference_pb2.GenerateRequest] = []
         self.deadlines_s: list[float] = []
+        self.arrivals: list[str] = []  # prompts started on its multiplexed call, in order
         self.num_serve_calls = 0  # multiplexed calls the controller opened
         self.cancelled = threading.Event()
         self.cancelled_ids: list[str] = []  # requests whose own cancel command arrived
@@ -257,14 +274,21 @@ class ScriptedWorker:
         self.resolution: Resolution | None = None
         self.rejection: Reason | None = None
         self.actions: list[int] = []
+        self.token = b""  # its registration's, carried by its reports and heartbeats
         self._server = grpc.server(futures.ThreadPoolExecutor(MAX_STREAMS))
         inference_pb2_grpc.add_InferenceServicer_to_server(_FakeInference(self), self._server)
         worker_pb2_grpc.add_WorkerStreamsServicer_to_server(_FakeStreams(self), self._server)
         # As a worker's server does: the controller watches its connection through health.
         health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        if tls is None:
+            self.port = self._server.add_insecure_port("127.0.0.1:0")
+            self._channel = grpc.insecure_channel(controller_address)
+        else:
+            credentials = server_credentials(tls, require_client_auth=True)
+            self.port = self._server.add_secure_port("127.0.0.1:0", credentials)
+            name = server_name(deployment, CONTROLLER)
+            self._channel = secure_channel(controller_address, tls, name)
         self._server.start()
-        self._channel = grpc.insecure_channel(controller_address)
         self._registry = worker_pb2_grpc.WorkerRegistryStub(self._channel)
         self._beating = threading.Event()
         self._beat_thread: threading.Thread | None = None
@@ -288,6 +312,7 @@ class ScriptedWorker:
             ),
             timeout=5,
         )
+        self.token = response.registration_token
         if response.WhichOneof("outcome") == "rejection":
             self.rejection = convert.reason_from_pb(response.rejection)
         else:
@@ -301,7 +326,7 @@ class ScriptedWorker:
         self, realized: RealizedCache | None = None, load_error: Reason | None = None
     ) -> worker_pb2.Verification:
         """Report `realized` (default: what matches the resolution), or a load error."""
-        request = worker_pb2.RealizedReport(worker_id=self.worker_id)
+        request = worker_pb2.RealizedReport(worker_id=self.worker_id, registration_token=self.token)
         if load_error is not None:
             request.load_error.CopyFrom(convert.reason_to_pb(load_error))
         else:
@@ -312,7 +337,13 @@ class ScriptedWorker:
     def heartbeat(self, num_kv_used: int = 3, num_kv_total: int = 64) -> int:
         response = self._registry.Heartbeat(
             worker_pb2.HeartbeatRequest(
-                worker_id=self.worker_id, num_kv_used=num_kv_used, num_kv_total=num_kv_total
+                worker_id=self.worker_id,
+                num_kv_used=num_kv_used,
+                num_kv_total=num_kv_total,
+                registration_token=self.token,
+                num_steps=10,
+                total_step_s=0.25,
+                num_step_seqs=30,
             ),
             timeout=5,
         )

@@ -117,7 +117,7 @@ def test_not_ready_fails_each_request_with_the_readiness_reason(start_controller
 
 
 def test_a_refused_request_leaves_the_others_on_the_call_running(start_controller, make_worker):
-    server, _ = start_controller(paged_attention="on", max_outstanding_per_worker=1)
+    server, _ = start_controller(paged_attention="on", max_outstanding_per_worker=1, max_queued=0)
     worker = make_worker(server, "w0", examples.cpu(), behaviour=Behaviour.BLOCK)
     assert worker.up().verified
     eventually(lambda: server.verdict().ready, what="READY")

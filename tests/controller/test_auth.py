@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 import grpc
 import pytest
@@ -15,7 +16,10 @@ from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.service.auth import Security
 from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
+from intentserve.policy import examples
+from intentserve.tls import TlsIdentity
 from intentserve.v1 import admin_pb2, admin_pb2_grpc
+from intentserve.worker.runtime.registry_client import CertificateRefused, RegistryClient
 
 from tests.controller.conftest import DEPLOYMENT, FAST
 
@@ -126,3 +130,31 @@ def test_a_refused_shared_call_reports_the_refusal_every_time(secure):
         return {await one() for _ in range(60)}
 
     assert asyncio.run(many()) == {(grpc.StatusCode.UNAUTHENTICATED, "a valid API key is required")}
+
+
+def test_a_worker_whose_certificate_is_refused_is_told_why(secure, caplog):
+    """grpc's Python server cannot answer a refused client certificate with a status, and sends
+    no TLS alert: the handshake just ends ("Socket closed"). The worker names the likely cause,
+    at once in its log and in the error it fails with."""
+    server, ca = secure
+    other = DeploymentCa.create(DEPLOYMENT).issue(f"{DEPLOYMENT}-0")  # the right name, another CA
+    client = RegistryClient(
+        server.registry_address,
+        f"{DEPLOYMENT}-0",
+        2.0,
+        tls=TlsIdentity(ca.cert_pem, other.cert_pem, other.key_pem),
+        deployment=DEPLOYMENT,
+    )
+    try:
+        with pytest.raises(CertificateRefused) as refused:
+            client.register("127.0.0.1:9", examples.cpu(), wait_s=1.0)
+    finally:
+        client.close()
+    message = str(refused.value)
+    assert message.startswith(
+        f"the controller at {server.registry_address} closed the TLS handshake: it does not "
+        f"accept the certificate of worker {DEPLOYMENT}-0"
+    )
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].getMessage() == message
+    assert not server.deployment.workers()

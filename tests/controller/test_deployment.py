@@ -49,7 +49,9 @@ def make(mode="on", min_ready=1, replicas=None):
         replicas=replicas or min_ready,
         min_ready=min_ready,
     )
-    deployment = Deployment(desired, clock=clock, on_change=lambda: changes.append(1))
+    deployment = Deployment(
+        desired, heartbeat_timeout_s=TIMEOUT_S, clock=clock, on_change=lambda: changes.append(1)
+    )
     return deployment, clock, changes
 
 
@@ -57,8 +59,14 @@ def up(deployment, worker_id="w0", capability=None, realized=None):
     """Register and report what matches the resolution (or `realized`)."""
     capability = capability or examples.cpu()
     resolution = deployment.register(worker_id, f"{worker_id}:1", capability)
-    state = realized or realized_for(deployment.desired.policy, resolution, capability.model)
-    return resolution, deployment.report_realized(worker_id, state, None)
+    return resolution, report(deployment, resolution, worker_id, capability, realized)
+
+
+def report(deployment, resolution, worker_id="w0", capability=None, realized=None):
+    """Report what matches the resolution (or `realized`) for a registered worker."""
+    model = (capability or examples.cpu()).model
+    state = realized or realized_for(deployment.desired.policy, resolution, model)
+    return deployment.report_realized(worker_id, state, None)
 
 
 def state_of(deployment, worker_id="w0"):
@@ -106,7 +114,11 @@ def test_an_impossible_report_from_a_registered_worker_is_rejected_with_its_own_
     assert problem.code is ReasonCode.REALIZED_REPORT_IMPLAUSIBLE
     assert "bytes of memory are free" in problem.message
     assert state_of(deployment) is WorkerState.REJECTED
-    assert deployment_state(deployment.verdict()) is DeploymentState.FAILED
+    # Not a policy failure: that worker is out of service until a fresh process replaces it.
+    verdict = deployment.verdict()
+    assert deployment_state(verdict) is DeploymentState.PENDING
+    assert verdict.reason.message.startswith("0 of 1 required replicas verified; not serving: w0")
+    assert not deployment.registry.try_acquire("w0", 10)
 
 
 def test_off_with_a_worker_that_realized_a_paged_cache_is_a_violation():
@@ -219,9 +231,9 @@ def test_a_rejected_worker_is_not_drained():
 
 def test_acquire_counts_only_ready_workers_up_to_the_limit():
     deployment, _, _ = make("on")
-    deployment.register("w0", "w0:1", examples.cpu())
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
     assert not deployment.registry.try_acquire("w0", 2)  # still loading
-    up(deployment)
+    assert report(deployment, resolution) is None
     assert deployment.registry.try_acquire("w0", 2)
     assert deployment.registry.try_acquire("w0", 2)
     assert not deployment.registry.try_acquire("w0", 2)

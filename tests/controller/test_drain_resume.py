@@ -8,7 +8,7 @@ from intentserve.controller.service.registry import WorkerLoad
 from intentserve.controller.service.state import DeploymentState, HeartbeatAction, WorkerState
 from intentserve.policy import ReasonCode, examples
 
-from tests.controller.test_deployment import TIMEOUT_S, make, state_of, up
+from tests.controller.test_deployment import TIMEOUT_S, make, report, state_of, up
 
 
 def two_ready(min_ready):
@@ -73,10 +73,10 @@ def test_resume_brings_a_drained_worker_back_verified():
 
 def test_resume_of_a_worker_drained_while_loading_waits_for_its_report():
     deployment, _, _ = make("on")
-    deployment.register("w0", "w0:1", examples.cpu())
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
     deployment.drain("w0")
     assert deployment.resume("w0").state is WorkerState.LOADING
-    up(deployment)
+    assert report(deployment, resolution) is None
     assert state_of(deployment) is WorkerState.READY
 
 

@@ -119,8 +119,13 @@ def test_a_client_cancel_or_deadline_leaves_the_worker_ready(start_controller, m
 
 
 def test_a_worker_sigkilled_under_32_streams_loses_none_silently(start_controller, processes):
+    # Every stream runs at once (a scripted worker realizes 8 slots): none waits in the queue.
     server, client = start_controller(
-        paged_attention="on", replicas=2, min_ready=2, **SLOW_HEARTBEAT
+        paged_attention="on",
+        replicas=2,
+        min_ready=2,
+        max_outstanding_per_worker=NUM_STREAMS,
+        **SLOW_HEARTBEAT,
     )
     workers = {
         worker_id: processes(server.address, worker_id, num_tokens=NUM_TOKENS, token_delay_s=0.02)

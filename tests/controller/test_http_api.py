@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import httpx2 as httpx
 import openai
@@ -136,6 +137,54 @@ def test_n_choices_are_n_requests_merged_whole_and_streamed(start_controller, ma
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
 
 
+def test_the_served_name_and_the_exact_reference_are_both_accepted(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker, served_name="smol")
+    with client_for(server) as client:
+        assert [m.id for m in client.models.list()] == ["smol"]
+        for name in ("smol", MODEL):
+            done = client.completions.create(model=name, prompt="Hi", max_tokens=2)
+            assert done.model == name
+        with pytest.raises(openai.NotFoundError) as error:
+            client.completions.create(model="gpt-4", prompt="Hi")
+    assert "serves 'smol' or 'smollm2-135m'" in error.value.body["message"]
+
+
+def test_refusals_before_routing_are_counted_by_route_and_status(
+    start_controller, make_worker, tmp_path
+):
+    (tmp_path / "keys").write_text("the-key\n")
+    server, _ = ready_controller(
+        start_controller, make_worker, api_keys_file=str(tmp_path / "keys")
+    )
+    url = f"{server.http_url}/v1/completions"
+    key = {"Authorization": "Bearer the-key"}
+    assert httpx.post(url, json={"model": MODEL}, timeout=5).status_code == 401
+    assert httpx.post(url, json={"model": "x", "prompt": "a"}, headers=key).status_code == 404
+    assert httpx.post(url, json={"model": MODEL, "n": 0}, headers=key).status_code == 400
+    assert httpx.get(f"{server.http_url}/nowhere", timeout=5).status_code == 404
+    ok = httpx.post(url, json={"model": MODEL, "prompt": "a", "max_tokens": 2}, headers=key)
+    assert ok.status_code == 200
+    refused = "intentserve_http_requests_refused_total"
+    for status in ("401", "404", "400"):
+        assert sample(server, refused, route="/v1/completions", status=status) == 1
+    assert sample(server, refused, route="unmatched", status="404") == 1
+    assert sample(server, refused, status="200") == 0
+
+
+def test_the_request_id_is_the_clients_or_a_new_one_and_is_echoed(start_controller, make_worker):
+    server, _ = ready_controller(start_controller, make_worker)
+    url = f"{server.http_url}/v1/completions"
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    given = httpx.post(url, json=body, headers={"X-Request-Id": "trace-42"}, timeout=5)
+    assert given.headers["x-request-id"] == "trace-42"
+    assert given.json()["id"] == "cmpl-trace-42"
+    made = httpx.post(url, json=body, timeout=5)
+    assert made.headers["x-request-id"].startswith("req-")
+    bad = httpx.post(url, json=body, headers={"X-Request-Id": "x" * 300}, timeout=5)
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "X-Request-Id"
+
+
 def test_with_api_keys_a_key_is_needed(start_controller, make_worker, tmp_path):
     (tmp_path / "keys").write_text("the-key\n")
     server, _ = ready_controller(
@@ -151,7 +200,9 @@ def test_with_api_keys_a_key_is_needed(start_controller, make_worker, tmp_path):
 
 
 def test_a_full_queue_is_429(start_controller, make_worker):
-    server, _ = start_controller(http_port=0, paged_attention="on", max_outstanding_per_worker=1)
+    server, _ = start_controller(
+        http_port=0, paged_attention="on", max_outstanding_per_worker=1, max_queued=0
+    )
     blocking = make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK)
     assert blocking.up().verified
     eventually(lambda: server.verdict().ready, what="READY")
@@ -268,6 +319,7 @@ def expected_labels(worker: dict) -> dict[str, str]:
         "scheduler": field("scheduler"),
         "prefix_caching": field("prefix_caching"),
         "weight_format": field("weight_format"),
+        "attention_kernel": field("attention_kernel"),
         "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
     }
 
@@ -278,7 +330,7 @@ def test_the_realized_info_metric_matches_status_for_every_worker(
 ):
     server, _ = start_controller(http_port=0, paged_attention=mode, replicas=4, min_ready=1)
     fallback = make_worker(server, "w0", CPU)  # auto: the default scheduler, and why
-    paged = make_worker(server, "w1", examples.cuda(flash=False))  # torch paged, and why
+    paged = make_worker(server, "w1", examples.cuda(flash=False))  # triton paged, and why
     no_kv = make_worker(server, "w2", BERT)  # on: rejected at registration
     failed = make_worker(server, "w3", CPU)  # rejected: its KV cache did not fit
     for worker in (fallback, paged, no_kv, failed):
@@ -303,7 +355,7 @@ def test_the_realized_info_metric_matches_status_for_every_worker(
         assert labels["w0"]["enabled"] == "false" and states["w0"] == "ready"
     else:
         assert states["w2"] == "rejected" and labels["w2"]["cache_kind"] == ""
-    assert labels["w1"]["enabled"] == "true" and labels["w1"]["backend"] == "torch_paged"
+    assert labels["w1"]["enabled"] == "true" and labels["w1"]["backend"] == "triton_paged"
     ready = metrics(server)["intentserve_deployment_ready"][0][1]
     assert ready == (1.0 if server.verdict().ready else 0.0)
 
@@ -312,6 +364,11 @@ def test_worker_load_comes_from_heartbeats(start_controller, make_worker):
     server, worker = ready_controller(start_controller, make_worker)
     eventually(lambda: sample(server, "intentserve_worker_kv_blocks_total", worker_id="w0") == 64)
     assert sample(server, "intentserve_worker_kv_blocks_used", worker_id="w0") == 3
+    assert sample(server, "intentserve_kv_cache_usage_ratio", worker_id="w0") == 3 / 64
+    step = "intentserve_worker_step_duration_seconds"
+    assert sample(server, f"{step}_count", worker_id="w0") == 10
+    assert sample(server, f"{step}_sum", worker_id="w0") == 0.25
+    assert sample(server, "intentserve_worker_batch_size_sum", worker_id="w0") == 30
     assert sample(server, "intentserve_deployment_verified_replicas") == 1
     assert sample(server, "intentserve_deployment_min_ready_replicas") == 1
     assert sample(server, "intentserve_reconcile_loop_duration_seconds_count") >= 1
@@ -342,6 +399,38 @@ def test_streams_in_flight_end_when_the_controller_stops(start_controller, make_
     eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 1, what="stream")
     server.stop(grace_s=0)
     assert ended.wait(10)
+
+
+def test_a_stream_in_flight_is_given_the_drain_timeout_before_it_is_ended(
+    start_controller, make_worker
+):
+    """What spec.controller.drainTimeoutS gives a stream when the controller stops (SIGTERM:
+    Kubernetes' grace period), where it used to get a fixed 2 s."""
+    server, _ = start_controller(http_port=0, paged_attention="on")
+    assert make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK).up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    ended = threading.Event()
+
+    def read() -> None:
+        body = {"model": MODEL, "prompt": "Hi", "stream": True}
+        url = f"{server.http_url}/v1/completions"
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream("POST", url, json=body, timeout=30) as response,
+        ):
+            for _ in response.iter_lines():
+                pass
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 1, what="stream")
+    stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 3.0}, daemon=True)
+    started_s = time.monotonic()
+    stopper.start()
+    assert not ended.wait(2.0)  # still draining
+    assert ended.wait(10)
+    stopper.join(10)
+    assert 3.0 <= time.monotonic() - started_s < 10
 
 
 def test_an_oversized_prompt_is_refused_alone_and_the_streams_beside_it_go_on(

@@ -10,7 +10,7 @@ from intentserve.controller.service.router import Router
 from intentserve.controller.service.state import WorkerState
 from intentserve.policy import Reason, ReasonCode
 
-from tests.controller.conftest import eventually
+from tests.controller.conftest import WAITS, eventually
 from tests.controller.test_deployment import TIMEOUT_S, make, up
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -40,7 +40,7 @@ class FakeChannels:
 
 class SpyRouter(Router):
     def __init__(self, deployment) -> None:
-        super().__init__(deployment, max_outstanding_per_worker=1, max_outstanding_total=1)
+        super().__init__(deployment, max_outstanding_per_worker=1, queue_wait_times=WAITS)
         self.channels = FakeChannels()
         self.aborted: list[str] = []
 

@@ -60,6 +60,40 @@ def test_a_finished_request_counts_its_tokens_and_latencies(metered):
     assert value(registry, "intentserve_e2e_request_latency_seconds_count") == 1
 
 
+def test_a_request_is_split_into_queue_prefill_and_decode_and_its_tokens_counted(metered):
+    registry, metrics = metered
+
+    async def queued_then_streamed():
+        await asyncio.sleep(0.05)
+        metrics.queue_wait_times.observe(0.05)  # as the admission queue does, in this task
+        await asyncio.sleep(0.02)  # the prefill
+        for i, response in enumerate(stream(3, inference_pb2.FINISH_REASON_STOP)):
+            if i:
+                await asyncio.sleep(0.01)
+            yield response
+
+    asyncio.run(collect(metrics.aobserve(queued_then_streamed())))
+    ttft = value(registry, "intentserve_time_to_first_token_seconds_sum")
+    prefill = value(registry, "intentserve_request_prefill_time_seconds_sum")
+    decode = value(registry, "intentserve_request_decode_time_seconds_sum")
+    assert value(registry, "intentserve_request_queue_time_seconds_sum") == 0.05
+    assert 0.02 <= prefill < ttft - 0.04  # the queue's 50 ms are not prefill
+    assert 0.02 <= decode < 0.2  # two gaps of 10 ms
+    assert value(registry, "intentserve_request_prompt_tokens_sum") == 7
+    assert value(registry, "intentserve_request_prompt_tokens_bucket", le="10.0") == 1
+    assert value(registry, "intentserve_request_prompt_tokens_bucket", le="5.0") == 0
+    assert value(registry, "intentserve_request_generation_tokens_sum") == 3
+
+
+def test_a_request_that_never_finished_has_no_token_or_decode_observation(metered):
+    registry, metrics = metered
+    with pytest.raises(Overloaded):
+        asyncio.run(collect(metrics.aobserve(astream(2, None, fail=Overloaded("full")))))
+    assert value(registry, "intentserve_request_prefill_time_seconds_count") == 1
+    assert value(registry, "intentserve_request_decode_time_seconds_count") == 0
+    assert value(registry, "intentserve_request_prompt_tokens_count") == 0
+
+
 @pytest.mark.parametrize(
     ("error", "status"),
     [

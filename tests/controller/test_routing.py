@@ -133,7 +133,7 @@ def test_routing_never_reaches_a_draining_worker_and_its_streams_finish(
 
 def test_least_outstanding_first_then_resource_exhausted(start_controller, make_worker):
     server, client = start_controller(
-        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=1
+        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=1, max_queued=0
     )
     w0, w1 = (make_worker(server, f"w{i}", CPU, behaviour=Behaviour.BLOCK) for i in range(2))
     w0.up()
@@ -144,15 +144,15 @@ def test_least_outstanding_first_then_resource_exhausted(start_controller, make_
     with pytest.raises(grpc.RpcError) as error:
         list(client.generate(timeout=5))
     assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "max_outstanding_per_worker" in error.value.details()
+    assert "max_queued (spec.controller.admission.maxQueued): 0" in error.value.details()
     for stream in streams:
         stream.cancel()
     eventually(lambda: outstanding(server, "w0") == outstanding(server, "w1") == 0)
 
 
-def test_one_worker_at_its_limit_is_resource_exhausted(start_controller, make_worker):
+def test_one_worker_at_its_limit_with_no_queue_is_resource_exhausted(start_controller, make_worker):
     server, client = start_controller(
-        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=1
+        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=1, max_queued=0
     )
     make_worker(server, "w0", CPU, behaviour=Behaviour.BLOCK).up()
     eventually(lambda: server.verdict().ready)
@@ -162,7 +162,8 @@ def test_one_worker_at_its_limit_is_resource_exhausted(start_controller, make_wo
         list(client.generate(timeout=5))
     assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.value.details() == (
-        "every READY worker has 1 requests outstanding (max_outstanding_per_worker)"
+        "every worker slot is taken and the admission queue is full: 0 requests wait "
+        "(max_queued (spec.controller.admission.maxQueued): 0)"
     )
     stream.cancel()
 

@@ -37,6 +37,7 @@ from intentserve.v1 import (
     worker_pb2,
 )
 
+from tests.controller.conftest import WAITS
 from tests.controller.scripted_worker import CONTIGUOUS, ScriptedWorker, realized_for
 
 REGISTRY = "registry"
@@ -52,6 +53,9 @@ class Context:
     def cancelled(self) -> bool:
         return False
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
 
 class Harness:
     def __init__(self, mode="on", min_ready=1) -> None:
@@ -63,14 +67,15 @@ class Harness:
             min_ready,
             min_ready,
         )
-        self.deployment = Deployment(desired)
+        self.deployment = Deployment(desired, heartbeat_timeout_s=5.0)
         self.shutdowns = []
-        self.router = Router(self.deployment, max_outstanding_per_worker=4, max_outstanding_total=4)
+        self.router = Router(self.deployment, queue_wait_times=WAITS)
         self.servicers = {
             REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
             ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
         }
         self.inference = InferenceServicer(self.router)
+        self.tokens: dict[str, bytes] = {}  # each worker's registration token
 
     def call(self, service, method, request):
         """The servicer's response; an error it raises fails the test."""
@@ -88,10 +93,13 @@ class Harness:
             address=address,
             capability=convert.capability_to_pb(capability or examples.cpu()),
         )
-        return self.call(REGISTRY, "Register", request)
+        response = self.call(REGISTRY, "Register", request)
+        self.tokens[worker_id] = response.registration_token
+        return response
 
     def report(self, worker_id="w0", realized=None):
-        request = worker_pb2.RealizedReport(worker_id=worker_id)
+        token = self.tokens[worker_id]
+        request = worker_pb2.RealizedReport(worker_id=worker_id, registration_token=token)
         request.realized.CopyFrom(convert.realized_to_pb(realized))
         return self.call(REGISTRY, "ReportRealized", request)
 
@@ -128,6 +136,10 @@ def test_heartbeat_returns_the_action_and_records_the_load(harness):
     beat = worker_pb2.HeartbeatRequest(worker_id="w0", num_kv_used=7, num_kv_total=64)
     assert harness.call(REGISTRY, "Heartbeat", beat).action == worker_pb2.HEARTBEAT_ACTION_REGISTER
     harness.up()
+    # Without the registration's token it is another process's: nothing is recorded.
+    assert harness.call(REGISTRY, "Heartbeat", beat).action == worker_pb2.HEARTBEAT_ACTION_REGISTER
+    assert harness.deployment.registry.get("w0").load.num_kv_used == 0
+    beat.registration_token = harness.tokens["w0"]
     assert harness.call(REGISTRY, "Heartbeat", beat).action == worker_pb2.HEARTBEAT_ACTION_CONTINUE
     assert harness.deployment.registry.get("w0").load.num_kv_used == 7
 

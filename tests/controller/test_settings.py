@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from intentserve.controller.service.admission import QueueLimits
 from intentserve.controller.service.settings import (
     ControllerSettings,
     describe_errors,
@@ -52,6 +53,21 @@ def test_defaults_give_auto_on_cuda_and_one_replica():
     assert desired.policy == paged_attention_config("auto")
     assert desired.auto_devices == frozenset({DeviceKind.CUDA})
     assert (desired.replicas, desired.min_ready) == (1, 1)
+
+
+def test_admission_follows_the_workers_unless_the_operator_sets_it(monkeypatch):
+    config = ControllerSettings(insecure=True).config()
+    assert config.max_outstanding_per_worker is None  # each worker's realized slots
+    assert config.admission == QueueLimits(max_queued=None, max_wait_s=300.0)  # 4 x the slots
+    for name, value in {
+        "MAX_OUTSTANDING_PER_WORKER": "8",
+        "MAX_QUEUED": "0",
+        "MAX_QUEUE_WAIT_S": "2.5",
+    }.items():
+        monkeypatch.setenv(f"INTENTSERVE_{name}", value)
+    config = ControllerSettings(insecure=True).config()
+    assert config.max_outstanding_per_worker == 8
+    assert config.admission == QueueLimits(max_queued=0, max_wait_s=2.5)
 
 
 def test_env_vars_with_the_prefix_configure_everything(monkeypatch):
@@ -111,6 +127,9 @@ def test_off_resolves_to_none_and_yaml_booleans_are_modes():
         ),
         ({"kv_cache_bytes": 10, "kv_cache_fraction": 0.5}, "kv_cache_memory: give either bytes"),
         ({"max_outstanding_per_worker": 0}, "max_outstanding_per_worker"),
+        ({"max_queued": -1}, "max_queued"),
+        ({"max_queue_wait_s": 0}, "max_queue_wait_s"),
+        ({"max_queue_wait_s": "inf"}, "max_queue_wait_s"),
     ],
 )
 def test_bad_values_name_the_field(overrides, fragment):

@@ -5,6 +5,7 @@ dependencies, and the CPU kernels are built into the image where its workers loo
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import intentserve
 import pytest
+from intentserve.controller.launch.manifest import DEFAULT_HTTP_PORT
 from intentserve.worker.attention import cpu_kernels
 
 from tests.deploy.dockerfile import copies, dockerignore, ignored, parse
@@ -34,11 +36,11 @@ ENTRYPOINT python -m intentserve
 """
 
 
-def lint(path: Path) -> list[str]:
-    """What is wrong with the Dockerfile at `path`, in words (the build context is ROOT)."""
+def lint(path: Path, context: Path = ROOT) -> list[str]:
+    """What is wrong with the Dockerfile at `path`, in words (the build context: `context`)."""
     _, stages = parse(path)
     problems = []
-    patterns = dockerignore(ROOT / ".dockerignore")
+    patterns = dockerignore(context / ".dockerignore")
     names = set()
     for stage in stages:
         if stage.base not in names and not _pinned(stage.base):
@@ -48,7 +50,7 @@ def lint(path: Path) -> list[str]:
             if copy.from_stage is not None:
                 continue
             for source in copy.sources:
-                if not (ROOT / source).exists():
+                if not (context / source).exists():
                     problems.append(f"COPY {source}: no such file in the build context")
                 elif ignored(source, patterns):
                     problems.append(f"COPY {source}: .dockerignore leaves it out")
@@ -74,9 +76,13 @@ def test_the_dockerfile_passes_its_lint():
 
 
 def test_a_broken_dockerfile_fails_each_check(tmp_path):
+    """In a context of its own: whether this checkout holds a `.venv` must not matter."""
+    context = tmp_path / "context"
+    (context / ".venv").mkdir(parents=True)
+    (context / ".dockerignore").write_text((ROOT / ".dockerignore").read_text())
     broken = tmp_path / "Dockerfile"
     broken.write_text(BROKEN)
-    assert lint(broken) == [
+    assert lint(broken, context) == [
         "base image python:3-slim is pinned by neither version nor digest",
         "COPY no-such-file.txt: no such file in the build context",
         "COPY .venv/: .dockerignore leaves it out",
@@ -163,3 +169,16 @@ def test_make_image_builds_this_dockerfile_tagged_with_the_version():
     assert dry_run[0] == f"docker build -t intentserve:{version} ."
     assert dry_run[1].startswith(f"docker build -t intentserve:{version}-cuda --build-arg ")
     assert "TORCH_INDEX=https://download.pytorch.org/whl/cu" in dry_run[1]
+
+
+def test_the_image_exposes_the_http_port_and_checks_it_is_alive():
+    _, stages = parse(DOCKERFILE)
+    final = stages[-1]
+    exposed = {int(p) for i in final.all("EXPOSE") for p in i.text.split()}
+    assert {DEFAULT_HTTP_PORT, 50051} <= exposed
+    (check,) = final.all("HEALTHCHECK")
+    options, _, command = check.text.partition("CMD ")
+    assert "--start-period=" in options
+    probe = json.loads(command)
+    assert probe[0] in ("python", "intentserve")
+    assert f"'127.0.0.1', {DEFAULT_HTTP_PORT})" in probe[-1]

@@ -145,6 +145,31 @@ def test_an_embedded_node_late_at_startup_is_started_once_more(monkeypatch, capl
     assert "timed out during start-up; starting it again" in caplog.text
 
 
+LATE_GCS = "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_abc. "
+
+
+def test_an_embedded_gcs_late_to_publish_its_port_is_started_once_more(monkeypatch, caplog):
+    """On a loaded 2-core machine the GCS missed Ray's 30 s wait for its port file."""
+    flaky = _FlakyRay(1, LATE_GCS)
+    monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
+    monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
+    monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert RayLauncher(num_cpus=1).start(1, 0) == "embedded Ray cluster (2 CPUs)"
+    assert (flaky.inits, flaky.shutdowns) == (2, 1)
+    assert "timed out during start-up; starting it again" in caplog.text
+
+
+def test_an_embedded_start_waits_longer_for_the_gcs_unless_the_operator_says(monkeypatch):
+    monkeypatch.setattr(launcher_module.ray, "init", lambda **options: None)
+    monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.delenv(launcher_module.GCS_PORT_WAIT_ENV, raising=False)
+    RayLauncher(num_cpus=1).start(1, 0)
+    assert os.environ[launcher_module.GCS_PORT_WAIT_ENV] == launcher_module.EMBEDDED_GCS_WAIT_S
+    monkeypatch.setenv(launcher_module.GCS_PORT_WAIT_ENV, "7")
+    RayLauncher(num_cpus=1).start(1, 0)
+    assert os.environ[launcher_module.GCS_PORT_WAIT_ENV] == "7"
+
+
 def test_a_second_late_start_or_another_error_is_a_launch_error(monkeypatch):
     monkeypatch.setattr(launcher_module.ray, "shutdown", lambda: None)
     flaky = _FlakyRay(2, SLOW_NODE)

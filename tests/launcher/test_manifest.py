@@ -13,6 +13,7 @@ from intentserve.controller.launch.manifest import (
     ManifestError,
     load_manifest,
 )
+from intentserve.controller.service.admission import QueueLimits
 from intentserve.policy import (
     DeviceKind,
     KvBudget,
@@ -56,9 +57,9 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
             "auto, on, off",
         ),
         (
-            "spec: {pagedAttention: {backend: triton}}",
-            "spec.pagedAttention.backend: invalid value 'triton'; allowed values are auto, flash, "
-            "torch",
+            "spec: {pagedAttention: {backend: flashinfer}}",
+            "spec.pagedAttention.backend: invalid value 'flashinfer'; allowed values are auto, "
+            "flash, torch, triton",
         ),
         (
             "spec: {pagedAttention: {kvCacheMemory: 12XB}}",
@@ -138,6 +139,25 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
         (
             "spec: {controller: {heartbeatIntervalS: 2, heartbeatTimeoutS: 1}}",
             "spec.controller.heartbeatTimeoutS: invalid value 1; must be longer than",
+        ),
+        (
+            "spec: {controller: {admission: {maxQueued: -1}}}",
+            "spec.controller.admission.maxQueued: invalid value -1; input should be greater "
+            "than or equal to 0",
+        ),
+        (
+            "spec: {controller: {admission: {maxQueueWaitS: 0}}}",
+            "spec.controller.admission.maxQueueWaitS: invalid value 0; input should be greater "
+            "than 0",
+        ),
+        (
+            "spec: {controller: {admission: {maxQueueWaitS: .inf}}}",
+            "spec.controller.admission.maxQueueWaitS: invalid value inf; input should be a "
+            "finite number",
+        ),
+        (
+            "spec: {controller: {maxOutstandingPerWorker: 0}}",
+            "spec.controller.maxOutstandingPerWorker: invalid value 0; input should be greater",
         ),
         (
             "spec: {pagedAtention: {mode: 'on'}}",
@@ -290,6 +310,19 @@ def test_the_scheduler_settings_a_worker_must_report_travel_to_the_desired_state
     desired = load_manifest(path).controller_config().desired
     # maxModelLen not written: the model's own (capped) is the worker's to choose
     assert desired.scheduler == SchedulerIntent(stream_interval=4, max_model_len=None)
+
+
+def test_admission_follows_the_workers_unless_the_manifest_sets_it(tmp_path):
+    config = load_manifest("deploy/local.yaml").controller_config()
+    assert config.max_outstanding_per_worker is None  # each worker's realized slots
+    assert config.admission == QueueLimits(max_queued=None, max_wait_s=300.0)  # 4 x the slots
+    written = (
+        "spec: {controller: {maxOutstandingPerWorker: 8, "
+        "admission: {maxQueued: 0, maxQueueWaitS: 2.5}}}\n"
+    )
+    config = load_manifest(manifest_file(tmp_path, MINIMAL + written)).controller_config()
+    assert config.max_outstanding_per_worker == 8
+    assert config.admission == QueueLimits(max_queued=0, max_wait_s=2.5)
 
 
 def test_the_model_dtypes_mirror_the_workers():

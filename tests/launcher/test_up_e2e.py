@@ -8,6 +8,7 @@ A smaller KV budget and model length than the file's keep it light (env override
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -20,7 +21,7 @@ import time
 import grpc
 import pytest
 import torch
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.registry import SHORT_NAMES
@@ -117,6 +118,29 @@ def test_status_json_reports_each_workers_realized_cache(local):
         assert realized["kv_cache_bytes"] <= 32 << 20
 
 
+def test_four_times_the_slots_at_once_are_all_served_none_refused(local):
+    """128 streams at once against 2 workers of 16 sequence slots: 32 run, the rest wait in the
+    controller's admission queue (4x the slots by default) and none is refused."""
+    workers = ControllerClient(local.address).status()["workers"]
+    assert [w["realized"]["max_num_seqs"] for w in workers] == [16, 16]
+    num_streams = 4 * 2 * 16
+
+    async def one(client: AsyncControllerClient, i: int) -> list[dict]:
+        stream = client.generate(f"{i}:", max_tokens=2, ignore_eos=True, timeout_s=120)
+        return [chunk async for chunk in stream]
+
+    async def main() -> list:
+        async with AsyncControllerClient(local.address) as client:
+            one_each = (one(client, i) for i in range(num_streams))
+            return await asyncio.gather(*one_each, return_exceptions=True)
+
+    results = asyncio.run(main())
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert failed == [], f"{len(failed)} of {num_streams} failed, the first: {failed[:1]}"
+    assert all(r[-1]["finish_reason"] == "length" for r in results)
+    assert all(r[-1]["num_output_tokens"] == 2 for r in results)
+
+
 def test_a_killed_worker_actor_is_restarted_and_verified_again_and_no_request_hangs(local):
     client = ControllerClient(local.address, timeout_s=5)
     old = {w["worker_id"]: w for w in client.status()["workers"]}["local-0"]
@@ -193,5 +217,8 @@ def test_down_stops_everything_and_up_exits_0(local):
     )
     assert result.returncode == 0, result.stderr
     assert local.wait_exit(60) == 0, local.describe()
-    assert "stopped: controller down, worker actors killed, Ray shut down" in local.stdout
+    assert local.stdout.rstrip().endswith(
+        "stopped: controller down, worker actors killed, Ray shut down"
+    )
+    assert "Traceback" not in local.stdout + local.stderr, local.describe()
     assert local.ray_processes() == []

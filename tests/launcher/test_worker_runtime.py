@@ -18,12 +18,13 @@ from intentserve.controller.service.server import ControllerServer
 from intentserve.controller.service.settings import ControllerSettings
 from intentserve.controller.service.state import WorkerState
 from intentserve.convert import realized_to_pb
-from intentserve.policy import ReasonCode, SchedulerIntent
+from intentserve.policy import ReasonCode, SchedulerIntent, examples
 from intentserve.worker.runtime import lifecycle
 from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
 from intentserve.worker.runtime.spec import WorkerSpec
 
 from tests.controller.conftest import FAST, Client, eventually
+from tests.controller.scripted_worker import ScriptedWorker
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
 
 SETTLED = (Phase.SERVING, Phase.REJECTED, Phase.FAILED)
@@ -58,14 +59,14 @@ def controller():
 def runtime():
     runtimes: list[WorkerRuntime] = []
 
-    def start(server: ControllerServer, model: str, **fields) -> WorkerRuntime:
+    def start(server: ControllerServer, model: str, on_fatal=None, **fields) -> WorkerRuntime:
         spec = WorkerSpec(
             worker_id=fields.pop("worker_id", "w-0"),
             controller_address=server.address,
             model=model,
             **fields,
         )
-        runtimes.append(WorkerRuntime(spec).start())
+        runtimes.append(WorkerRuntime(spec, on_fatal=on_fatal).start())
         return runtimes[-1]
 
     yield start
@@ -88,6 +89,8 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
     assert record.address == rt.status()["address"]
     assert record.realized.kind.value == "paged"
     assert record.realized.kv_cache_bytes == KV_BYTES
+    # What computes attention reaches the controller as the worker built it.
+    assert record.realized.attention_kernel.startswith(("compiled CPU kernel", "torch gather ("))
     eventually(lambda: worker_record(server).load.num_kv_total > 0, what="a heartbeat with load")
     client = Client(server.address)
     try:
@@ -133,6 +136,44 @@ def test_a_worker_streaming_at_another_interval_than_asked_is_rejected_not_ready
         "spec.scheduler.streamInterval is 2, but the worker sends 4 tokens per streamed message"
     )
     assert not server.deployment.verdict().ready
+
+
+@pytest.mark.integration
+def test_a_worker_whose_report_is_rejected_leaves_for_a_restart(controller, runtime, tiny_model):
+    """Hosted as an actor, it exits so that Ray replaces it within its restart budget."""
+    server = controller(SchedulerIntent(stream_interval=2), paged_attention="on")
+    exits: list[str] = []
+    rt = runtime(server, tiny_model, on_fatal=exits.append, stream_interval=4)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.REJECTED
+    eventually(lambda: exits, what="a call for a restart")
+    assert exits == [
+        "its realized report was rejected: scheduler_setting_mismatch: spec.scheduler."
+        "streamInterval is 2, but the worker sends 4 tokens per streamed message"
+    ]
+
+
+@pytest.mark.integration
+def test_a_restarted_worker_registers_once_its_predecessor_is_gone(
+    controller, runtime, tiny_model, caplog
+):
+    """Its id is held while the old process heartbeats; the new one retries until it lapses."""
+    server = controller(paged_attention="on")
+    predecessor = ScriptedWorker(server.address, "w-0", examples.cpu())
+    try:
+        predecessor.register()  # it died while loading, say, before the controller could tell
+        predecessor.start_heartbeats()
+        rt = runtime(server, tiny_model)
+        eventually(
+            lambda: "refused a registration of worker w-0" in caplog.text,
+            timeout_s=30,
+            what="a refused registration",
+        )
+        assert rt.phase is Phase.REGISTERING
+        predecessor.stop_heartbeats()  # the old process is gone: its heartbeats lapse (1 s)
+        assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+        assert worker_record(server).address == rt.status()["address"]
+    finally:
+        predecessor.stop()
 
 
 @pytest.mark.integration

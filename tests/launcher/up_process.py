@@ -38,7 +38,18 @@ def free_port() -> int:
 
 
 class UpProcess:
-    def __init__(self, manifest: str | Path, log_dir: Path, **env_overrides: str) -> None:
+    """`intentserve up MANIFEST`, or with `command=("serve",)` `intentserve serve MODEL`;
+    `extra_args` follow it."""
+
+    def __init__(
+        self,
+        manifest: str | Path,
+        log_dir: Path,
+        *,
+        command: tuple[str, ...] = ("up",),
+        extra_args: tuple[str, ...] = (),
+        **env_overrides: str,
+    ) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.http_port = free_port()  # NOTE: never the manifest's 8000, which may be taken
@@ -54,7 +65,14 @@ class UpProcess:
         self.started_s = time.monotonic()
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.proc = subprocess.Popen(
-                [str(INTENTSERVE), "up", str(manifest), "--ray-temp-dir", self.temp_dir],
+                [
+                    str(INTENTSERVE),
+                    *command,
+                    str(manifest),
+                    "--ray-temp-dir",
+                    self.temp_dir,
+                    *extra_args,
+                ],
                 stdout=out,
                 stderr=err,
                 env=env,

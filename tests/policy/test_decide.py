@@ -28,15 +28,24 @@ TABLE = [
         {},
         ENABLED,
         ReasonCode.ENABLED,
+        "triton_paged",
+    ),
+    ("cuda-on-noflash", cuda(flash=False), "on", {}, ENABLED, ReasonCode.ENABLED, "triton_paged"),
+    (
+        "cuda-auto-only-torch",
+        cuda(backends=backends(flash=False, triton=False)),
+        "auto",
+        {},
+        ENABLED,
+        ReasonCode.ENABLED,
         "torch_paged",
     ),
-    ("cuda-on-noflash", cuda(flash=False), "on", {}, ENABLED, ReasonCode.ENABLED, "torch_paged"),
     ("mixed-auto", mixed(), "auto", {}, DISABLED, ReasonCode.DEVICE_MAP_MIXED, "contiguous"),
     ("mixed-on", mixed(), "on", {}, REJECTED, ReasonCode.DEVICE_MAP_MIXED, "contiguous"),
     ("mixed-off", mixed(), "off", {}, DISABLED, ReasonCode.MODE_OFF, "contiguous"),
     (
         "no-backend-auto",
-        cuda(backends=backends(flash=False, torch_paged=False)),
+        cuda(backends=backends(flash=False, triton=False, torch_paged=False)),
         "auto",
         {},
         DISABLED,
@@ -45,7 +54,7 @@ TABLE = [
     ),
     (
         "no-backend-on",
-        cuda(backends=backends(flash=False, torch_paged=False)),
+        cuda(backends=backends(flash=False, triton=False, torch_paged=False)),
         "on",
         {},
         REJECTED,
@@ -101,10 +110,10 @@ TABLE = [
         "fp32-auto-flash-cannot-store",
         cuda(),
         "auto",
-        {"kv_cache_dtype": "float32"},  # flash cannot store fp32 but torch_paged can
+        {"kv_cache_dtype": "float32"},  # flash cannot store fp32 but triton_paged can
         ENABLED,
         ReasonCode.ENABLED,
-        "torch_paged",
+        "triton_paged",
     ),
     (
         "fp32-on-flash-cannot-store",
@@ -113,7 +122,16 @@ TABLE = [
         {"kv_cache_dtype": "float32"},
         ENABLED,
         ReasonCode.ENABLED,
-        "torch_paged",
+        "triton_paged",
+    ),
+    (
+        "fp8-auto-only-triton-stores-it",
+        cuda(),
+        "auto",
+        {"kv_cache_dtype": "fp8_e4m3"},
+        ENABLED,
+        ReasonCode.ENABLED,
+        "triton_paged",
     ),
     (
         "fp32-off",  # off takes no kv_cache_dtype: no paged cache at all
@@ -223,6 +241,11 @@ EXPLICIT_BACKEND = [
     ("torch-cpu-auto", cpu(), "auto", "torch", "auto", None, "contiguous"),
     ("torch-cpu-on", cpu(), "on", "torch", "auto", None, "torch_paged"),
     ("torch-cpu-fp8-auto", cpu(), "auto", "torch", "fp8_e4m3", DTYPE, "contiguous"),
+    ("torch-cuda-fp8-on", cuda(), "on", "torch", "fp8_e5m2", DTYPE, "contiguous"),
+    ("triton-cpu-on", cpu(), "on", "triton", "auto", UNAVAILABLE, "contiguous"),
+    ("triton-cuda-auto", cuda(), "auto", "triton", "auto", None, "triton_paged"),
+    ("triton-cuda-fp8-on", cuda(), "on", "triton", "fp8_e4m3", None, "triton_paged"),
+    ("triton-cuda-fp32-on", cuda(), "on", "triton", "float32", None, "triton_paged"),
 ]
 
 
@@ -266,9 +289,10 @@ def test_reason_sentences_name_the_cause():
     assert decide_paged_attention(on, mixed()).reason.message == (
         "the device map places layers on cpu and cuda; the paged KV cache must live on one device"
     )
-    no_backend = cuda(backends=backends(flash=False, torch_paged=False))
+    no_backend = cuda(backends=backends(flash=False, triton=False, torch_paged=False))
     message = decide_paged_attention(on, no_backend).reason.message
     assert "flash_paged: No module named 'vllm_flash_attn'" in message
+    assert "triton_paged: the Triton paged kernel needs a CUDA device" in message
     assert "torch_paged: torch was built without" in message
     auto_cpu = decide_paged_attention(paged_attention_config("auto"), cpu()).reason.message
     assert "'auto' enables it on cuda only and this worker is cpu" in auto_cpu
@@ -278,7 +302,7 @@ def test_reason_sentences_name_the_cause():
 
 def test_backend_fallback_is_recorded_with_the_import_error():
     resolution = resolve(paged_attention_config("auto"), cuda(flash=False))
-    assert resolution.backend.kind is BackendKind.TORCH_PAGED
+    assert resolution.backend.kind is BackendKind.TRITON_PAGED
     (reason,) = [r for r in resolution.fallback_reasons if r.code is ReasonCode.BACKEND_FALLBACK]
     assert "No module named 'vllm_flash_attn'" in reason.message
 
@@ -287,11 +311,21 @@ def test_backend_fallback_is_recorded_with_the_import_error():
 def test_backend_fallback_for_a_kv_dtype_names_the_skipped_backend(mode):
     resolution = resolve(paged_attention_config(mode, kv_cache_dtype="float32"), cuda())
     assert resolution.accepted and resolution.paged_attention.enabled
-    assert resolution.backend.kind is BackendKind.TORCH_PAGED
+    assert resolution.backend.kind is BackendKind.TRITON_PAGED
     assert resolution.backend.reason.code is ReasonCode.BACKEND_FALLBACK
     assert resolution.backend.reason.message == (
-        "using torch_paged because flash_paged cannot store kv_cache_dtype float32 "
+        "using triton_paged because flash_paged cannot store kv_cache_dtype float32 "
         "(it stores bfloat16, float16)"
+    )
+
+
+def test_auto_names_every_faster_backend_it_skipped():
+    only_torch = cuda(backends=backends(flash=False, triton=False))
+    resolution = resolve(paged_attention_config("auto"), only_torch)
+    assert resolution.backend.kind is BackendKind.TORCH_PAGED
+    assert resolution.backend.reason.message == (
+        "using torch_paged because flash_paged: No module named 'vllm_flash_attn'; "
+        "triton_paged: the Triton paged kernel needs a CUDA device; this worker is cpu"
     )
 
 

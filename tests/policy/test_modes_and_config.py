@@ -44,8 +44,9 @@ def test_invalid_mode_names_field_and_allowed_values(text):
 def test_backend_intent_and_kv_dtype_parse_and_reject():
     assert BackendIntent.parse("FLASH", "attention_backend") is BackendIntent.FLASH
     assert KvCacheDtype.parse("bfloat16", "kv_cache_dtype") is KvCacheDtype.BFLOAT16
-    with pytest.raises(IntentError, match="allowed values are auto, flash, torch"):
-        BackendIntent.parse("triton", "attention_backend")
+    assert BackendIntent.parse("Triton", "attention_backend") is BackendIntent.TRITON
+    with pytest.raises(IntentError, match="allowed values are auto, flash, torch, triton"):
+        BackendIntent.parse("flashinfer", "attention_backend")
     with pytest.raises(IntentError, match="kv_cache_dtype: invalid value 'int3'"):
         KvCacheDtype.parse("int3", "kv_cache_dtype")
     # Booleans are only a spelling of on/off, never of other enums.

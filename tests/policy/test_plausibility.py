@@ -24,6 +24,7 @@ HONEST = RealizedCache(
     num_blocks=728,
     kv_cache_bytes=728 * 16 * PER_TOKEN,
     kv_cache_dtype="float32",
+    max_num_seqs=16,
     scheduler=SchedulerKind.PAGED,
 )
 CPU = examples.cpu()  # 12 GiB free
@@ -35,7 +36,7 @@ def test_an_honest_report_is_plausible():
     assert check_plausible(HONEST, CPU, KvBudget(fraction=0.5)) is None
     bf16 = replace(HONEST, kv_cache_dtype="bfloat16", kv_cache_bytes=728 * 16 * PER_TOKEN // 2)
     assert check_plausible(bf16, CPU, KvBudget()) is None
-    none = RealizedCache(kind=CacheKind.NONE, scheduler=SchedulerKind.DEFAULT)
+    none = RealizedCache(kind=CacheKind.NONE, max_num_seqs=4, scheduler=SchedulerKind.DEFAULT)
     assert check_plausible(none, CPU, KvBudget()) is None
 
 
@@ -79,7 +80,13 @@ def test_an_honest_report_is_plausible():
             id="dtype-unknown",
         ),
         pytest.param(
-            RealizedCache(kind=CacheKind.NONE, kv_cache_bytes=4096),
+            replace(HONEST, max_num_seqs=0),
+            KvBudget(),
+            "no sequence slots (max_num_seqs 0)",
+            id="no-slots",
+        ),
+        pytest.param(
+            RealizedCache(kind=CacheKind.NONE, max_num_seqs=4, kv_cache_bytes=4096),
             KvBudget(),
             "no KV cache, but 4096 KV bytes",
             id="none-with-bytes",

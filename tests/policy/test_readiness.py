@@ -54,6 +54,29 @@ def test_a_rejected_worker_fails_the_deployment_with_its_reason():
     assert dict(v.worker_reasons)["w1"] is REJECTED
 
 
+IMPLAUSIBLE = Reason(
+    ReasonCode.REALIZED_REPORT_IMPLAUSIBLE,
+    "1099511627776 KV bytes reported, but the worker has 8589934592 bytes free",
+)
+
+
+@pytest.mark.parametrize(
+    ("min_ready", "ready", "degraded", "code"),
+    [(1, True, True, ReasonCode.DEGRADED), (2, False, False, ReasonCode.NOT_ENOUGH_REPLICAS)],
+)
+def test_a_report_that_cannot_be_true_is_a_fault_of_that_worker_not_a_policy_failure(
+    min_ready, ready, degraded, code
+):
+    """It says nothing of the policy (the worker is broken, or not what it claims): it is out of
+    service, as a dead one is, until it is replaced; the others serve while minReady holds."""
+    reports = [WorkerReport("w0", GOOD), WorkerReport("w1", GOOD, rejection=IMPLAUSIBLE)]
+    v = verdict("on", reports, min_ready)
+    assert (v.ready, v.degraded, v.failed, v.reason.code) == (ready, degraded, False, code)
+    assert v.num_verified == 1
+    assert v.reason.message.endswith(f"; not serving: w1 ({IMPLAUSIBLE.message})")
+    assert dict(v.worker_reasons)["w1"] is IMPLAUSIBLE
+
+
 def test_off_violation_is_treated_like_on_failing():
     v = verdict("off", [WorkerReport("w0", GOOD)], 1)
     assert v.failed and not v.ready

@@ -133,7 +133,7 @@ def test_the_guard_compares_the_held_format_with_the_resolved_one(intent, realiz
         assert realized.value in reason.message
 
 
-NONE = RealizedCache(kind=CacheKind.NONE, scheduler=SchedulerKind.DEFAULT)
+NONE = RealizedCache(kind=CacheKind.NONE, max_num_seqs=4, scheduler=SchedulerKind.DEFAULT)
 
 
 def test_plausibility_knows_the_weight_format():

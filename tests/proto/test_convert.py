@@ -42,6 +42,8 @@ realized = st.builds(
     sliding_window=st.integers(0, 1 << 20),
     num_windowed_layers=st.integers(0, 256),
     stream_interval=st.integers(0, 1 << 16),
+    attention_kernel=st.text(max_size=40),
+    decode_graphs=st.text(max_size=40),
 )
 
 

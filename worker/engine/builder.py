@@ -34,7 +34,9 @@ from intentserve.policy import (
     resolve,
 )
 from intentserve.policy.config import PAGED_OPTIONS
+from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.capability import probe_capability
+from intentserve.worker.engine.cuda_graphs import DecodeGraphs, capture_sizes
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.kv_setup import (
     KvRequest,
@@ -82,6 +84,9 @@ class EngineConfig:
     auto_enabled_devices: frozenset[DeviceKind] = DEFAULT_AUTO_DEVICES
     cpu_prepack: bool = True  # oneDNN-packed projection weights on CPU (packed_linear.py)
     weights: WeightFormat = WeightFormat.AUTO  # how the projection weights are held
+    # Decode steps replayed from CUDA graphs where the attention backend allows (cuda_graphs.py);
+    # False: every step runs eagerly (the A/B the GPU check measures).
+    cuda_graphs: bool = True
 
 
 def build_engine(
@@ -119,6 +124,7 @@ def build_engine(
         runner = ModelRunner(
             loaded.model, kv.attention, kv.pool.block_size, device, loaded.tokenizer.eos_token_ids
         )
+        runner.graphs = _decode_graphs(config, loaded, kv, limits, device)
     # Packed before the weights are counted: a tied head's packed copy is resident too.
     matmuls = _pack_for_cpu(config, loaded, device)
     _weights_on_huge_pages(loaded, device)
@@ -130,9 +136,10 @@ def build_engine(
             kv.cache,
             weight_format=_held_format(loaded),
             weight_bytes=resident_weight_bytes(loaded.model),
+            attention_kernel=kv.attention.decode_impl if kv.attention is not None else "",
+            decode_graphs=_describe_graphs(runner),
         ),
         model=config.model,
-        decode_attention=kv.attention.decode_impl if kv.attention is not None else "",
         matmuls=matmuls,
         norms_and_activations=norms,
         decode_layers=_compile_decode(loaded, kv.attention, device),
@@ -210,6 +217,30 @@ def _compile_decode(loaded: LoadedModel, attention, device: torch.device) -> str
     compiled, why = CompiledDecode.build(loaded.model, attention)
     loaded.model.compiled_decode = compiled
     return "one compiled call per step" if compiled else f"per-layer Python ({why})"
+
+
+def _describe_graphs(runner) -> str:
+    graphs = getattr(runner, "graphs", None)  # the recompute runner has none
+    return graphs.describe() if graphs is not None else ""
+
+
+def _decode_graphs(config: EngineConfig, loaded: LoadedModel, kv, limits, device: torch.device):
+    """Decode steps as CUDA graphs, captured now (part of start-up, and logged), where the
+    worker is on CUDA with the Triton backend; None otherwise."""
+    if not (config.cuda_graphs and device.type == "cuda"):
+        return None
+    if not isinstance(kv.attention, TritonPagedAttention):
+        log.info("decode steps run eagerly: CUDA graphs need the triton_paged backend")
+        return None
+    graphs = DecodeGraphs(
+        loaded.model,
+        kv.attention,
+        limits.max_num_seqs,
+        -(-limits.max_model_len // kv.pool.block_size),
+        device,
+    ).capture(capture_sizes(limits.max_num_seqs))
+    log.info("%s", graphs.describe())
+    return graphs
 
 
 def _weights_on_huge_pages(loaded: LoadedModel, device: torch.device) -> None:
@@ -306,6 +337,10 @@ class EngineBuilder:
         """auto, dequantized, int8 or int4 (`spec.model.weights`); an explicit format this
         worker cannot hold makes `build()` raise with the reason."""
         return self._set(weights=WeightFormat.parse(fmt, "weights"))
+
+    def cuda_graphs(self, enabled: bool = True) -> EngineBuilder:
+        """Replay decode steps from CUDA graphs (where the backend allows); False: eager."""
+        return self._set(cuda_graphs=enabled)
 
     def no_kv_cache(self, enabled: bool = True) -> EngineBuilder:
         return self._set(no_kv_cache=enabled)

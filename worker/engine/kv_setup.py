@@ -25,6 +25,7 @@ from intentserve.policy import (
 )
 from intentserve.worker.attention.flash_paged import FlashPagedAttention
 from intentserve.worker.attention.torch_paged import TorchPagedAttention
+from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.cache.block_allocator import BlockAllocator
 from intentserve.worker.cache.kv_pool import KvGeometry, KvPool, plan_num_blocks
 from intentserve.worker.model.loaded import LoadedModel
@@ -46,6 +47,8 @@ _KV_DTYPES = {
     KvCacheDtype.FLOAT32: torch.float32,
     KvCacheDtype.BFLOAT16: torch.bfloat16,
     KvCacheDtype.FLOAT16: torch.float16,
+    KvCacheDtype.FP8_E4M3: torch.float8_e4m3fn,  # only backends that list them can be asked
+    KvCacheDtype.FP8_E5M2: torch.float8_e5m2,
 }
 
 
@@ -72,7 +75,7 @@ class KvRequest:
 @dataclass(frozen=True)
 class RealizedKv:
     pool: KvPool | None  # None in the no_kv_cache debug mode
-    attention: TorchPagedAttention | FlashPagedAttention | None
+    attention: TorchPagedAttention | FlashPagedAttention | TritonPagedAttention | None
     scheduler: Scheduler
     cache: RealizedCache  # what was built, with the scheduler the guard chose
 
@@ -94,14 +97,19 @@ def realize_kv(
             planned.block_size,
         )
     scheduler = _scheduler(choice, planned, request.limits)
-    windows = loaded.config.layer_windows
-    attention = (
-        FlashPagedAttention(pool, layer_windows=windows)
-        if planned.backend is BackendKind.FLASH_PAGED
-        else TorchPagedAttention(pool, layer_windows=windows)
-    )
+    attention = _attention(planned.backend, pool, loaded)
     built = replace(planned, kv_cache_bytes=pool.num_bytes)
     return RealizedKv(pool, attention, scheduler, _finish(built, choice, loaded, request.limits))
+
+
+def _attention(backend: BackendKind, pool: KvPool, loaded: LoadedModel):
+    """The backend the plan names, over the pool (the contiguous cache uses the torch one)."""
+    windows = loaded.config.layer_windows
+    if backend is BackendKind.FLASH_PAGED:
+        return FlashPagedAttention(pool, layer_windows=windows)
+    if backend is BackendKind.TRITON_PAGED:
+        return TritonPagedAttention(pool, loaded.config.num_heads, layer_windows=windows)
+    return TorchPagedAttention(pool, layer_windows=windows)
 
 
 def realize_without_cache(request: KvRequest, loaded: LoadedModel) -> RealizedKv:
@@ -173,7 +181,8 @@ def _plan(request: KvRequest, geometry: KvGeometry, budget: int, source: str) ->
             prefix_caching=request.resolution.prefix_caching.enabled,
             block_size=block_size,
             num_blocks=num_blocks,
-            max_num_seqs=num_blocks // -(-max_model_len // block_size),
+            # The scheduler's slots; free blocks decide how many of them run at once.
+            max_num_seqs=request.limits.max_num_seqs,
             kv_cache_dtype=kv_cache_dtype,
             fallback_reasons=request.fallback_reasons,
         )

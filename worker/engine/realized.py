@@ -11,9 +11,6 @@ from intentserve.policy import RealizedCache
 class RealizedReport:
     cache: RealizedCache
     model: str  # the reference it was loaded from
-    # What computes decode attention (e.g. "compiled CPU kernel", or the gather path and why):
-    # an implementation detail, not policy, so it is logged but not sent to the controller.
-    decode_attention: str = ""
     matmuls: str = ""  # the same for the projections: which kernel runs them, and why
     norms_and_activations: str = ""  # the same for RMSNorm and SiLU: fused CPU kernels or torch
     decode_layers: str = ""  # decode steps: every layer in one compiled call, or why not
@@ -33,7 +30,7 @@ class RealizedReport:
             f"model {self.model} ({self.dtype}), max_model_len {self.max_model_len}",
             f"cache {c.kind.value}, backend {c.backend.value}, scheduler {scheduler}",
             f"{c.num_blocks} blocks x {c.block_size} tokens, {c.kv_cache_bytes / 2**20:.1f} MiB "
-            f"{c.kv_cache_dtype}, {c.max_num_seqs} sequences at max length, "
+            f"{c.kv_cache_dtype}, {c.describe_slots()}, "
             f"prefix caching {'on' if c.prefix_caching else 'off'}",
             f"weights {c.weight_format.value}, {c.weight_bytes / 2**20:.1f} MiB resident",
         ]
@@ -41,13 +38,15 @@ class RealizedReport:
             lines.append(c.describe_window())
         if c.stream_interval:
             lines.append(c.describe_stream())
-        if self.decode_attention:
-            lines.append(f"decode attention: {self.decode_attention}")
+        if c.attention_kernel:
+            lines.append(f"attention: {c.attention_kernel}")
         if self.matmuls:
             lines.append(f"projections: {self.matmuls}")
         if self.norms_and_activations:
             lines.append(f"norms and activations: {self.norms_and_activations}")
         if self.decode_layers:
             lines.append(f"decode layers: {self.decode_layers}")
+        if c.decode_graphs:
+            lines.append(f"decode steps: {c.decode_graphs}")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

@@ -35,10 +35,11 @@ class ModelRunner:
         eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.model = model
-        self.attention = attention  # TorchPagedAttention or FlashPagedAttention over the KV pool
+        self.attention = attention  # a paged backend (attention/) over the KV pool
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler(eos_token_ids)
+        self.graphs = None  # DecodeGraphs, set where decode steps replay CUDA graphs
 
     @torch.inference_mode()
     def run(self, output: SchedulerOutput, seq_of: Callable[[str], Sequence]) -> StepSamples:
@@ -50,8 +51,10 @@ class ModelRunner:
         input_ids = torch.tensor(
             [t for item in scheduled for t in item.token_ids], dtype=torch.int64, device=self.device
         )
-        meta = self.attention.prepare(batch)
-        hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
+        hidden = self.graphs.run(batch, input_ids) if self.graphs is not None else None
+        if hidden is None:
+            meta = self.attention.prepare(batch)
+            hidden = self.model(input_ids, batch.positions, self.attention, meta)  # [T, hidden]
         scores = {}
         for i, item in enumerate(scheduled):
             seq = seq_of(item.seq_id)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from intentserve.worker.model.config import ModelConfig
-from intentserve.worker.model.llama import AttentionBackend, DecoderBase
+from intentserve.worker.model.llama import AttentionBackend, DecoderBase, unset_embedding
 from intentserve.worker.model.rope import RotaryEmbedding, apply_rotary
 from torch import Tensor, nn
 
@@ -128,7 +128,7 @@ class GemmaModel(DecoderBase):
         if not config.tie_word_embeddings:
             raise ValueError(f"{config.architecture}: an untied LM head is not supported")
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = unset_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GemmaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None  # tied: the embedding table is the projection (prepack may set one)

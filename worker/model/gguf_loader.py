@@ -14,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
 from intentserve.worker.model.gemma import GemmaModel
+from intentserve.worker.model.gguf_header import read_gguf_header
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.loaded import DecoderModel, LoadedModel, ModelLoadError
@@ -82,8 +83,8 @@ _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 def open_gguf(path: Path | str) -> GGUFFile:
     """The parsed file, shared within this process while it is unchanged on disk.
 
-    NOTE: parsing the header takes seconds; a worker reads the model's facts before registering
-    and loads the weights after, and this keeps that to one parse.
+    NOTE: a worker reads the model's facts before registering and loads the weights after;
+    this keeps that to one parse of the header (and one memory map).
     """
     path = Path(path)
     try:
@@ -99,8 +100,8 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
 
 
 def forget_opened() -> None:
-    """Drop the files `open_gguf` keeps parsed (a worker, once its engine is built: the parse
-    is ~500,000 Python objects for SmolLM2; worker/runtime/heap.py)."""
+    """Drop the files `open_gguf` keeps parsed (a worker, once its engine is built: the
+    metadata holds SmolLM2's ~200,000 tokenizer strings and numbers; worker/runtime/heap.py)."""
     _open_cached.cache_clear()
 
 
@@ -112,19 +113,15 @@ class GGUFFile:
         if not self.path.is_file():
             raise ModelLoadError(self.path, "no such file")
         try:
-            # The reader validates the magic, the header and that every tensor's bytes are present.
-            self._reader = gguf.GGUFReader(self.path)
-        except Exception as exc:  # it signals bad input with assorted numpy errors
+            # The reader checks the magic, the header and that every tensor's bytes are present.
+            header = read_gguf_header(self.path)
+        except Exception as exc:  # bad input shows as struct, numpy and Unicode errors too
             raise ModelLoadError(
                 self.path,
                 f"not a valid GGUF file, truncated or corrupt ({type(exc).__name__}: {exc})",
             ) from exc
-        self.metadata: dict[str, Any] = {
-            key: field.contents()
-            for key, field in self._reader.fields.items()
-            if not key.startswith("GGUF.")
-        }
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.metadata: dict[str, Any] = header.metadata
+        self._tensors = {t.name: t for t in header.tensors}
 
     @property
     def tensor_names(self) -> list[str]:

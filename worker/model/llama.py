@@ -152,6 +152,14 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.forward(h), residual
 
 
+def unset_embedding(num_embeddings: int, dim: int) -> nn.Embedding:
+    """An embedding table whose values are the checkpoint's, assigned after construction.
+    NOTE: nn.Embedding's own random init, run under the meta device (`from_fused_weights`),
+    goes through torch._refs.normal_, whose first call imports torch._dynamo and sympy: 2.5 s
+    of a worker's start. An empty table skips it."""
+    return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim))
+
+
 class DecoderBase(nn.Module):
     """What every decoder here shares: its LM head (the embedding table when `lm_head` is None,
     i.e. tied) and how it is built from tensors already named as its parameters."""
@@ -182,7 +190,7 @@ class LlamaModel(DecoderBase):
         if not config.has_kv_cache:
             raise ValueError(f"{config.architecture} is not a decoder; no LlamaModel for it")
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = unset_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = (

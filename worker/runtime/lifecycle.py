@@ -6,7 +6,8 @@ was realized -> serve, heartbeating from registration on.
     runtime.stop()
 
 A worker the controller refuses, or that cannot honour its policy while loading, ends REJECTED
-with the reason (and the controller knows it); one that cannot even register ends FAILED.
+with the reason (and the controller knows it); one that cannot even register ends FAILED. One
+whose realized report is rejected ends REJECTED too, and (as an actor) leaves for a restart.
 """
 
 from __future__ import annotations
@@ -209,6 +210,10 @@ class WorkerRuntime:
             if problem is not None:
                 log.error("worker %s not verified: %s", self.spec.worker_id, problem)
                 self._set(Phase.REJECTED, str(problem))
+                if self._on_fatal is not None:
+                    # NOTE: a fresh process probes, loads and reports anew; its restart budget
+                    # ends a loop of rejections (and `up` fails at once on a policy violation).
+                    self._on_fatal(f"its realized report was rejected: {problem}")
                 return
             log.info("worker %s verified:\n%s", self.spec.worker_id, report.describe())
             self._set(Phase.SERVING, report.describe().splitlines()[1])

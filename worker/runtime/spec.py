@@ -36,6 +36,7 @@ class WorkerSpec:
     # the controller's certificate. None: plaintext (an insecure deployment).
     tls: dict[str, str] | None = None
     deployment: str = ""
+    log_format: str = "text"  # or "json": the controller's `--log-format` (intentserve.logs)
 
     @property
     def tls_identity(self) -> TlsIdentity | None:

@@ -199,4 +199,7 @@ def heartbeat_request_to_pb(worker_id: str, load: EngineLoad) -> worker_pb2.Hear
         num_preemptions=load.num_preemptions,
         num_prefix_queried_tokens=load.num_prefix_queried_tokens,
         num_prefix_hit_tokens=load.num_prefix_hit_tokens,
+        num_steps=load.num_steps,
+        total_step_s=load.total_step_s,
+        num_step_seqs=load.num_step_seqs,
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -30,7 +31,7 @@ from typing import Any
 
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.engine import Engine
-from intentserve.worker.engine.request import PreparedRequest
+from intentserve.worker.engine.request import PreparedRequest, RequestOutput
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.request_stream import (
@@ -55,6 +56,9 @@ class EngineLoad:
     num_preemptions: int = 0  # cumulative, like the two prefix-cache counts
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_steps: int = 0  # cumulative, with the two below: mean step duration and batch size
+    total_step_s: float = 0.0
+    num_step_seqs: int = 0  # sequences that advanced (a token or their end) in each step, summed
 
 
 class EngineLoop:
@@ -84,6 +88,8 @@ class EngineLoop:
         self._closed = False
         self._has_work = False
         self._streams: dict[str, RequestStream] = {}  # NOTE: touched on the loop thread only
+        self._num_steps = self._num_step_seqs = 0  # NOTE: these three too
+        self._total_step_s = 0.0
         self._load = self._read_load()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -242,6 +248,7 @@ class EngineLoop:
             self._abort(stream.request_id)
 
     def _step(self) -> None:
+        started_s = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception:
@@ -250,6 +257,9 @@ class EngineLoop:
             raise
         if self._health is not None:
             self._health.step_succeeded()
+        self._num_steps += 1
+        self._total_step_s += time.perf_counter() - started_s
+        self._num_step_seqs += len(outputs)
         # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
         self._load = self._read_load()
         outboxes: set[Outbox] = set()
@@ -260,6 +270,8 @@ class EngineLoop:
             if output.finish_reason is FinishReason.ERROR:
                 stream._fail(RequestFailedError(output.request_id, output.error))
             else:
+                if output.finished:
+                    _log_finished(output)  # NOTE: before its reader can see the end
                 stream._put(output)
             if output.finished:
                 del self._streams[output.request_id]
@@ -303,4 +315,28 @@ class EngineLoop:
             num_preemptions=stats.num_preemptions,
             num_prefix_queried_tokens=stats.kv.num_prefix_queried_tokens,
             num_prefix_hit_tokens=stats.kv.num_prefix_hit_tokens,
+            num_steps=self._num_steps,
+            total_step_s=self._total_step_s,
+            num_step_seqs=self._num_step_seqs,
         )
+
+
+def _log_finished(output: RequestOutput) -> None:
+    """One line per finished request, named by the id the controller routed it with (the HTTP
+    client's X-Request-Id, when it sent one), so one id follows it through every log."""
+    reason = output.finish_reason.value if output.finish_reason is not None else ""
+    log.info(
+        "request %s finished: %s, %d prompt + %d generated tokens",
+        output.request_id,
+        reason,
+        output.num_prompt_tokens,
+        output.num_output_tokens,
+        extra={
+            "fields": {
+                "request_id": output.request_id,
+                "finish_reason": reason,
+                "num_prompt_tokens": output.num_prompt_tokens,
+                "num_output_tokens": output.num_output_tokens,
+            }
+        },
+    )

@@ -20,6 +20,7 @@ class BackendIntent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_INTENT_AUTO: _ClassVar[BackendIntent]
     BACKEND_INTENT_FLASH: _ClassVar[BackendIntent]
     BACKEND_INTENT_TORCH: _ClassVar[BackendIntent]
+    BACKEND_INTENT_TRITON: _ClassVar[BackendIntent]
 
 class KvCacheDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_KIND_FLASH_PAGED: _ClassVar[BackendKind]
     BACKEND_KIND_TORCH_PAGED: _ClassVar[BackendKind]
     BACKEND_KIND_CONTIGUOUS: _ClassVar[BackendKind]
+    BACKEND_KIND_TRITON_PAGED: _ClassVar[BackendKind]
 
 class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -73,6 +75,7 @@ BACKEND_INTENT_UNSPECIFIED: BackendIntent
 BACKEND_INTENT_AUTO: BackendIntent
 BACKEND_INTENT_FLASH: BackendIntent
 BACKEND_INTENT_TORCH: BackendIntent
+BACKEND_INTENT_TRITON: BackendIntent
 KV_CACHE_DTYPE_UNSPECIFIED: KvCacheDtype
 KV_CACHE_DTYPE_AUTO: KvCacheDtype
 KV_CACHE_DTYPE_FLOAT32: KvCacheDtype
@@ -93,6 +96,7 @@ BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_FLASH_PAGED: BackendKind
 BACKEND_KIND_TORCH_PAGED: BackendKind
 BACKEND_KIND_CONTIGUOUS: BackendKind
+BACKEND_KIND_TRITON_PAGED: BackendKind
 CACHE_KIND_UNSPECIFIED: CacheKind
 CACHE_KIND_PAGED: CacheKind
 CACHE_KIND_CONTIGUOUS: CacheKind
@@ -228,7 +232,7 @@ class ResolvedConfig(_message.Message):
     def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., kv_budget: _Optional[_Union[KvBudget, _Mapping]] = ..., weight_intent: _Optional[_Union[WeightFormat, str]] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_reason: _Optional[_Union[Reason, _Mapping]] = ...) -> None: ...
 
 class RealizedState(_message.Message):
-    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len", "weight_format", "weight_bytes", "sliding_window", "num_windowed_layers", "stream_interval")
+    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len", "weight_format", "weight_bytes", "sliding_window", "num_windowed_layers", "stream_interval", "attention_kernel", "decode_graphs")
     CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +250,8 @@ class RealizedState(_message.Message):
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     NUM_WINDOWED_LAYERS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_KERNEL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_GRAPHS_FIELD_NUMBER: _ClassVar[int]
     cache_kind: CacheKind
     backend: BackendKind
     prefix_caching: bool
@@ -263,4 +269,6 @@ class RealizedState(_message.Message):
     sliding_window: int
     num_windowed_layers: int
     stream_interval: int
-    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_bytes: _Optional[int] = ..., sliding_window: _Optional[int] = ..., num_windowed_layers: _Optional[int] = ..., stream_interval: _Optional[int] = ...) -> None: ...
+    attention_kernel: str
+    decode_graphs: str
+    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_bytes: _Optional[int] = ..., sliding_window: _Optional[int] = ..., num_windowed_layers: _Optional[int] = ..., stream_interval: _Optional[int] = ..., attention_kernel: _Optional[str] = ..., decode_graphs: _Optional[str] = ...) -> None: ...

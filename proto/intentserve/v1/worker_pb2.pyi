@@ -31,24 +31,28 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("config", "rejection", "heartbeat_interval_s")
+    __slots__ = ("config", "rejection", "heartbeat_interval_s", "registration_token")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     REJECTION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     config: _common_pb2.ResolvedConfig
     rejection: _common_pb2.Reason
     heartbeat_interval_s: float
-    def __init__(self, config: _Optional[_Union[_common_pb2.ResolvedConfig, _Mapping]] = ..., rejection: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    registration_token: bytes
+    def __init__(self, config: _Optional[_Union[_common_pb2.ResolvedConfig, _Mapping]] = ..., rejection: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., registration_token: _Optional[bytes] = ...) -> None: ...
 
 class RealizedReport(_message.Message):
-    __slots__ = ("worker_id", "realized", "load_error")
+    __slots__ = ("worker_id", "realized", "load_error", "registration_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REALIZED_FIELD_NUMBER: _ClassVar[int]
     LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     realized: _common_pb2.RealizedState
     load_error: _common_pb2.Reason
-    def __init__(self, worker_id: _Optional[str] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., load_error: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ...) -> None: ...
+    registration_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., load_error: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., registration_token: _Optional[bytes] = ...) -> None: ...
 
 class Verification(_message.Message):
     __slots__ = ("verified", "reason")
@@ -59,7 +63,7 @@ class Verification(_message.Message):
     def __init__(self, verified: _Optional[bool] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total", "num_preemptions", "num_prefix_queried_tokens", "num_prefix_hit_tokens")
+    __slots__ = ("worker_id", "num_running", "num_waiting", "num_kv_used", "num_kv_total", "num_preemptions", "num_prefix_queried_tokens", "num_prefix_hit_tokens", "registration_token", "num_steps", "total_step_s", "num_step_seqs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +72,10 @@ class HeartbeatRequest(_message.Message):
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIX_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEP_SEQS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_running: int
     num_waiting: int
@@ -76,7 +84,11 @@ class HeartbeatRequest(_message.Message):
     num_preemptions: int
     num_prefix_queried_tokens: int
     num_prefix_hit_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_prefix_queried_tokens: _Optional[int] = ..., num_prefix_hit_tokens: _Optional[int] = ...) -> None: ...
+    registration_token: bytes
+    num_steps: int
+    total_step_s: float
+    num_step_seqs: int
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_prefix_queried_tokens: _Optional[int] = ..., num_prefix_hit_tokens: _Optional[int] = ..., registration_token: _Optional[bytes] = ..., num_steps: _Optional[int] = ..., total_step_s: _Optional[float] = ..., num_step_seqs: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("action",)

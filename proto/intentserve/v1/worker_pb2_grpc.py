@@ -58,6 +58,7 @@ class WorkerRegistryServicer:
 
     def Register(self, request, context):
         """Register with a capability report; returns the resolved config or the rejection.
+        ALREADY_EXISTS while a worker of that id is alive (heartbeating, not suspect).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -65,6 +66,7 @@ class WorkerRegistryServicer:
 
     def ReportRealized(self, request, context):
         """Report the realized state after loading; the controller repeats the realized-state guard.
+        FAILED_PRECONDITION when the token is not the current registration's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -46,3 +46,19 @@ def test_the_report_states_the_bytes_really_allocated(tiny_loaded):
         t.nbytes for t in (*engine.runner.attention.pool.k, *engine.runner.attention.pool.v)
     )
     assert engine.realized.cache.kv_cache_bytes == pool_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_the_report_states_the_sequences_the_scheduler_runs_at_once(tiny_loaded, mode):
+    """The controller admits as many requests per worker as this number (its sequence slots):
+    the scheduler's, not how many sequences of max length the pool could hold."""
+    engine = (
+        EngineBuilder()
+        .paged_attention(mode)
+        .kv_cache_memory(bytes=1 << 20)
+        .scheduler(max_model_len=128, max_num_seqs=5)
+        .build(loaded=tiny_loaded)
+    )
+    assert engine.realized.cache.max_num_seqs == engine.scheduler.max_num_seqs
+    if mode == "on":
+        assert engine.realized.cache.max_num_seqs == 5

@@ -4,6 +4,7 @@ expensive part of admitting a request (tokenizing) runs on the caller's thread."
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -100,3 +101,27 @@ def test_a_request_is_tokenized_on_the_callers_thread(served, monkeypatch):
     monkeypatch.setattr(tokenizer, "encode", recording)
     list(loop.submit("hello world", PARAMS))
     assert threads == [threading.current_thread()]
+
+
+def test_the_load_counts_steps_their_time_and_the_sequences_each_advanced(served):
+    loop, _ = served
+    before = loop.load()
+    streams = [loop.submit(f"hello {i}", PARAMS) for i in range(3)]
+    for stream in streams:
+        list(stream)
+    after = loop.load()
+    num_steps = after.num_steps - before.num_steps
+    assert num_steps >= PARAMS.max_tokens  # one token per sequence per step at most
+    assert after.total_step_s > before.total_step_s
+    # each sequence advanced in one step per token it generated (its prompt's step included)
+    assert after.num_step_seqs - before.num_step_seqs == 3 * PARAMS.max_tokens
+
+
+def test_a_finished_request_is_one_log_line_named_by_its_request_id(served, caplog):
+    loop, _ = served
+    caplog.set_level(logging.INFO, logger="intentserve.worker.service.engine_loop")
+    list(loop.submit("hello", PARAMS, request_id="trace-7"))
+    (record,) = [r for r in caplog.records if "trace-7" in r.getMessage()]
+    assert record.getMessage().startswith("request trace-7 finished: length, ")
+    assert record.fields["request_id"] == "trace-7"
+    assert record.fields["num_output_tokens"] == PARAMS.max_tokens

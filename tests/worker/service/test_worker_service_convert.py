@@ -200,9 +200,11 @@ def test_response_finish_reason_and_counts(reason, expected):
 
 
 def test_heartbeat_request_carries_the_load():
-    msg = convert.heartbeat_request_to_pb("w0", EngineLoad(2, 1, 10, 91))
+    load = EngineLoad(2, 1, 10, 91, num_steps=5, total_step_s=0.125, num_step_seqs=9)
+    msg = convert.heartbeat_request_to_pb("w0", load)
     assert (msg.worker_id, msg.num_running, msg.num_waiting) == ("w0", 2, 1)
     assert (msg.num_kv_used, msg.num_kv_total) == (10, 91)
+    assert (msg.num_steps, msg.total_step_s, msg.num_step_seqs) == (5, 0.125, 9)
 
 
 @pytest.mark.parametrize(
