@@ -1,8 +1,11 @@
 """Engine benchmark: the paged engine, the default (contiguous) engine and transformers'
 `generate`, side by side in one run on this machine, plus the machine's own matmul ceiling.
 
-    python bench/engine.py                      # full run, writes bench/results/engine.json
+    python bench/engine.py                      # full run
     python bench/engine.py --quick              # a smaller run to check the script
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/engine.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 Every figure that a target is judged by is a ratio between numbers measured in this same run.
 """
@@ -21,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import machine_info  # noqa: E402
+from bench.out import default_out  # noqa: E402
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
     ROOFLINE_TARGETS,
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="concurrency 1,8 and 16 tokens")
     parser.add_argument("--skip-hf", action="store_true", help="leave transformers out")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine.json")
+    parser.add_argument("--out", type=Path, default=default_out("engine.json"))
     args = parser.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     max_tokens = args.max_tokens

@@ -1,8 +1,11 @@
 """Weight formats side by side in one run: quality against the dequantized model, resident
 weight memory, the projections alone and engine throughput, per format.
 
-    python bench/weights.py                 # full run, writes bench/results/weights.json
+    python bench/weights.py                 # full run
     python bench/weights.py --quick         # a smaller run to check the script
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/weights.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 Quality, for each of int8, int4 and w8a8 against dequantized (same dtype, same run):
 - greedy agreement over 32 fixed prompts x 64 tokens, batches of 8 (prefill rows take the
@@ -37,6 +40,7 @@ from intentserve.worker.engine.sampling import SamplingParams  # noqa: E402
 from intentserve.worker.model.registry import load_model  # noqa: E402
 
 from bench.machine import machine_info  # noqa: E402
+from bench.out import default_out  # noqa: E402
 from bench.weights_text import PASSAGE, PROMPTS  # noqa: E402
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="per stream, for tok/s")
     parser.add_argument("--quick", action="store_true", help="8 prompts x 16 tokens, 1 and 8")
     parser.add_argument("--no-speed", action="store_true", help="quality and memory only")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "weights.json")
+    parser.add_argument("--out", type=Path, default=default_out("weights.json"))
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.num_prompts, args.quality_tokens = len(PROMPTS), 64
