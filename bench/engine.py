@@ -1,8 +1,11 @@
 """Engine benchmark: the paged engine, the default (contiguous) engine and transformers'
 `generate`, side by side in one run on this machine, plus the machine's own matmul ceiling.
 
-    python bench/engine.py                      # full run, writes bench/results/engine.json
+    python bench/engine.py                      # full run
     python bench/engine.py --quick              # a smaller run to check the script
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/engine.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 Every figure that a target is judged by is a ratio between numbers measured in this same run.
 """
@@ -21,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import machine_info  # noqa: E402
+from bench.out import default_out  # noqa: E402
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
     ROOFLINE_TARGETS,
@@ -36,6 +40,10 @@ from bench.workloads import (  # noqa: E402
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The sizes of a run, and `--quick`'s: the smallest run that still measures every part once, in
+# one round (the script's test runs it).
+FULL = {"rounds": 5, "matmul_s": 3.0, "waste": (32, 256), "admitted": 256}
+QUICK = {"rounds": 1, "matmul_s": 0.5, "waste": (4, 32), "admitted": 16}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,14 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="concurrency 1,8 and 16 tokens")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 and 4 streams of 8 tokens, one round; KV waste over 4 requests, admission of 16",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="leave transformers out")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine.json")
+    parser.add_argument("--out", type=Path, default=default_out("engine.json"))
     args = parser.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     max_tokens = args.max_tokens
+    sizes = QUICK if args.quick else FULL
     if args.quick:
-        concurrency, max_tokens = [1, 8], 16
+        concurrency, max_tokens = [1, 4], 8
 
     results: dict = {
         "machine": {
@@ -65,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in args.dtypes.split(","):
         dtype = DTYPES[name]
-        flops = matmul_flops(dtype)
+        flops = matmul_flops(dtype, seconds=sizes["matmul_s"])
         results["roofline"][name] = {"matmul_flops": flops, "tokens_per_s": flops / FLOP_PER_TOKEN}
         print(
             f"[{name}] matmul ceiling {flops / 1e9:.1f} GFLOP/s "
@@ -73,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         models = load_models(dtype, with_hf=not args.skip_hf)
-        single = single_stream(models, rounds=3 if args.quick else 5)
+        single = single_stream(models, rounds=sizes["rounds"])
         results["single_stream"][name] = single
         print(
             f"[{name}] one stream {single['ms_per_token']:.2f} ms/token; weight-streaming limit "
@@ -125,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 line += f" = x{row['ceiling_vs_transformers']:.2f} transformers"
             print(line, flush=True)
         if name == "bfloat16" or len(args.dtypes.split(",")) == 1:
-            results["kv_waste"] = kv_waste(models)
-            results["admission"] = admission(models)
+            results["kv_waste"] = kv_waste(models, *sizes["waste"])
+            results["admission"] = admission(models, num_requests=sizes["admitted"])
             print(json.dumps({k: results[k] for k in ("kv_waste", "admission")}, indent=2))
         del models
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,11 @@
 """Failover benchmark: how long after a worker dies does the controller's health say NOT_SERVING,
 where the survivors can no longer meet minReady?
 
-    python bench/failover.py                 # 3 kills per case, writes bench/results/failover.json
+    python bench/failover.py                 # 3 kills per case
     python bench/failover.py --kills 1       # a quick check of the script
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/failover.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 `deploy/local.yaml` (two SmolLM2 workers, minReady 2, the shipped 1 s heartbeat and 5 s timeout;
 a 32 MiB KV budget and 512-token model length keep it light) is served by a real controller in
@@ -38,6 +41,10 @@ from intentserve.controller.launch.manifest import load_manifest
 from intentserve.controller.service.server import ControllerServer
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.out import default_out  # noqa: E402
+
 OVERRIDES = {
     "INTENTSERVE_SPEC__PAGEDATTENTION__KVCACHEMEMORY": "32Mi",
     "INTENTSERVE_SPEC__SCHEDULER__MAXMODELLEN": "512",
@@ -158,7 +165,7 @@ def kill_once(server, watch, workers, manifest, case: str, victim: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=3, help="kills per case")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "failover.json")
+    parser.add_argument("--out", type=Path, default=default_out("failover.json"))
     args = parser.parse_args(argv)
     os.environ.update(OVERRIDES)  # read by load_manifest, as `up` reads them
     manifest = load_manifest(ROOT / "deploy" / "local.yaml")

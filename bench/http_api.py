@@ -2,8 +2,11 @@
 OpenAI-compatible API (HTTPS, SSE) against the same streams through gRPC (TLS), on one deployment,
 measured alternately in one run on this machine.
 
-    python bench/http_api.py                     # writes bench/results/http_api.json
+    python bench/http_api.py
     python bench/http_api.py --rounds 1 --repeats 1 --max-tokens 32   # a quick check
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/http_api.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 One `intentserve up` (security on, an API key) serves both. Each round times `--streams`
 concurrent greedy streams of `--max-tokens` tokens (EOS ignored) through gRPC and through HTTP,
@@ -34,6 +37,7 @@ from collections.abc import Callable
 import httpx2 as httpx
 from intentserve.controller.cli.credentials import folder_for
 
+from bench.out import default_out
 from bench.security import MANIFEST, timed_streams
 from bench.served import Deployment
 from bench.workloads import PROMPTS
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http_api.json")
+    parser.add_argument("--out", type=Path, default=default_out("http_api.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="intentserve-bench-"))
     os.environ["INTENTSERVE_HOME"] = str(work / "home")

@@ -4,9 +4,11 @@ Given bench/served_path.py results, the served path's targets instead; given ben
 results, security's cost, run by run and pooled over every alternated round given.
 A bench/weights.py result given among them gets its own table (weight formats).
 
-    python bench/report.py bench/results/2026-11-30-cpu-kernel/run*.json
-    python bench/report.py bench/results/weights.json
-    python bench/report.py bench/results/*/security*.json
+    python bench/report.py ~/.cache/intentserve/bench/engine.json   # the latest local run
+    python bench/report.py ~/.cache/intentserve/bench/weights.json
+    git worktree add /tmp/runs bench-results   # the recorded runs (docs/benchmarks.md)
+    python bench/report.py /tmp/runs/2026-11-30-cpu-kernel/run*.json
+    python bench/report.py /tmp/runs/*/security*.json
 """
 
 from __future__ import annotations

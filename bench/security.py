@@ -2,8 +2,11 @@
 identity, the admin token and an API key (the default) against the same deployment in plaintext
 (`spec.security.insecure: true`), measured in one run, alternating, on this machine.
 
-    python bench/security.py                     # writes bench/results/security.json
+    python bench/security.py
     python bench/security.py --rounds 1 --streams 8 --max-tokens 32   # a quick check
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/security.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 Each round starts `intentserve up` once per mode (order alternating between rounds, as the
 machine's speed drifts), warms it up, then times `--streams` concurrent greedy streams of
@@ -25,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.out import default_out  # noqa: E402
 from bench.served import Deployment  # noqa: E402
 from bench.workloads import PROMPTS  # noqa: E402
 
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "security.json")
+    parser.add_argument("--out", type=Path, default=default_out("security.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="intentserve-bench-"))
     os.environ["INTENTSERVE_HOME"] = str(work / "home")

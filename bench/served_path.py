@@ -2,9 +2,12 @@
 `intentserve up` (1 replica, security on: TLS to the controller, mutual TLS to the worker),
 side by side in one run on this machine, at 1, 32 and 64 concurrent streams, fp32 and bf16.
 
-    python bench/served_path.py                  # writes bench/results/served_path.json
+    python bench/served_path.py
     python bench/served_path.py --repeats 1 --max-tokens 32 --dtypes bfloat16   # a quick check
     python bench/served_path.py --client asyncio   # the streams on one event loop
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/served_path.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 Both sides run the same engine settings (paged, prefix caching off, the same KV budget and
 scheduler limits) under the same thread budget (`--num-cpus` torch threads in the bench process;
@@ -65,6 +68,7 @@ from intentserve.worker.runtime.heap import settle_heap
 
 from bench.grpc_floor import Chain
 from bench.machine import machine_info
+from bench.out import default_out
 from bench.served import Deployment
 from bench.workloads import MAX_MODEL_LEN, MODEL, PROMPTS
 
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         "or AsyncControllerClient with every stream a task on one event loop (both put a "
         "client's streams on one GenerateMany call)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "served_path.json")
+    parser.add_argument("--out", type=Path, default=default_out("served_path.json"))
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     torch.set_num_threads(args.num_cpus)

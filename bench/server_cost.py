@@ -5,6 +5,9 @@ GenerateResponse messages, one per stream every 10 ms (a decode step), read by a
 another process. Server CPU microseconds per message, each mode in a fresh process.
 
     python bench/server_cost.py                    # 3 rounds, both modes alternately
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/server_cost.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from intentserve.v1 import inference_pb2, inference_pb2_grpc  # noqa: E402
+
+from bench.out import default_out  # noqa: E402
 
 STREAMS = 64
 STEPS = 200
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mode", choices=("sync", "async"), help="one measurement (internal)")
     parser.add_argument("--client", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "server_cost.json")
+    parser.add_argument("--out", type=Path, default=default_out("server_cost.json"))
     args = parser.parse_args(argv)
     if args.client is not None:
         run_client(args.client)

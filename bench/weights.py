@@ -1,8 +1,12 @@
 """Weight formats side by side in one run: quality against the dequantized model, resident
 weight memory, the projections alone and engine throughput, per format.
 
-    python bench/weights.py                 # full run, writes bench/results/weights.json
+    python bench/weights.py                 # full run
     python bench/weights.py --quick         # a smaller run to check the script
+    python bench/weights.py --quick --formats dequantized,w8a8   # two formats only
+
+Results go to `--out`, by default ~/.cache/intentserve/bench/weights.json
+(under `$XDG_CACHE_HOME` when set; bench/out.py): outside the source tree.
 
 Quality, for each of int8, int4 and w8a8 against dequantized (same dtype, same run):
 - greedy agreement over 32 fixed prompts x 64 tokens, batches of 8 (prefill rows take the
@@ -37,6 +41,7 @@ from intentserve.worker.engine.sampling import SamplingParams  # noqa: E402
 from intentserve.worker.model.registry import load_model  # noqa: E402
 
 from bench.machine import machine_info  # noqa: E402
+from bench.out import default_out  # noqa: E402
 from bench.weights_text import PASSAGE, PROMPTS  # noqa: E402
 from bench.workloads import (  # noqa: E402
     FLOP_PER_TOKEN,
@@ -102,9 +107,10 @@ def agreement(reference: list[list[int]], got: list[list[int]]) -> dict:
 
 
 @torch.inference_mode()
-def perplexity(models: Models) -> tuple[float, int]:
+def perplexity(models: Models, max_tokens: int | None = None) -> tuple[float, int]:
+    """Of PASSAGE, or of its first `max_tokens` tokens; with the number of tokens scored."""
     model = models.ours.model
-    ids = torch.tensor(models.ours.tokenizer.encode(PASSAGE))
+    ids = torch.tensor(models.ours.tokenizer.encode(PASSAGE)[:max_tokens])
     hidden = model(ids, torch.arange(len(ids)), CausalAttention(), None)
     logits = model.compute_logits(hidden[:-1])
     nll = F.cross_entropy(logits, ids[1:])
@@ -128,12 +134,14 @@ def measure_format(fmt: str, dtype: str, args, reference: list[list[int]] | None
     tokens = greedy_tokens(models, fmt, PROMPTS[: args.num_prompts], args.quality_tokens)
     row["tokens"] = tokens
     row["weight_bytes"] = engine(models, fmt, 1).realized.cache.weight_bytes
-    row["perplexity"], row["passage_tokens"] = perplexity(models)
+    row["perplexity"], row["passage_tokens"] = perplexity(models, args.passage_tokens)
     if reference is not None:
         row["agreement"] = agreement(reference, tokens)
     if args.no_speed:
         return row
-    row["projections_ms"] = {n: projection_floor(models, n) * 1e3 for n in args.concurrency}
+    row["projections_ms"] = {
+        n: projection_floor(models, n, args.repeats) * 1e3 for n in args.concurrency
+    }
     row["tokens_per_s"] = {n: throughput(models, fmt, n, args.max_tokens) for n in args.concurrency}
     return row
 
@@ -141,10 +149,11 @@ def measure_format(fmt: str, dtype: str, args, reference: list[list[int]] | None
 ROOFLINE_MIN_STREAMS = 32
 
 
-def rooflines(dtype: str) -> dict:
-    """The compute ceilings of this run, as tok/s of the model (FLOP_PER_TOKEN per token)."""
-    dense = matmul_flops(getattr(torch, dtype))
-    int8 = int8_matmul_ops()
+def rooflines(dtype: str, seconds: float = 3.0) -> dict:
+    """The compute ceilings of this run, as tok/s of the model (FLOP_PER_TOKEN per token), each
+    timed over `seconds`."""
+    dense = matmul_flops(getattr(torch, dtype), seconds=seconds)
+    int8 = int8_matmul_ops(seconds=seconds)
     return {
         dtype: {"ops_per_s": dense, "tokens_per_s": dense / FLOP_PER_TOKEN},
         "int8": {"ops_per_s": int8, "tokens_per_s": int8 / FLOP_PER_TOKEN},
@@ -166,14 +175,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--max-tokens", type=int, default=64, help="per stream, for tok/s")
-    parser.add_argument("--quick", action="store_true", help="8 prompts x 16 tokens, 1 and 8")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 prompts x 8 tokens, 1 and 4 streams, one round, 128 tokens of the passage",
+    )
     parser.add_argument("--no-speed", action="store_true", help="quality and memory only")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "weights.json")
+    parser.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help="dequantized first (the others are judged against it), then any of the others",
+    )
+    parser.add_argument("--out", type=Path, default=default_out("weights.json"))
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    formats = args.formats.split(",")
+    if formats[0] != "dequantized" or not set(formats) <= set(FORMATS):
+        parser.error(f"--formats: dequantized first, then any of {', '.join(FORMATS[1:])}")
     args.num_prompts, args.quality_tokens = len(PROMPTS), 64
-    if args.quick:
-        args.concurrency, args.max_tokens, args.num_prompts, args.quality_tokens = [1, 8], 8, 8, 16
+    args.passage_tokens, args.repeats = None, 7  # the whole passage; the projections' rounds
+    if args.quick:  # the smallest run that measures every part once: the script's test
+        args.concurrency, args.max_tokens, args.num_prompts, args.quality_tokens = [1, 4], 8, 4, 8
+        args.passage_tokens, args.repeats = 128, 1
     results: dict = {
         "machine": {
             **machine_info(),
@@ -189,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "weight_formats": [],
     }
     if not args.no_speed:
-        results["roofline"] = rooflines(args.dtype)
+        results["roofline"] = rooflines(args.dtype, seconds=0.5 if args.quick else 3.0)
         for name, ceiling in results["roofline"].items():
             print(
                 f"[{name}] matmul ceiling {ceiling['ops_per_s'] / 1e9:.0f} GOP/s "
@@ -197,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     reference = None
-    for fmt in FORMATS:
+    for fmt in formats:
         row = measure_format(fmt, args.dtype, args, reference)
         if not args.no_speed:
             roofline_fractions(row, results["roofline"])

@@ -256,10 +256,10 @@ def chat_prompt(i: int) -> str:
     return " ".join(PROMPTS[(i + j) % len(PROMPTS)] for j in range(4 + i % 8))
 
 
-def kv_waste(models: Models, num_requests: int = 32) -> dict:
+def kv_waste(models: Models, num_requests: int = 32, longest: int = 256) -> dict:
     """KV reserved versus held by live tokens, summed over every step of a workload with
-    chat-sized prompts and mixed output lengths (16..256 tokens), for both caches under the same
-    budget. Waste is reserved-but-empty token slots over reserved token slots."""
+    chat-sized prompts and mixed output lengths (16..`longest` tokens), for both caches under the
+    same budget. Waste is reserved-but-empty token slots over reserved token slots."""
     kv_bytes = num_requests * MAX_MODEL_LEN * _bytes_per_token(models)
     report = {}
     # The default block size, a finer one (half the tail per sequence), and the contiguous slots.
@@ -270,7 +270,7 @@ def kv_waste(models: Models, num_requests: int = 32) -> dict:
     ):
         engine = _engine(models, kind, num_requests, kv_bytes, block_size)
         for i in range(num_requests):
-            length = 16 + (240 * i) // (num_requests - 1)
+            length = 16 + ((longest - 16) * i) // (num_requests - 1)
             engine.add_request(chat_prompt(i), SamplingParams(max_tokens=length, ignore_eos=True))
         reserved = live = 0
         while engine.has_unfinished:
