@@ -2,7 +2,8 @@
 sampler against the sampler of a baseline git revision (the per-row sampler it replaced), in one
 process, on one warmed engine, the runs of each round interleaved.
 
-    python bench/sampler.py                      # 3 rounds, 32 streams, 64 tokens each
+    python bench/sampler.py                      # 3 rounds, 32 streams, 64 tokens each; writes
+                                                 # ~/.cache/intentserve/bench/sampler.json
     python bench/sampler.py --quick              # a smaller run to check the script
 
 Workloads: `greedy` and `sampled` (temperature 0.8, top_p 0.95) use none of the new options:
@@ -31,6 +32,7 @@ from intentserve.worker.engine.sampling import SamplingParams  # noqa: E402
 from intentserve.worker.model.registry import load_model  # noqa: E402
 
 from bench.machine import machine_info  # noqa: E402
+from bench.out import default_out  # noqa: E402
 from bench.workloads import (  # noqa: E402
     MAX_MODEL_LEN,
     MODEL,
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="git revision of the old sampler")
     parser.add_argument("--quick", action="store_true", help="4 streams, 8 tokens, 1 round")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sampler.json")
+    parser.add_argument("--out", type=Path, default=default_out("sampler.json"))
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.max_tokens, args.rounds = 4, 8, 1
