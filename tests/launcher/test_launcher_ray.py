@@ -135,22 +135,16 @@ SLOW_NODE = (
 )
 
 
-def test_an_embedded_node_late_at_startup_is_started_once_more(monkeypatch, caplog):
-    flaky = _FlakyRay(1, SLOW_NODE)
-    monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
-    monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
-    monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})
-    assert RayLauncher(num_cpus=1).start(1, 0) == "embedded Ray cluster (2 CPUs)"
-    assert (flaky.inits, flaky.shutdowns) == (2, 1)
-    assert "timed out during start-up; starting it again" in caplog.text
-
-
 LATE_GCS = "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_abc. "
 
 
-def test_an_embedded_gcs_late_to_publish_its_port_is_started_once_more(monkeypatch, caplog):
-    """On a loaded 2-core machine the GCS missed Ray's 30 s wait for its port file."""
-    flaky = _FlakyRay(1, LATE_GCS)
+@pytest.mark.parametrize(
+    "message",
+    [SLOW_NODE, LATE_GCS],  # a late raylet; a GCS late to publish its port (a loaded machine)
+    ids=["raylet", "gcs"],
+)
+def test_an_embedded_node_late_at_startup_is_started_once_more(monkeypatch, caplog, message):
+    flaky = _FlakyRay(1, message)
     monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
     monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
     monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 from intentserve.policy import BackendKind, BackendStatus, KvCacheDtype
 from intentserve.worker.attention.batch import StepBatch
+from intentserve.worker.attention.cuda_status import cuda_backend_status
 from intentserve.worker.cache.kv_pool import KvPool
 from torch import Tensor
 
 FLASH_KV_DTYPES = frozenset({KvCacheDtype.BFLOAT16, KvCacheDtype.FLOAT16})
-MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
 def import_flash_kernel() -> tuple[Callable | None, str]:
@@ -30,22 +30,13 @@ def import_flash_kernel() -> tuple[Callable | None, str]:
 
 
 def flash_status(device: torch.device) -> BackendStatus:
-    kind = BackendKind.FLASH_PAGED
-    if device.type != "cuda":
-        return BackendStatus(
-            kind, False, f"vllm-flash-attn needs a CUDA device; this worker is {device.type}"
-        )
-    kernel, why = import_flash_kernel()
-    if kernel is None:
-        return BackendStatus(kind, False, why)
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_COMPUTE_CAPABILITY:
-        return BackendStatus(
-            kind,
-            False,
-            f"vllm-flash-attn needs compute capability >= 8.0, the GPU has {capability}",
-        )
-    return BackendStatus(kind, True, "", FLASH_KV_DTYPES)
+    return cuda_backend_status(
+        BackendKind.FLASH_PAGED,
+        "vllm-flash-attn",
+        device,
+        lambda: import_flash_kernel()[1],
+        FLASH_KV_DTYPES,
+    )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from intentserve.policy import BackendKind, BackendStatus, KvCacheDtype
 from intentserve.worker.attention.batch import StepBatch
+from intentserve.worker.attention.cuda_status import cuda_backend_status
 from intentserve.worker.cache.kv_pool import KvPool
 from torch import Tensor
 
@@ -30,8 +31,6 @@ TRITON_KV_DTYPES = frozenset(
         KvCacheDtype.FP8_E5M2,
     }
 )
-# bf16 tl.dot and the fp8 conversions need Ampere or newer.
-MIN_COMPUTE_CAPABILITY = (8, 0)
 ROWS_PER_DECODE_TILE = 16  # tl.dot's smallest M: one decode token's heads, padded
 ROWS_PER_PREFILL_TILE = 64
 
@@ -46,21 +45,13 @@ def _import_triton() -> str:
 
 
 def triton_status(device: torch.device) -> BackendStatus:
-    kind = BackendKind.TRITON_PAGED
-    if device.type != "cuda":
-        why = f"the Triton paged kernel needs a CUDA device; this worker is {device.type}"
-        return BackendStatus(kind, False, why)
-    why = _import_triton()
-    if why:
-        return BackendStatus(kind, False, why)
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_COMPUTE_CAPABILITY:
-        return BackendStatus(
-            kind,
-            False,
-            f"the Triton paged kernel needs compute capability >= 8.0, the GPU has {capability}",
-        )
-    return BackendStatus(kind, True, "", TRITON_KV_DTYPES)
+    return cuda_backend_status(
+        BackendKind.TRITON_PAGED,
+        "the Triton paged kernel",
+        device,
+        _import_triton,
+        TRITON_KV_DTYPES,
+    )
 
 
 def _pow2_at_least(n: int, floor: int = 1) -> int:

@@ -1,7 +1,6 @@
 """The torch paged backend against dense causal attention, for steps that mix prefill chunks and
 decodes; and the flash backend's plumbing, with a reference kernel injected in place of CUDA."""
 
-import math
 import shutil
 
 import pytest
@@ -13,6 +12,8 @@ from intentserve.worker.attention.flash_paged import FlashPagedAttention, flash_
 from intentserve.worker.attention.torch_paged import TorchPagedAttention
 from intentserve.worker.cache.kv_pool import KvGeometry, KvPool
 from intentserve.worker.sched.scheduler_output import ScheduledSeq
+
+from tests.worker.engine.reference import float64_attention
 
 H, HKV, D, BS = 6, 2, 16, 4
 torch.manual_seed(0)
@@ -30,17 +31,7 @@ KERNEL_OR_GATHER = pytest.mark.parametrize(
 
 def dense(q, k, v, window=None):
     """q: [n, H, D] for the last n positions of a context whose k, v are [ctx, HKV, D]."""
-    n, ctx = q.shape[0], k.shape[0]
-    k = k.repeat_interleave(H // HKV, dim=1)
-    v = v.repeat_interleave(H // HKV, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
-    qpos = torch.arange(ctx - n, ctx)[:, None]
-    kpos = torch.arange(ctx)[None, :]
-    allowed = kpos <= qpos
-    if window is not None:
-        allowed &= kpos > qpos - window
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    return float64_attention(q, k, v, window).to(q.dtype)
 
 
 def run_step(backend, pool, scheduled, history, layer_idx=0):

@@ -5,8 +5,6 @@ host the `gpu` variants run the compiled kernels on the device. Steps mix prefil
 decodes over deliberately scattered blocks; layers may be banded (Gemma 3); the pool may be fp8.
 """
 
-import math
-
 import pytest
 import torch
 from intentserve.policy import CacheKind
@@ -18,6 +16,8 @@ from intentserve.worker.attention.triton_paged import (
 )
 from intentserve.worker.cache.kv_pool import KvGeometry, KvPool
 from intentserve.worker.sched.scheduler_output import ScheduledSeq
+
+from tests.worker.engine.reference import float64_attention
 
 triton_kernels = pytest.importorskip(
     "intentserve.worker.attention.triton_kernels",
@@ -47,22 +47,6 @@ def kernels_for(device):
     kernels = triton_kernels.load_kernels()
     assert kernels.interpreted == (device == "cpu"), kernels.impl
     return kernels
-
-
-def float64_attention(q, k, v, window=None):
-    """q: [n, H, D] for the last n positions of a context whose k, v are [ctx, Hkv, D]."""
-    q, k, v = q.double(), k.double(), v.double()
-    n, ctx, heads = q.shape[0], k.shape[0], q.shape[1]
-    k = k.repeat_interleave(heads // k.shape[1], dim=1)
-    v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
-    qpos = torch.arange(ctx - n, ctx)[:, None]
-    kpos = torch.arange(ctx)[None, :]
-    allowed = kpos <= qpos
-    if window is not None:
-        allowed &= kpos > qpos - window
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 def make_history(length, heads, kv_heads, head_dim, dtype, device):
