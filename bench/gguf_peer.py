@@ -1,4 +1,4 @@
-"""llama.cpp's side of bench/gguf.py, run by the llama-cpp-python venv's own interpreter (it
+"""llama.cpp's side of bench/native_gguf.py, run by the llama-cpp-python venv's own interpreter (it
 imports nothing of intentserve): greedy decoding of N sequences in parallel on one context
 (`n_seq_max` = N, one llama_batch a step holding a token of every sequence), as its batched
 example does. Prints one JSON line: tok/s over the whole run (prompts included), as the engine

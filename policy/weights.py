@@ -13,7 +13,7 @@ a serving worker spends its time. w8a8 (int8 activations as well, int8 dot produ
 than dequantized at every batch size on CPUs with VNNI, but it changes the activations'
 numerics (SmolLM2's perplexity +2.3%). So `auto` keeps the weights dequantized on every device; a
 deployment that wants the memory (SmolLM2: 313 MiB dequantized bf16, 185 int8, 146 int4, 186
-w8a8, 94 native) or the speed names the format.
+w8a8, 92 native) or the speed names the format.
 
 native keeps a GGUF file's own blocks (worker/model/native_weights.py): the device check is here
 (a CPU worker whose GGUF kernel builds and passes its self-test); whether the model can be held

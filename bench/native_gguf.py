@@ -1,8 +1,8 @@
 """GGUF files served native against llama.cpp on the same files, one after the other (issue 41).
 
-    python bench/gguf.py                  # full run: 4 files x 1/32/64 streams, writes JSON
-    python bench/gguf.py --quick          # SmolLM2's file, 1 and 4 streams, a few tokens
-    python bench/gguf.py --files smollm2-Q4_1 --streams 1 32 64 --tokens 32   # a subset
+    python bench/native_gguf.py                  # full run: 4 files x 1/32/64 streams, writes JSON
+    python bench/native_gguf.py --quick          # SmolLM2's file, 1 and 4 streams, a few tokens
+    python bench/native_gguf.py --files smollm2-Q4_1 --streams 1 32 64 --tokens 32   # a subset
 
 Files: SmolLM2's packaged Q4_1 file, Gemma 3 270M's Q4_K_M, and SmolLM2 rewritten as Q8_0 and
 Q4_0 at run time (gguf's own quantizer, from the packaged file dequantized; nothing downloaded).
@@ -13,8 +13,10 @@ to READY: load + build), then llama.cpp (bench/gguf_peer.py under llama-cpp-pyth
 ratios printed are the issue's targets: one stream native >= 1.2x llama.cpp; 32 and 64 streams
 >= 1.5x llama.cpp and not below dequantized; READY native not above dequantized.
 
-NOTE: the machine's load (`uptime`) is printed with every run: on a shared host the figures move
-with it. Without the llama venv the llama.cpp rows say why they are missing.
+NOTE: named native_gguf.py, not gguf.py: run as a script, bench/ comes first on sys.path and a
+gguf.py there would shadow the gguf package. The machine's load (`uptime`) is printed with
+every run: on a shared host the figures move with it. Without the llama venv the llama.cpp rows
+say why they are missing.
 """
 
 from __future__ import annotations

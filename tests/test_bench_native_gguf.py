@@ -1,6 +1,6 @@
-"""bench/gguf.py in its quick mode: the engine's rows (native and dequantized on SmolLM2's file,
-1 and 4 streams) with every ratio the issue asks for, and llama.cpp's beside them where its
-venv is installed (skipped, naming the path, where not)."""
+"""bench/native_gguf.py in its quick mode: the engine's rows (native and dequantized on
+SmolLM2's file, 1 and 4 streams) with every ratio the issue asks for, and llama.cpp's beside
+them where its venv is installed (skipped, naming the path, where not)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gguf import DEFAULT_LLAMA_PYTHON, main
+from bench.native_gguf import DEFAULT_LLAMA_PYTHON, main
 
 pytestmark = pytest.mark.integration
 
