@@ -87,3 +87,4 @@ class WeightFormat(_ParsedEnum):
     INT8 = "int8"  # int8 per output channel, with a scale per channel
     INT4 = "int4"  # int4 in groups of 32 along the input, with a scale and a zero per group
     W8A8 = "w8a8"  # int8 weights and int8 activations (a scale per row): int8 dot products
+    NATIVE = "native"  # a GGUF file's own blocks (Q4_0 ... Q6_K), int8 activations per 32 values

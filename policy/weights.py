@@ -2,7 +2,7 @@
 checked again on what the worker reports it holds.
 
     explicit (dequantized, int8,        realized as asked, or the worker is rejected
-              int4, w8a8)               (`weight_format_unavailable`); never a silent fallback
+              int4, w8a8, native)       (`weight_format_unavailable`); never a silent fallback
     auto                                the rule below; the choice and why travel to the worker,
                                         its realized report and `explain`
 
@@ -13,7 +13,12 @@ a serving worker spends its time. w8a8 (int8 activations as well, int8 dot produ
 than dequantized at every batch size on CPUs with VNNI, but it changes the activations'
 numerics (SmolLM2's perplexity +2.3%). So `auto` keeps the weights dequantized on every device; a
 deployment that wants the memory (SmolLM2: 313 MiB dequantized bf16, 185 int8, 146 int4, 186
-w8a8) or the speed names the format.
+w8a8, 92 native) or the speed names the format.
+
+native keeps a GGUF file's own blocks (worker/model/native_weights.py): the device check is here
+(a CPU worker whose GGUF kernel builds and passes its self-test); whether the model can be held
+(a .gguf file, with at least one projection of a type the kernel reads) is known only once it
+is loaded, so the worker refuses it there, with the same reason code, naming the tensor.
 """
 
 from __future__ import annotations

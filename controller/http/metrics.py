@@ -61,6 +61,7 @@ WORKER_GAUGES = {
     "num_requests_waiting": "Sequences waiting for admission on the worker",
     "worker_requests_outstanding": "Requests in flight to the worker through the router",
     "worker_heartbeat_age_seconds": "Seconds since the worker was last heard from",
+    "worker_weight_bytes": "Bytes of weights the worker holds resident (its realized report)",
 }
 # From the workers' cumulative step counts: rate(_sum) / rate(_count) is the mean over a window.
 WORKER_SUMMARIES = {
@@ -151,6 +152,7 @@ class DeploymentCollector(Collector):
                 "num_requests_waiting": load.num_waiting,
                 "worker_requests_outstanding": w.num_outstanding,
                 "worker_heartbeat_age_seconds": max(now_s - w.last_seen_s, 0.0),
+                "worker_weight_bytes": w.realized.weight_bytes if w.realized else 0,
                 "num_preemptions": load.num_preemptions,
                 "prefix_cache_queries": load.num_prefix_queried_tokens,
                 "prefix_cache_hits": load.num_prefix_hit_tokens,

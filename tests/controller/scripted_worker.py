@@ -177,6 +177,7 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
 
 # Float32 K and V of one token of the example model (`examples.LLAMA`), over all layers.
 PER_TOKEN = kv_bytes_per_token(LLAMA)
+HONEST_WEIGHT_BYTES = 92 << 20  # what an honest paged worker reports holding (SmolLM2 native)
 
 
 def realized_for(
@@ -206,6 +207,7 @@ def realized_for(
             scheduler=SchedulerKind.PAGED,
             fallback_reasons=resolution.fallback_reasons,
             weight_format=resolution.weights.format,
+            weight_bytes=HONEST_WEIGHT_BYTES,
         )
     return RealizedCache(
         kind=CacheKind.CONTIGUOUS,

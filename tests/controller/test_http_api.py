@@ -19,7 +19,7 @@ from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controller.conftest import DEPLOYMENT, eventually
-from tests.controller.scripted_worker import PLAY_THREAD, Behaviour
+from tests.controller.scripted_worker import HONEST_WEIGHT_BYTES, PLAY_THREAD, Behaviour
 
 pytestmark = pytest.mark.integration
 
@@ -369,6 +369,7 @@ def test_worker_load_comes_from_heartbeats(start_controller, make_worker):
     assert sample(server, f"{step}_count", worker_id="w0") == 10
     assert sample(server, f"{step}_sum", worker_id="w0") == 0.25
     assert sample(server, "intentserve_worker_batch_size_sum", worker_id="w0") == 30
+    assert sample(server, "intentserve_worker_weight_bytes", worker_id="w0") == HONEST_WEIGHT_BYTES
     assert sample(server, "intentserve_deployment_verified_replicas") == 1
     assert sample(server, "intentserve_deployment_min_ready_replicas") == 1
     assert sample(server, "intentserve_reconcile_loop_duration_seconds_count") >= 1

@@ -252,7 +252,8 @@ def test_the_controller_gets_the_policy_the_budget_and_the_replicas():
 
 
 @pytest.mark.parametrize(
-    ("word", "fmt"), [("INT4", WeightFormat.INT4), ("w8a8", WeightFormat.W8A8)]
+    ("word", "fmt"),
+    [("INT4", WeightFormat.INT4), ("w8a8", WeightFormat.W8A8), ("native", WeightFormat.NATIVE)],
 )
 def test_the_weight_format_travels_to_the_desired_state(tmp_path, word, fmt):
     path = manifest_file(tmp_path, MINIMAL + f"spec: {{model: {{weights: {word}}}}}\n")

@@ -26,6 +26,7 @@ QUANTIZED_CPU = cpu(
         WeightFormatStatus(WeightFormat.INT8, True),
         WeightFormatStatus(WeightFormat.INT4, True),
         WeightFormatStatus(WeightFormat.W8A8, True),
+        WeightFormatStatus(WeightFormat.NATIVE, True),
     )
 )
 NO_INT4_CPU = cpu(
@@ -41,6 +42,7 @@ CUDA = cuda(
         WeightFormatStatus(WeightFormat.INT8, False, "int8 weights are implemented on CPU only"),
         WeightFormatStatus(WeightFormat.INT4, False, "int4 weights are implemented on CPU only"),
         WeightFormatStatus(WeightFormat.W8A8, False, "w8a8 weights are implemented on CPU only"),
+        WeightFormatStatus(WeightFormat.NATIVE, False, "native weights run on CPU kernels"),
     )
 )
 
@@ -79,6 +81,21 @@ CUDA = cuda(
         ),
         (WeightFormat.INT8, CUDA, WeightFormat.INT8, ReasonCode.WEIGHT_FORMAT_UNAVAILABLE, True),
         (WeightFormat.INT4, CUDA, WeightFormat.INT4, ReasonCode.WEIGHT_FORMAT_UNAVAILABLE, True),
+        (WeightFormat.NATIVE, QUANTIZED_CPU, WeightFormat.NATIVE, ReasonCode.ENABLED, False),
+        (
+            WeightFormat.NATIVE,
+            NO_INT4_CPU,  # a worker whose GGUF kernel could not be built reports none
+            WeightFormat.NATIVE,
+            ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
+            True,
+        ),
+        (
+            WeightFormat.NATIVE,
+            CUDA,
+            WeightFormat.NATIVE,
+            ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
+            True,
+        ),
         # A worker that reports no formats predates the choice: it can only dequantize.
         (WeightFormat.INT8, cpu(), WeightFormat.INT8, ReasonCode.WEIGHT_FORMAT_UNAVAILABLE, True),
     ],

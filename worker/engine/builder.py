@@ -34,6 +34,7 @@ from intentserve.policy import (
     resolve,
 )
 from intentserve.policy.config import PAGED_OPTIONS
+from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
 from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.cuda_graphs import DecodeGraphs, capture_sizes
@@ -54,6 +55,7 @@ from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
 from intentserve.worker.model.decode_layers import CompiledDecode
 from intentserve.worker.model.facts import model_facts, serving_max_model_len
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
+from intentserve.worker.model.native_weights import NativeWeightsError, hold_native
 from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
 from intentserve.worker.model.quant_linear import WeightShapeError
 from intentserve.worker.model.registry import load_model
@@ -108,7 +110,7 @@ def build_engine(
     resolution = resolution or resolve(
         config.paged, capability, config.auto_enabled_devices, config.weights
     )
-    _hold_weights(resolution.weights, loaded)
+    holding = _hold_weights(resolution.weights, loaded)
     fallback_reasons: list[Reason] = []
     paged = apply_resolution(config.paged, resolution, fallback_reasons.append)  # checkpoint 2
     _require_generative(loaded)
@@ -126,7 +128,7 @@ def build_engine(
         )
         runner.graphs = _decode_graphs(config, loaded, kv, limits, device)
     # Packed before the weights are counted: a tied head's packed copy is resident too.
-    matmuls = _pack_for_cpu(config, loaded, device)
+    matmuls = "; ".join(filter(None, (_pack_for_cpu(config, loaded, device), holding)))
     _weights_on_huge_pages(loaded, device)
     norms = enable_fused_ops(loaded.model) if device.type == "cpu" else ""
     if device.type == "cpu" and loaded.model is not None:
@@ -153,21 +155,26 @@ def build_engine(
     )
 
 
-def _hold_weights(choice: WeightChoice, loaded: LoadedModel) -> None:
-    """Quantize the projections where the resolution says so. A format that cannot be realized
+def _hold_weights(choice: WeightChoice, loaded: LoadedModel) -> str:
+    """Quantize the projections where the resolution says so (native: keep the file's blocks);
+    returns what native holds how, in words ("" otherwise). A format that cannot be realized
     stops the build with its reason: there is no fallback to dequantized."""
     if choice.rejection is not None:
         raise PagedAttentionRequiredError(
             choice.rejection, f"weights: {choice.intent.value}", subject="The weight format"
         )
     if choice.format is WeightFormat.DEQUANTIZED or loaded.model is None:
-        return
+        return ""
     try:
+        if choice.format is WeightFormat.NATIVE:
+            holding = hold_native(loaded, gguf_gemm_kernel()).describe()
+            log.info("weights held native: %s", holding)
+            return holding
         calibration = None
         if choice.format is WeightFormat.W8A8 and loaded.tokenizer is not None:
             calibration = loaded.tokenizer.encode(CALIBRATION_TEXT)
         count = quantize_linears(loaded.model, choice.format, calibration)
-    except WeightShapeError as error:
+    except (WeightShapeError, NativeWeightsError) as error:
         reason = Reason(
             ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
             f"this model cannot be held as {choice.format.value}: {error}",
@@ -176,6 +183,7 @@ def _hold_weights(choice: WeightChoice, loaded: LoadedModel) -> None:
             reason, f"weights: {choice.intent.value}", subject="The weight format"
         ) from None
     log.info("%d projections held as %s (%s)", count, choice.format.value, choice.reason.message)
+    return ""
 
 
 def _held_format(loaded: LoadedModel) -> WeightFormat:
@@ -267,6 +275,8 @@ def _pack_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.devic
     held = _held_format(loaded)
     if held is WeightFormat.W8A8:
         return enable_int8_gemm(loaded.model)
+    if held is WeightFormat.NATIVE:
+        return f"GGUF block kernel ({gguf_gemm_kernel().isa()})"
     if held is not WeightFormat.DEQUANTIZED:
         return f"torch's {held.value} kernels"
     if not config.cpu_prepack:
@@ -334,8 +344,8 @@ class EngineBuilder:
         return self._set(kv_budget=KvBudget(num_bytes=bytes, fraction=fraction))
 
     def weights(self, fmt: str | WeightFormat) -> EngineBuilder:
-        """auto, dequantized, int8 or int4 (`spec.model.weights`); an explicit format this
-        worker cannot hold makes `build()` raise with the reason."""
+        """auto, dequantized, int8, int4, w8a8 or native (`spec.model.weights`); an explicit
+        format this worker cannot hold makes `build()` raise with the reason."""
         return self._set(weights=WeightFormat.parse(fmt, "weights"))
 
     def cuda_graphs(self, enabled: bool = True) -> EngineBuilder:

@@ -28,7 +28,7 @@ from intentserve.worker.attention.cpu_kernels import (
 )
 from intentserve.worker.model.packed_linear import Bf16Linear, F32Linear
 from intentserve.worker.model.quant_linear import W8A8Linear
-from torch import Tensor
+from torch import Tensor, nn
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -106,6 +106,8 @@ def _address(fn) -> int:
 def _why_not(model, attention) -> str:
     """ "" when every part of the model runs on the kernels decode_layers.c calls, else why."""
     config = model.config
+    if not isinstance(model.embed_tokens, nn.Embedding):
+        return "the embedding is held as GGUF blocks (weights: native)"
     dtype = model.embed_tokens.weight.dtype
     if dtype not in (torch.bfloat16, torch.float32):
         return f"the model is {str(dtype).removeprefix('torch.')}, not bfloat16 or float32"

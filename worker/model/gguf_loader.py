@@ -127,6 +127,10 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
+    def stored(self, name: str) -> gguf.ReaderTensor:
+        """The tensor as the file stores it: its type, shape (innermost first) and bytes."""
+        return self._tensors[name]
+
     def tensor(self, name: str) -> Tensor:
         """Dequantized float32 tensor in row-major [rows, cols] order (torch Linear layout)."""
         t = self._tensors[name]
@@ -281,10 +285,10 @@ def _to_hf_layout(w: Tensor, gguf_name: str, config: ModelConfig) -> Tensor:
         # llama.cpp's converter stores Gemma's norm weights as 1 + w (its RMSNorm multiplies by
         # the weight); transformers keeps w and adds the 1 when it applies the norm.
         return w - 1.0
-    return _undo_rope_permutation(w, gguf_name, config)
+    return undo_rope_permutation(w, gguf_name, config)
 
 
-def _undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Tensor:
+def undo_rope_permutation(w: Tensor, gguf_name: str, config: ModelConfig) -> Tensor:
     """llama.cpp's converter reorders each head's Q/K rows from rotate-half pairs (i, i + D/2)
     to adjacent pairs (2i, 2i + 1) for its interleaved RoPE; put them back for rotate-half.
 

@@ -167,6 +167,12 @@ class DecoderBase(nn.Module):
     embed_tokens: nn.Embedding
     lm_head: nn.Module | None
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (every decoder has norm parameters; the embedding may be blocks
+        held as buffers, weights: native)."""
+        return next(self.parameters()).device
+
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""

@@ -65,7 +65,7 @@ def keep_step_buffers(model) -> bool:
     layers = getattr(model, "layers", None)
     if layers is None or type(model).__name__ != "LlamaModel":
         return False
-    if model.embed_tokens.weight.device.type != "cpu":
+    if model.device.type != "cpu":
         return False
     buffers = StepBuffers()
     for layer in layers:

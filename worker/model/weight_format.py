@@ -12,16 +12,22 @@ Q8_0 embedding table, and int4 there moved the logits by up to 4.7 (mean 0.43); 
 w8a8 holds the head as w8a8 as well, and smooths every projection's inputs first: the ranges
 come from one pass over a fixed calibration text (calibration.py), made before quantizing.
 
+`native` (a GGUF file's own blocks) is native_weights.py's; here it is probed and recognized.
+
 `weight_format_statuses` is the capability probe's part: which formats this device and torch
 build can run, each checked by a small self-test rather than assumed.
 """
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import torch
 import torch.nn.functional as F
 from intentserve.policy import WeightFormat, WeightFormatStatus
+from intentserve.worker.attention.cpu_kernels import KernelUnavailable, gguf_gemm_kernel
 from intentserve.worker.model.calibration import input_ranges
+from intentserve.worker.model.gguf_linear import GgufBlocks, NativeLinear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.quant_linear import (
     GROUP_SIZE,
@@ -100,9 +106,33 @@ def _status(fmt: WeightFormat, device: torch.device) -> WeightFormatStatus:
     return WeightFormatStatus(fmt, not problem, problem)
 
 
+def _native_status(device: torch.device) -> WeightFormatStatus:
+    """native runs on gguf_gemm.c: the CPU, the kernel built, and a Q8_0 matmul that gives the
+    dequantized weights' answer (within the activations' int8 rounding)."""
+    fmt = WeightFormat.NATIVE
+    if device.type != "cpu":
+        return WeightFormatStatus(
+            fmt, False, f"native weights run on CPU kernels; not on {device.type}"
+        )
+    try:
+        kernel = gguf_gemm_kernel()
+    except KernelUnavailable as error:
+        return WeightFormatStatus(fmt, False, f"the GGUF kernel is unavailable: {error.reason}")
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(16, GROUP_SIZE * 4, generator=generator)
+    x = torch.randn(3, weight.shape[1], generator=generator)
+    qtype = gguf.GGMLQuantizationType.Q8_0
+    data = torch.from_numpy(gguf.quants.quantize(weight.numpy(), qtype))
+    dequantized = torch.from_numpy(np.array(gguf.quants.dequantize(data.numpy(), qtype)))
+    got = NativeLinear([GgufBlocks(qtype, data, weight.shape[1])], None, kernel)(x)
+    if not torch.allclose(got, F.linear(x, dequantized), rtol=0.05, atol=0.1):
+        return WeightFormatStatus(fmt, False, "the GGUF kernel's Q8_0 result differs from gguf's")
+    return WeightFormatStatus(fmt, True, "")
+
+
 def weight_format_statuses(device: torch.device | str) -> tuple[WeightFormatStatus, ...]:
     device = torch.device(device)
-    return tuple(_status(fmt, device) for fmt in QUANTIZED)
+    return (*(_status(fmt, device) for fmt in QUANTIZED), _native_status(device))
 
 
 def _projections(model: LlamaModel) -> list[tuple[nn.Module, str, str]]:
@@ -153,8 +183,11 @@ def quantize_linears(
 
 
 def held_format(model: LlamaModel) -> WeightFormat:
-    """What the model's projections and head really are (the realized report says this)."""
+    """What the model's projections and head really are (the realized report says this).
+    native leaves the projections of other tensor types dequantized, and its head may be."""
     kinds = {_kind(getattr(owner, name)) for owner, name, _ in _projections(model)}
+    if WeightFormat.NATIVE in kinds:
+        return WeightFormat.NATIVE
     if len(kinds) != 1:
         raise ValueError(f"weights: the model mixes {sorted(k.value for k in kinds)} projections")
     fmt = kinds.pop()
@@ -165,6 +198,8 @@ def held_format(model: LlamaModel) -> WeightFormat:
 
 
 def _kind(module: nn.Module | None) -> WeightFormat:
+    if isinstance(module, NativeLinear):
+        return WeightFormat.NATIVE
     for fmt in (WeightFormat.INT4, WeightFormat.INT8, WeightFormat.W8A8):
         if isinstance(module, QUANTIZED[fmt]):
             return fmt
@@ -183,11 +218,15 @@ def _quantized(
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every tensor the model holds (parameters, buffers, packed weights kept as plain
-    attributes), each storage counted once."""
+    """Bytes of every weight the model holds (parameters, persistent buffers, packed weights kept
+    as plain attributes), each storage counted once. Non-persistent buffers are tables computed
+    at start-up, not weights (RoPE's cos/sin: 64 MiB for Gemma 3's 32k positions), and not
+    counted."""
     seen: dict[int, int] = {}
     for module in model.modules():
-        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        skip = module._non_persistent_buffers_set
+        buffers = [b for name, b in module.named_buffers(recurse=False) if name not in skip]
+        tensors = [*module.parameters(recurse=False), *buffers]
         tensors += [v for v in vars(module).values() if isinstance(v, Tensor)]
         seen.update(_storage(tensor) for tensor in tensors)
     return sum(seen.values())

@@ -40,6 +40,7 @@ class WeightFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WEIGHT_FORMAT_INT8: _ClassVar[WeightFormat]
     WEIGHT_FORMAT_INT4: _ClassVar[WeightFormat]
     WEIGHT_FORMAT_W8A8: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_NATIVE: _ClassVar[WeightFormat]
 
 class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -89,6 +90,7 @@ WEIGHT_FORMAT_DEQUANTIZED: WeightFormat
 WEIGHT_FORMAT_INT8: WeightFormat
 WEIGHT_FORMAT_INT4: WeightFormat
 WEIGHT_FORMAT_W8A8: WeightFormat
+WEIGHT_FORMAT_NATIVE: WeightFormat
 DEVICE_KIND_UNSPECIFIED: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 DEVICE_KIND_CUDA: DeviceKind

@@ -149,3 +149,12 @@ def test_the_reported_weight_bytes_are_what_is_resident_once_the_weights_are_pac
     assert engine.realized.cache.weight_bytes == resident_weight_bytes(loaded.model)
     embedding = loaded.model.embed_tokens.weight
     assert engine.realized.cache.weight_bytes > embedding.numel() * embedding.element_size()
+
+
+def test_native_on_a_model_that_is_not_a_gguf_file_is_refused_naming_it(tiny_folder):
+    loaded = load_model(str(tiny_folder), dtype="float32")
+    with pytest.raises(PagedAttentionRequiredError) as error:
+        builder("native").build(loaded=loaded)
+    assert error.value.reason.code is ReasonCode.WEIGHT_FORMAT_UNAVAILABLE
+    assert "weights: native" in str(error.value) and "is not a .gguf file" in str(error.value)
+    assert held_format(loaded.model) is WeightFormat.DEQUANTIZED

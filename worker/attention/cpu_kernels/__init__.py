@@ -41,6 +41,7 @@ KERNEL_NAMES = (
     "bf16_gemm",
     "f32_gemm",
     "decode_layers",
+    "gguf_gemm",
 )
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
 COMPILE_TIMEOUT_S = 120
@@ -238,6 +239,24 @@ class F32Gemm:
         return "AVX-512"
 
 
+@dataclass(frozen=True)
+class GgufGemm:
+    """The entry points of gguf_gemm.c: activations quantized per 32 values, the matmul on a GGUF
+    tensor's own blocks, the blocks dequantized; and the switch between its VNNI and AVX2 dot
+    products (`vnni(-1)` asks, `vnni(0)` / `vnni(1)` sets where possible)."""
+
+    quantize_rows: ctypes._CFuncPtr
+    gemm: ctypes._CFuncPtr
+    dequantize: ctypes._CFuncPtr
+    row_bytes: ctypes._CFuncPtr
+    vnni: ctypes._CFuncPtr
+    path: Path
+
+    def isa(self) -> str:
+        """What the calls run on now, in words."""
+        return "AVX512-VNNI" if self.vnni(-1) else "AVX2"
+
+
 def _declare(fn: ctypes._CFuncPtr, argtypes: list, restype=None) -> ctypes._CFuncPtr:
     fn.argtypes = argtypes
     fn.restype = restype
@@ -332,6 +351,26 @@ def int8_gemm_kernel() -> Int8Gemm:
         _declare(lib.w8a8_linear_f32, _W8A8_LINEAR_ARGS, ctypes.c_int),
         _declare(lib.w8a8_linear_bf16, _W8A8_LINEAR_ARGS, ctypes.c_int),
         _amx_switch(lib.int8_gemm_amx),
+        Path(lib._name),
+    )
+
+
+def gguf_gemm_kernel() -> GgufGemm:
+    """The compiled GGUF-block matmul, or KernelUnavailable (also where this CPU has no AVX2,
+    F16C and FMA)."""
+    lib = _load("gguf_gemm")
+    if not _declare(lib.gguf_gemm_isa, [], ctypes.c_int)():
+        raise _missing_isa("AVX2 (with F16C and FMA) int8 dot products")
+    return GgufGemm(
+        _declare(lib.gguf_quantize_rows, [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]),
+        _declare(
+            lib.gguf_gemm,
+            [_I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64],
+            ctypes.c_int,
+        ),  # fmt: skip
+        _declare(lib.gguf_dequantize, [_I64, _PTR, _I64, _PTR, _I64, _PTR, _I64], ctypes.c_int),
+        _declare(lib.gguf_row_bytes, [_I64, _I64], _I64),
+        _declare(lib.gguf_gemm_vnni, [_I64], ctypes.c_int),
         Path(lib._name),
     )
 

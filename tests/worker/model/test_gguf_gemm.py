@@ -1,0 +1,143 @@
+"""gguf_gemm.c against gguf's own dequantization, for every type `weights: native` holds: the
+blocks dequantized bit for bit, and matmuls within the rounding of the activations' int8 (one
+scale per 32 values), on the VNNI and the AVX2 dot products alike (the same integer sums)."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
+from intentserve.worker.model.gguf_linear import (
+    NATIVE_TYPES,
+    GgufBlocks,
+    NativeEmbedding,
+    NativeLinear,
+    dequantize_blocks,
+)
+
+from tests.worker.model.kernel_paths import built_or_skip
+
+# gguf.quants.quantize writes these
+QUANTIZABLE = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0)
+# Where each type keeps its float16 scales (byte offsets in a block): random bytes there could
+# be inf or NaN, so the tests write finite ones.
+_HALF_FIELDS = {
+    QType.Q4_0: (0,),
+    QType.Q4_1: (0, 2),
+    QType.Q5_0: (0,),
+    QType.Q5_1: (0, 2),
+    QType.Q8_0: (0,),
+    QType.Q4_K: (0, 2),
+    QType.Q5_K: (0, 2),
+    QType.Q6_K: (208,),
+}
+
+
+@pytest.fixture(scope="module", params=["AVX512-VNNI", "AVX2"])
+def kernel(request):
+    kernel = built_or_skip(gguf_gemm_kernel, "GGUF GEMM kernel")
+    was = kernel.vnni(-1)
+    if request.param == "AVX512-VNNI" and not kernel.vnni(1):
+        pytest.skip("this CPU, or the kernel's build for it, has no VNNI dot products")
+    if request.param == "AVX2":
+        kernel.vnni(0)
+    assert kernel.isa() == request.param
+    yield kernel
+    kernel.vnni(was)
+
+
+def random_blocks(qtype: QType, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """[rows, row bytes] of random blocks of `qtype`, the scales finite and small."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    for offset in _HALF_FIELDS[qtype]:
+        halves = rng.uniform(-0.02, 0.02, size=(rows, cols // block)).astype(np.float16)
+        data[..., offset : offset + 2] = halves.view(np.uint8).reshape(rows, cols // block, 2)
+    return data.reshape(rows, -1)
+
+
+def blocks_of(qtype: QType, data: np.ndarray, cols: int) -> GgufBlocks:
+    return GgufBlocks(qtype, torch.from_numpy(np.ascontiguousarray(data)), cols)
+
+
+def reference(qtype: QType, data: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(gguf.quants.dequantize(data, qtype), dtype=np.float32))
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda q: q.name)
+def test_dequantize_matches_gguf_bit_for_bit(kernel, qtype):
+    data = random_blocks(qtype, 5, 512)
+    got = dequantize_blocks(kernel, blocks_of(qtype, data, 512), torch.float32)
+    assert torch.equal(got, reference(qtype, data))
+    rows = torch.tensor([4, 0, 4])
+    picked = dequantize_blocks(kernel, blocks_of(qtype, data, 512), torch.float32, rows)
+    assert torch.equal(picked, reference(qtype, data)[rows])
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the kernel rounds it: int8 with one scale per 32 values (float32)."""
+    groups = x.float().reshape(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(groups / torch.where(scale > 0, scale, 1))
+    return (q * scale).reshape(x.shape)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 19])
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda q: q.name)
+def test_matmul_matches_gguf_dequantized_weights(kernel, qtype, rows):
+    n, k = 40, 512
+    data = random_blocks(qtype, n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    module = NativeLinear([blocks_of(qtype, data, k)], None, kernel)
+    got = module(x)
+    w = reference(qtype, data).double()
+    # The same products in float64, from the activations the kernel rounds to int8: what is
+    # left is float32 summation order.
+    expected = quantized_activations(x).double() @ w.T
+    scale = (x.abs().double() @ w.abs().T).clamp(min=1e-6)
+    assert ((got.double() - expected).abs() / scale).max() < 1e-5
+    # Against the float activations: the int8 rounding, a few parts in a thousand of |x| |w|.
+    assert ((got.double() - x.double() @ w.T).abs() / scale).max() < 1e-2
+
+
+@pytest.mark.parametrize("qtype", QUANTIZABLE, ids=lambda q: q.name)
+def test_blocks_written_by_gguf_quantize(kernel, qtype):
+    """Blocks as gguf's own quantizer writes them (real values, not random bytes)."""
+    w = np.random.default_rng(1).standard_normal((48, 256)).astype(np.float32)
+    data = gguf.quants.quantize(w, qtype)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2))
+    got = NativeLinear([blocks_of(qtype, data, 256)], None, kernel)(x)
+    expected = quantized_activations(x).double() @ reference(qtype, data).double().T
+    assert torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_fused_parts_of_different_types_and_bf16(kernel):
+    """q|k|v whose parts the file keeps in different types, each writing its own columns."""
+    k = 256
+    parts = [
+        blocks_of(QType.Q4_K, random_blocks(QType.Q4_K, 32, k, 1), k),
+        blocks_of(QType.Q6_K, random_blocks(QType.Q6_K, 16, k, 2), k),
+        blocks_of(QType.Q8_0, random_blocks(QType.Q8_0, 16, k, 3), k),
+    ]
+    bias = torch.randn(64)
+    module = NativeLinear(parts, bias, kernel)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(4))
+    w = torch.cat([reference(p.qtype, p.data.numpy()) for p in parts])
+    expected = quantized_activations(x) @ w.T + bias
+    assert torch.allclose(module(x), expected, rtol=1e-4, atol=1e-4)
+    got = module(x.bfloat16())
+    assert got.dtype == torch.bfloat16
+    expected_bf16 = quantized_activations(x.bfloat16()) @ w.T + bias
+    assert torch.allclose(got.float(), expected_bf16, rtol=2e-2, atol=2e-2)
+    assert torch.equal(module.dequantize(), w)
+
+
+def test_embedding_rows_and_range(kernel):
+    data = random_blocks(QType.Q6_K, 10, 256)
+    embedding = NativeEmbedding(blocks_of(QType.Q6_K, data, 256), kernel, torch.float32)
+    ids = torch.tensor([[3, 9], [0, 3]])
+    assert torch.equal(embedding(ids), reference(QType.Q6_K, data)[ids])
+    with pytest.raises(IndexError, match=r"\[0, 10\)"):
+        embedding(torch.tensor([10]))
