@@ -106,7 +106,9 @@ def test_the_lease_script_installs_the_carried_wheels_then_runs_the_gpu_check(tm
 
 def test_the_make_target_the_lease_calls_runs_the_gpu_check():
     done = subprocess.run(
-        ["make", "-n", "gpu-check", "PYTHON=python3", "OUT=/tmp/x"],
+        # NOTE: under `make test` this make is nested: without --no-print-directory it says
+        # "make[1]: Entering directory ...".
+        ["make", "-n", "--no-print-directory", "gpu-check", "PYTHON=python3", "OUT=/tmp/x"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -63,6 +63,7 @@ class GGUFTensor:
     name: str
     tensor_type: QType
     data: np.ndarray  # [rows..., cols] of numbers, or [rows..., bytes per row] of blocks
+    shape: tuple[int, ...] = ()  # in elements, innermost first (cols, rows...), as gguf's reader
 
 
 @dataclass(frozen=True)
@@ -157,5 +158,5 @@ def _tensors(mapped: np.memmap, infos: list, data_start: int) -> tuple[GGUFTenso
             data = raw.view(_PLAIN[tensor_type]).reshape(shape)
         else:
             data = raw.reshape(quant_shape_to_byte_shape(shape, tensor_type))
-        tensors.append(GGUFTensor(name, tensor_type, data))
+        tensors.append(GGUFTensor(name, tensor_type, data, tuple(int(d) for d in dims)))
     return tuple(tensors)

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
 from intentserve.worker.model.gemma import GemmaModel
-from intentserve.worker.model.gguf_header import read_gguf_header
+from intentserve.worker.model.gguf_header import GGUFTensor, read_gguf_header
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.loaded import DecoderModel, LoadedModel, ModelLoadError
@@ -127,7 +127,7 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
-    def stored(self, name: str) -> gguf.ReaderTensor:
+    def stored(self, name: str) -> GGUFTensor:
         """The tensor as the file stores it: its type, shape (innermost first) and bytes."""
         return self._tensors[name]
 

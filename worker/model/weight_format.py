@@ -112,7 +112,10 @@ def _native_status(device: torch.device) -> WeightFormatStatus:
     fmt = WeightFormat.NATIVE
     if device.type != "cpu":
         return WeightFormatStatus(
-            fmt, False, f"native weights run on CPU kernels; not on {device.type}"
+            fmt,
+            False,
+            "native weights are implemented for the CPU only (the GGUF kernel, gguf_gemm.c); "
+            f"use dequantized on {device.type}",
         )
     try:
         kernel = gguf_gemm_kernel()

@@ -46,7 +46,7 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def file_tensor_bytes(path) -> int:
     f = open_gguf(path)
-    return sum(int(f.stored(name).n_bytes) for name in f.tensor_names)
+    return sum(int(f.stored(name).data.nbytes) for name in f.tensor_names)
 
 
 def check_native(path, kernel, dtype_name: str, held_types: set[str], tolerance=None) -> None:

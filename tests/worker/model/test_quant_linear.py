@@ -83,7 +83,8 @@ def test_int4_refuses_a_shape_its_layout_cannot_hold():
 
 def test_the_probe_runs_each_format_on_cpu_and_refuses_them_on_cuda():
     cpu = {s.format: s for s in weight_format_statuses("cpu")}
-    assert set(cpu) == {WeightFormat.INT8, WeightFormat.INT4, WeightFormat.W8A8}
+    formats = {WeightFormat.INT8, WeightFormat.INT4, WeightFormat.W8A8, WeightFormat.NATIVE}
+    assert set(cpu) == formats
     assert all(s.available for s in cpu.values()), cpu
     for status in weight_format_statuses("cuda"):
         assert not status.available
