@@ -109,6 +109,7 @@ class DecodeGraphs:
         self.tile_seq = torch.arange(n, dtype=torch.int32, device=device)
         self.tile_q0 = buffer(n)
         self.graphs: dict[int, tuple[StepGraph, Tensor]] = {}
+        self.sizes: list[int] = []  # the captured batch sizes, ascending
         self.capture_s = 0.0
 
     def _meta(self, size: int) -> TritonMetadata:
@@ -138,11 +139,12 @@ class DecodeGraphs:
                 )
 
             self.graphs[size] = (graph, graph.capture(step))
+        self.sizes = sorted(self.graphs)
         self.capture_s = time.perf_counter() - start
         return self
 
     def describe(self) -> str:
-        sizes = sorted(self.graphs)
+        sizes = self.sizes
         return (
             f"CUDA graphs for {len(sizes)} batch sizes ({sizes[0]}-{sizes[-1]}) "
             f"captured in {self.capture_s:.2f} s"
@@ -154,7 +156,7 @@ class DecodeGraphs:
         num_seqs = batch.num_seqs
         if num_seqs > self.max_num_seqs or any(n != 1 for n in batch.query_lens):
             return None
-        size = next(s for s in sorted(self.graphs) if s >= num_seqs)
+        size = next(s for s in self.sizes if s >= num_seqs)
         graph, out = self.graphs[size]
         width = batch.tables.shape[1]
         self.input_ids[:num_seqs].copy_(input_ids)
