@@ -3,10 +3,13 @@
 manifest -> controller (health NOT_SERVING) -> Ray (embedded, or `--ray-address`) -> one worker
 actor per replica -> progress until the deployment is READY -> status table -> serve until
 Ctrl-C, SIGTERM or `intentserve down` -> controller stopped, actors killed, Ray shut down.
+A deployment already running (another `up` holds it) is named and refused; the live workers a
+killed `up` left on a joined Ray cluster are adopted, and verified again without reloading.
 
 Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
 reason is printed), start-up failed, or workers whose restart budget is spent leave too few to
-meet minReady (each named with its last error); 2 bad manifest (the field, the value, what is
+meet minReady (each named with its last error), or the deployment is already running; 2 bad
+manifest (the field, the value, what is
 allowed). A failure once the controller is up stops everything first, then prints the error last.
 """
 
@@ -27,8 +30,9 @@ from intentserve.controller.cli.logs import add_logging_arguments, configure_log
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
+from intentserve.controller.launch.deployment_dir import DeploymentDir, DeploymentRunning, UpRecord
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
-from intentserve.controller.launch.ray_target import choose_ray_target
+from intentserve.controller.launch.ray_target import RayTarget, choose_ray_target
 from intentserve.controller.launch.security import (
     DeploymentSecurity,
     SecurityError,
@@ -39,6 +43,7 @@ from intentserve.controller.service.convert import status_to_pb
 from intentserve.controller.service.deployment import deployment_state
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.service.settings import ControllerConfig
 from intentserve.controller.service.state import WorkerState
 from intentserve.policy import Verdict
 
@@ -97,6 +102,20 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
             )
         return server.registry_address
     return f"{launcher.driver_host()}:{server.registry_port}"
+
+
+def _registry_port_kept(
+    config: ControllerConfig, earlier: UpRecord | None, ray_target: RayTarget
+) -> ControllerConfig:
+    """The workers' registry port as an earlier `up` of the deployment bound it, when that one
+    was killed on the same joined cluster and spec.controller.registryPort is 0 (a free one):
+    its workers may live on, and they know no other address. NOTE: without TLS workers register
+    on spec.controller.port, which the manifest fixes (0 there cannot be adopted)."""
+    if earlier is None or ray_target.embedded or earlier.ray_address != ray_target.address:
+        return config
+    if config.security.tls is None or config.registry_port != 0:
+        return config
+    return dataclasses.replace(config, registry_port=earlier.registry_port)
 
 
 def _replicas(
@@ -161,6 +180,25 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
     if shared is not None:
         print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)
     configure_logging(args.log_format, args.log_level)
+    state = DeploymentDir(credentials.home(), manifest.name)
+    try:
+        earlier = state.claim()
+    except DeploymentRunning as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        return _claimed(manifest, source, args, state, earlier)
+    finally:
+        state.unlock()  # NOTE: after a clean stop the folder is gone already
+
+
+def _claimed(
+    manifest: Manifest,
+    source: str,
+    args: argparse.Namespace,
+    state: DeploymentDir,
+    earlier: UpRecord | None,
+) -> int:
     progress = Progress()
     s = manifest.spec
     progress.say(
@@ -168,17 +206,23 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
         f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
     )
     try:
-        prepared = DeploymentSecurity.prepare(manifest)
+        prepared = DeploymentSecurity.prepare(manifest, state)
     except SecurityError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    config = dataclasses.replace(manifest.controller_config(), security=prepared.security)
+    ray_target = choose_ray_target(args.ray_address)
+    config = _registry_port_kept(
+        dataclasses.replace(manifest.controller_config(), security=prepared.security),
+        earlier,
+        ray_target,
+    )
     try:
         server = ControllerServer(config).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         c = s.controller
         print(f"error: cannot start the controller on {c.host}:{c.port}: {error}", file=sys.stderr)
         return EXIT_FAILED
+    state.record(UpRecord(os.getpid(), server.address, server.registry_port, ray_target.address))
     previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
     _install_signals(server, progress.signals)
     saved = credentials.save(
@@ -197,9 +241,9 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
         RayLauncher,  # ray is imported only when `up` runs
     )
 
-    ray_target = choose_ray_target(args.ray_address)
     progress.say(f"ray: {ray_target.describe()}")
     launcher = RayLauncher(
+        deployment=manifest.name,
         address=ray_target.address,
         num_cpus=args.ray_num_cpus,
         temp_dir=args.ray_temp_dir,
@@ -217,6 +261,7 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
             progress.say(f"{progress.signals[0]}: shutting down")
         server.stop(grace_s=s.controller.drain_timeout_s)
         launcher.shutdown()
+        state.remove()  # its workers are gone: nothing is left to adopt
         credentials.remove(server.address)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -251,10 +296,11 @@ def _up(
         prepared,
         log_format,
     )
-    launcher.launch(replicas)
+    adopted = launcher.launch(replicas)
+    kept = f", {len(adopted)} adopted from an earlier `up` ({', '.join(adopted)})" * bool(adopted)
     progress.say(
-        f"workers: {len(replicas)} actors created (numCpus {r.num_cpus:g}, numGpus "
-        f"{r.num_gpus:g}, maxRestarts {manifest.spec.max_restarts})"
+        f"workers: {len(replicas) - len(adopted)} actors created{kept} (numCpus {r.num_cpus:g}, "
+        f"numGpus {r.num_gpus:g}, maxRestarts {manifest.spec.max_restarts})"
     )
     deadline_s = time.monotonic() + manifest.spec.startup_timeout_s
     next_note_s = time.monotonic() + WAITING_NOTE_S

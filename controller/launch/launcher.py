@@ -1,6 +1,12 @@
 """The Ray side of `intentserve up`: start an embedded Ray cluster (or join one) and keep one actor
 per worker replica, with the manifest's resources and a restart budget.
 
+The actors belong to the deployment, not to this process: detached, named by their worker ids in
+the deployment's own Ray namespace (`intentserve-<name>`). When `up` is killed they live on with
+their loaded models on a joined cluster, and the next `up` of the deployment finds them by name
+and adopts them as they are. An embedded cluster's processes are `up`'s children and end with it
+(reap.py), actors included: there a killed `up` takes its workers along.
+
 NOTE: the only controller module that imports ray. The worker class is named by its import path
 (`WORKER_CLASS`) and imported inside the actor's process by `_WorkerHost`, so the controller's
 process never imports worker/ or torch, and controller/ has no `import worker` anywhere.
@@ -24,7 +30,7 @@ __all__ = ["ActorProbe", "ActorState", "LaunchError", "RayLauncher", "Replica"]
 log = logging.getLogger(__name__)
 
 WORKER_CLASS = "intentserve.worker.actor:WorkerActor"
-NAMESPACE = "intentserve"
+NAMESPACE_PREFIX = "intentserve-"
 # In Ray's error when a new node is late: its raylet, or its GCS publishing its port.
 STARTUP_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 # NOTE: Ray waits 30 s for a new GCS to publish its port; a loaded 2-core machine (a test run
@@ -57,10 +63,16 @@ class _WorkerHost:
         return self._worker.stop()
 
 
+def namespace_of(deployment: str) -> str:
+    """The Ray namespace of a deployment's actors."""
+    return f"{NAMESPACE_PREFIX}{deployment}"
+
+
 class RayLauncher:
     def __init__(
         self,
         *,
+        deployment: str,
         address: str | None = None,
         num_cpus: float | None = None,
         temp_dir: str | None = None,
@@ -70,6 +82,7 @@ class RayLauncher:
         """`address` None starts an embedded cluster; anything else (`auto`, `HOST:6379`,
         `ray://HOST:10001`) joins one."""
         self.address = address
+        self.namespace = namespace_of(deployment)
         self._num_cpus = num_cpus
         self._temp_dir = temp_dir
         self._log_to_driver = log_to_driver
@@ -85,7 +98,7 @@ class RayLauncher:
         """Start or join Ray for workers that need `num_cpus` and `num_gpus` in all; a sentence
         saying which cluster, with its resources."""
         options: dict[str, Any] = {
-            "namespace": NAMESPACE,
+            "namespace": self.namespace,
             "log_to_driver": self._log_to_driver,
             "include_dashboard": False,
             "logging_level": logging.WARNING,
@@ -158,20 +171,32 @@ class RayLauncher:
         """What another driver passes to `ray.init(address=...)` to reach this cluster."""
         return ray.get_runtime_context().gcs_address
 
-    def launch(self, replicas: list[Replica]) -> None:
-        """One actor per replica; Ray restarts a dead one up to its `max_restarts`."""
+    def launch(self, replicas: list[Replica]) -> tuple[str, ...]:
+        """One detached actor per replica, or the live one of its name (left by an `up` that was
+        killed) adopted as it is; Ray restarts a dead one up to its `max_restarts`. The ids of
+        those adopted."""
         host = ray.remote(_WorkerHost)
+        adopted = []
         for replica in replicas:
+            try:
+                self._actors[replica.worker_id] = ray.get_actor(replica.worker_id, self.namespace)
+                adopted.append(replica.worker_id)
+                continue
+            except ValueError:  # no live actor of that name in the deployment's namespace
+                pass
             try:
                 self._actors[replica.worker_id] = host.options(
                     name=replica.worker_id,
+                    namespace=self.namespace,
+                    lifetime="detached",
                     num_cpus=replica.num_cpus,
                     num_gpus=replica.num_gpus,
                     max_restarts=replica.max_restarts,
                     max_concurrency=2,  # status() answers while stop() runs
                 ).remote(self._worker_class, replica.config)
-            except ValueError as error:  # e.g. the name is taken by another deployment
+            except ValueError as error:  # e.g. the name was taken meanwhile
                 raise LaunchError(f"cannot create worker {replica.worker_id}: {error}") from error
+        return tuple(adopted)
 
     def probe(self, timeout_s: float = 0.5) -> dict[str, ActorProbe]:
         """Each actor's state (and its worker's status when it answers within the timeout)."""
