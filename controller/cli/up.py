@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import os
 import signal
 import sys
@@ -128,20 +130,22 @@ def _replicas(
     """One actor per replica; each is handed its own certificate and key, and no other, and
     logs in the controller's format."""
     r = manifest.spec.resources
-    return [
-        Replica(
-            worker_id,
-            {
-                **manifest.worker_config(worker_id, controller_address, host),
-                "tls": prepared.worker_tls(worker_id),
-                "log_format": log_format,
-            },
-            r.num_cpus,
-            r.num_gpus,
-            manifest.spec.max_restarts,
+    ca_pem = prepared.ca.cert_pem.decode() if prepared.ca else None
+    replicas = []
+    for worker_id in manifest.worker_ids():
+        config = manifest.worker_config(worker_id, controller_address, host)
+        started_with = (config, ca_pem, r.num_cpus, r.num_gpus, manifest.spec.max_restarts)
+        replicas.append(
+            Replica(
+                worker_id,
+                {**config, "tls": prepared.worker_tls(worker_id), "log_format": log_format},
+                r.num_cpus,
+                r.num_gpus,
+                manifest.spec.max_restarts,
+                hashlib.sha256(json.dumps(started_with, sort_keys=True).encode()).hexdigest(),
+            )
         )
-        for worker_id in manifest.worker_ids()
-    ]
+    return replicas
 
 
 def _install_signals(server: ControllerServer, received: list[str]) -> None:

@@ -18,12 +18,18 @@ import importlib
 import logging
 import os
 import re
+import time
 from typing import Any
 
 import ray
 from intentserve.controller.launch.reap import child_pids, reap, reap_orphaned_ray_agents
 from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayActorError,
+)
 
 __all__ = ["ActorProbe", "ActorState", "LaunchError", "RayLauncher", "Replica"]
 
@@ -45,6 +51,7 @@ EMBEDDED_OBJECT_STORE_BYTES = 128 << 20  # actors exchange only small status dic
 # fell to about 80% of the same engine in-process. Workers run at the controller's priority.
 EMBEDDED_SYSTEM_CONFIG = {"worker_niceness": 0}
 LOOPBACK = "127.0.0.1"
+ADOPT_TIMEOUT_S = 30.0  # for a live actor to say what it was started with, or to end
 SHUTDOWN_GRACE_S = 10.0  # then the embedded cluster's leftover processes are killed
 
 
@@ -52,9 +59,14 @@ class _WorkerHost:
     """The actor class: constructs the worker class named by `target` ("module:Class") inside the
     actor's process and forwards `status()` / `stop()` to it."""
 
-    def __init__(self, target: str, config: dict[str, Any]) -> None:
+    def __init__(self, target: str, config: dict[str, Any], fingerprint: str) -> None:
         module, _, name = target.partition(":")
+        self._fingerprint = fingerprint
         self._worker = getattr(importlib.import_module(module), name)(config)
+
+    def fingerprint(self) -> str:
+        """The `Replica.fingerprint` it was started with."""
+        return self._fingerprint
 
     def status(self) -> dict[str, Any]:
         return self._worker.status()
@@ -178,12 +190,9 @@ class RayLauncher:
         host = ray.remote(_WorkerHost)
         adopted = []
         for replica in replicas:
-            try:
-                self._actors[replica.worker_id] = ray.get_actor(replica.worker_id, self.namespace)
+            if self._adopt(replica):
                 adopted.append(replica.worker_id)
                 continue
-            except ValueError:  # no live actor of that name in the deployment's namespace
-                pass
             try:
                 self._actors[replica.worker_id] = host.options(
                     name=replica.worker_id,
@@ -193,10 +202,45 @@ class RayLauncher:
                     num_gpus=replica.num_gpus,
                     max_restarts=replica.max_restarts,
                     max_concurrency=2,  # status() answers while stop() runs
-                ).remote(self._worker_class, replica.config)
+                ).remote(self._worker_class, replica.config, replica.fingerprint)
             except ValueError as error:  # e.g. the name was taken meanwhile
                 raise LaunchError(f"cannot create worker {replica.worker_id}: {error}") from error
         return tuple(adopted)
+
+    def _adopt(self, replica: Replica) -> bool:
+        """Whether the live actor of the replica's name was started with its fingerprint and
+        is now this launcher's; one started otherwise (another manifest, controller address or
+        CA: it would never be verified) is killed, and its name freed for a new one."""
+        try:
+            actor = ray.get_actor(replica.worker_id, self.namespace)
+        except ValueError:  # none alive in the deployment's namespace
+            return False
+        try:
+            fingerprint = ray.get(actor.fingerprint.remote(), timeout=ADOPT_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError) as error:
+            fingerprint = f"unknown ({type(error).__name__})"
+        if fingerprint == replica.fingerprint:
+            self._actors[replica.worker_id] = actor
+            return True
+        log.warning(
+            "worker %s: its live actor was started from other settings (fingerprint %s, now "
+            "%s); replacing it",
+            replica.worker_id,
+            fingerprint[:12],
+            replica.fingerprint[:12],
+        )
+        ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + ADOPT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(replica.worker_id, self.namespace)
+            except ValueError:  # the name is free again
+                return False
+            time.sleep(0.1)
+        raise LaunchError(
+            f"cannot replace worker {replica.worker_id}: its actor, started from other "
+            f"settings, still holds the name {ADOPT_TIMEOUT_S:g} s after it was killed"
+        )
 
     def probe(self, timeout_s: float = 0.5) -> dict[str, ActorProbe]:
         """Each actor's state (and its worker's status when it answers within the timeout)."""

@@ -22,8 +22,8 @@ from tests.launcher.processes import processes_mentioning, short_temp_dir
 FAKE = "tests.launcher.fake_worker:FakeWorker"
 
 
-def replica(worker_id: str, max_restarts: int = 1) -> Replica:
-    return Replica(worker_id, {"worker_id": worker_id}, 0.25, 0, max_restarts)
+def replica(worker_id: str, max_restarts: int = 1, fingerprint: str = "a") -> Replica:
+    return Replica(worker_id, {"worker_id": worker_id}, 0.1, 0, max_restarts, fingerprint)
 
 
 def probe_until(launcher: RayLauncher, worker_id: str, done, timeout_s: float = 30.0):
@@ -95,6 +95,18 @@ def test_a_live_actor_of_the_deployment_is_adopted_by_name_not_created_again(ray
     assert kept.status["pid"] == first.status["pid"]
     # Another deployment's namespace holds no actor of that name: it creates its own.
     assert RayLauncher(deployment="g", worker_class=FAKE).launch([replica("f-kept")]) == ()
+
+
+@pytest.mark.integration
+def test_a_live_actor_started_from_other_settings_is_replaced_not_adopted(ray_session):
+    launcher, _ = ray_session
+    launcher.launch([replica("f-changed", fingerprint="a")])
+    first = probe_until(launcher, "f-changed", lambda p: p.state is ActorState.RUNNING)
+    again = RayLauncher(deployment="f", worker_class=FAKE)
+    assert again.launch([replica("f-changed", fingerprint="b")]) == ()
+    new = probe_until(again, "f-changed", lambda p: p.state is ActorState.RUNNING)
+    assert new.status["pid"] != first.status["pid"]
+    assert probe_until(launcher, "f-changed", lambda p: p.state is ActorState.DEAD)
 
 
 @pytest.mark.integration
