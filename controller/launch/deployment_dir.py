@@ -58,6 +58,7 @@ class DeploymentDir:
         process holds it."""
         while self._lock is None:
             self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.path, 0o700)  # NOTE: the CA's key is kept here
             fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

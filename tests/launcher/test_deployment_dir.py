@@ -62,6 +62,7 @@ def test_a_killed_up_lets_go_at_once_and_leaves_its_record(tmp_path):
 
 def test_the_ca_is_kept_owner_only_until_the_deployment_is_removed(tmp_path):
     state = DeploymentDir(tmp_path, "local")
+    state.path.mkdir(parents=True, mode=0o755)  # left open by someone else
     state.claim()
     ca = state.ca()
     assert state.ca().cert_pem == ca.cert_pem  # the next `up` signs with the same CA
