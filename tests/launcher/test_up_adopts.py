@@ -111,10 +111,17 @@ def test_a_killed_up_s_worker_is_adopted_by_the_next_up_without_reloading(head, 
         with ControllerClient(second.address) as client:
             chunks = list(client.generate("The capital of", max_tokens=4, ignore_eos=True))
         assert sum(len(c["token_ids"]) for c in chunks) == 4
+        down = subprocess.run(
+            [str(INTENTSERVE), "down", "--controller", second.address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert down.returncode == 0, down.stderr
+        assert second.wait_exit(60) == 0, second.describe()
     finally:
         second.stop()
-    assert second.wait_exit(30) == 0, second.describe()
-    assert _actor_status(head) is None  # a clean stop takes the workers away
+    assert _actor_status(head) is None  # `down` takes the adopted workers away too
     assert not (Path(second.env["INTENTSERVE_HOME"]) / "deployments" / "adopted").exists()
 
 
