@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import os
 import signal
 import sys
@@ -34,18 +32,18 @@ from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
 from intentserve.controller.launch.deployment_dir import DeploymentDir, DeploymentRunning, UpRecord
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
-from intentserve.controller.launch.ray_target import RayTarget, choose_ray_target
+from intentserve.controller.launch.ray_target import choose_ray_target
+from intentserve.controller.launch.replicas import registry_port_kept, replicas_of
 from intentserve.controller.launch.security import (
     DeploymentSecurity,
     SecurityError,
     describe_security,
 )
-from intentserve.controller.launch.types import ActorProbe, LaunchError, Replica
+from intentserve.controller.launch.types import ActorProbe, LaunchError
 from intentserve.controller.service.convert import status_to_pb
 from intentserve.controller.service.deployment import deployment_state
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerConfig
 from intentserve.controller.service.state import WorkerState
 from intentserve.policy import Verdict
 
@@ -104,48 +102,6 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
             )
         return server.registry_address
     return f"{launcher.driver_host()}:{server.registry_port}"
-
-
-def _registry_port_kept(
-    config: ControllerConfig, earlier: UpRecord | None, ray_target: RayTarget
-) -> ControllerConfig:
-    """The workers' registry port as an earlier `up` of the deployment bound it, when that one
-    was killed on the same joined cluster and spec.controller.registryPort is 0 (a free one):
-    its workers may live on, and they know no other address. NOTE: without TLS workers register
-    on spec.controller.port, which the manifest fixes (0 there cannot be adopted)."""
-    if earlier is None or ray_target.embedded or earlier.ray_address != ray_target.address:
-        return config
-    if config.security.tls is None or config.registry_port != 0:
-        return config
-    return dataclasses.replace(config, registry_port=earlier.registry_port)
-
-
-def _replicas(
-    manifest: Manifest,
-    controller_address: str,
-    host: str,
-    prepared: DeploymentSecurity,
-    log_format: str,
-) -> list[Replica]:
-    """One actor per replica; each is handed its own certificate and key, and no other, and
-    logs in the controller's format."""
-    r = manifest.spec.resources
-    ca_pem = prepared.ca.cert_pem.decode() if prepared.ca else None
-    replicas = []
-    for worker_id in manifest.worker_ids():
-        config = manifest.worker_config(worker_id, controller_address, host)
-        started_with = (config, ca_pem, r.num_cpus, r.num_gpus, manifest.spec.max_restarts)
-        replicas.append(
-            Replica(
-                worker_id,
-                {**config, "tls": prepared.worker_tls(worker_id), "log_format": log_format},
-                r.num_cpus,
-                r.num_gpus,
-                manifest.spec.max_restarts,
-                hashlib.sha256(json.dumps(started_with, sort_keys=True).encode()).hexdigest(),
-            )
-        )
-    return replicas
 
 
 def _install_signals(server: ControllerServer, received: list[str]) -> None:
@@ -215,7 +171,7 @@ def _claimed(
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     ray_target = choose_ray_target(args.ray_address)
-    config = _registry_port_kept(
+    config = registry_port_kept(
         dataclasses.replace(manifest.controller_config(), security=prepared.security),
         earlier,
         ray_target,
@@ -293,7 +249,7 @@ def _up(
             "spec.security.insecure is true on a joined Ray cluster, where workers listen on "
             "every interface: set spec.security.insecureNetwork: true to accept plaintext there"
         )
-    replicas = _replicas(
+    replicas = replicas_of(
         manifest,
         _controller_address(manifest, server, launcher),
         launcher.worker_host(),
