@@ -105,6 +105,7 @@ class RegistryClient:
             worker_id=self.worker_id,
             address=address,
             capability=convert.capability_to_pb(capability),
+            registration_token=self._token,  # NOTE: proves it is this process registering again
         )
         deadline = time.monotonic() + wait_s
         refusal: str | None = None
