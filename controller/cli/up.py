@@ -9,8 +9,8 @@ killed `up` left on a joined Ray cluster are adopted, and verified again without
 Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
 reason is printed), start-up failed, or workers whose restart budget is spent leave too few to
 meet minReady (each named with its last error), or the deployment is already running; 2 bad
-manifest (the field, the value, what is
-allowed). A failure once the controller is up stops everything first, then prints the error last.
+manifest (the field, the value, what is allowed). A failure once the controller is up stops
+everything first, then prints the error last.
 """
 
 from __future__ import annotations
