@@ -125,5 +125,6 @@ class DeploymentDir:
             f"deployment {self.deployment!r} is already running: `intentserve up` pid {up.pid} "
             f"serves it, its controller at {up.controller_address}; stop it with "
             f"`intentserve down --controller {up.controller_address}` (or Ctrl-C where it "
-            "runs) before starting it again"
+            "runs) before starting it again, or give this one another name (metadata.name, "
+            "`serve --name`)"
         )

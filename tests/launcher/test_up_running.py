@@ -24,7 +24,8 @@ def test_up_on_a_running_deployment_names_it_and_exits_1(monkeypatch, tmp_path, 
     assert out.err == (
         "error: deployment 'local' is already running: `intentserve up` pid 4242 serves it, its "
         "controller at 127.0.0.1:50051; stop it with `intentserve down --controller "
-        "127.0.0.1:50051` (or Ctrl-C where it runs) before starting it again\n"
+        "127.0.0.1:50051` (or Ctrl-C where it runs) before starting it again, or give this one "
+        "another name (metadata.name, `serve --name`)\n"
     )
     assert out.out == ""
     assert running.previous() == UpRecord(4242, "127.0.0.1:50051", 40123, None)  # left alone
