@@ -180,7 +180,16 @@ def _claimed(
         server = ControllerServer(config).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         c = s.controller
-        print(f"error: cannot start the controller on {c.host}:{c.port}: {error}", file=sys.stderr)
+        kept = ""
+        if earlier is not None and config.registry_port != c.registry_port:
+            kept = (
+                f" and the workers' registry port {config.registry_port} (the one the workers "
+                f"of the killed `up` pid {earlier.pid} know)"
+            )
+        print(
+            f"error: cannot start the controller on {c.host}:{c.port}{kept}: {error}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     state.record(UpRecord(os.getpid(), server.address, server.registry_port, ray_target.address))
     previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
