@@ -3,11 +3,14 @@
 manifest -> controller (health NOT_SERVING) -> Ray (embedded, or `--ray-address`) -> one worker
 actor per replica -> progress until the deployment is READY -> status table -> serve until
 Ctrl-C, SIGTERM or `intentserve down` -> controller stopped, actors killed, Ray shut down.
+A deployment already running (another `up` holds it) is named and refused; the live workers a
+killed `up` left on a joined Ray cluster are adopted, and verified again without reloading.
 
 Exit codes: 0 clean shutdown after serving; 1 the policy could not be realized (the worker's
 reason is printed), start-up failed, or workers whose restart budget is spent leave too few to
-meet minReady (each named with its last error); 2 bad manifest (the field, the value, what is
-allowed). A failure once the controller is up stops everything first, then prints the error last.
+meet minReady (each named with its last error), or the deployment is already running; 2 bad
+manifest (the field, the value, what is allowed). A failure once the controller is up stops
+everything first, then prints the error last.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from intentserve.controller.cli.logs import add_logging_arguments, configure_log
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
+from intentserve.controller.launch.deployment_dir import DeploymentDir, DeploymentRunning, UpRecord
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.controller.launch.ray_target import choose_ray_target
+from intentserve.controller.launch.replicas import registry_port_kept, replicas_of
 from intentserve.controller.launch.security import (
     DeploymentSecurity,
     SecurityError,
     describe_security,
 )
-from intentserve.controller.launch.types import ActorProbe, LaunchError, Replica
+from intentserve.controller.launch.types import ActorProbe, LaunchError
 from intentserve.controller.service.convert import status_to_pb
 from intentserve.controller.service.deployment import deployment_state
 from intentserve.controller.service.registry import WorkerRecord
@@ -99,32 +104,6 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
     return f"{launcher.driver_host()}:{server.registry_port}"
 
 
-def _replicas(
-    manifest: Manifest,
-    controller_address: str,
-    host: str,
-    prepared: DeploymentSecurity,
-    log_format: str,
-) -> list[Replica]:
-    """One actor per replica; each is handed its own certificate and key, and no other, and
-    logs in the controller's format."""
-    r = manifest.spec.resources
-    return [
-        Replica(
-            worker_id,
-            {
-                **manifest.worker_config(worker_id, controller_address, host),
-                "tls": prepared.worker_tls(worker_id),
-                "log_format": log_format,
-            },
-            r.num_cpus,
-            r.num_gpus,
-            manifest.spec.max_restarts,
-        )
-        for worker_id in manifest.worker_ids()
-    ]
-
-
 def _install_signals(server: ControllerServer, received: list[str]) -> None:
     """SIGINT / SIGTERM ask the controller to shut down; the main loop notices and says so.
     NOTE: the handler only records and sets an event: printing here could re-enter a print."""
@@ -161,6 +140,25 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
     if shared is not None:
         print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)
     configure_logging(args.log_format, args.log_level)
+    state = DeploymentDir(credentials.home(), manifest.name)
+    try:
+        earlier = state.claim()
+    except DeploymentRunning as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        return _claimed(manifest, source, args, state, earlier)
+    finally:
+        state.unlock()  # NOTE: after a clean stop the folder is gone already
+
+
+def _claimed(
+    manifest: Manifest,
+    source: str,
+    args: argparse.Namespace,
+    state: DeploymentDir,
+    earlier: UpRecord | None,
+) -> int:
     progress = Progress()
     s = manifest.spec
     progress.say(
@@ -168,17 +166,32 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
         f"{s.resources.device.value}, pagedAttention {s.paged_attention.mode.value}"
     )
     try:
-        prepared = DeploymentSecurity.prepare(manifest)
+        prepared = DeploymentSecurity.prepare(manifest, state)
     except SecurityError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    config = dataclasses.replace(manifest.controller_config(), security=prepared.security)
+    ray_target = choose_ray_target(args.ray_address)
+    config = registry_port_kept(
+        dataclasses.replace(manifest.controller_config(), security=prepared.security),
+        earlier,
+        ray_target,
+    )
     try:
         server = ControllerServer(config).start()
     except RuntimeError as error:  # the port is taken or the host is not ours
         c = s.controller
-        print(f"error: cannot start the controller on {c.host}:{c.port}: {error}", file=sys.stderr)
+        kept = ""
+        if earlier is not None and config.registry_port != c.registry_port:
+            kept = (
+                f" and the workers' registry port {config.registry_port} (the one the workers "
+                f"of the killed `up` pid {earlier.pid} know)"
+            )
+        print(
+            f"error: cannot start the controller on {c.host}:{c.port}{kept}: {error}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
+    state.record(UpRecord(os.getpid(), server.address, server.registry_port, ray_target.address))
     previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
     _install_signals(server, progress.signals)
     saved = credentials.save(
@@ -197,9 +210,9 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
         RayLauncher,  # ray is imported only when `up` runs
     )
 
-    ray_target = choose_ray_target(args.ray_address)
     progress.say(f"ray: {ray_target.describe()}")
     launcher = RayLauncher(
+        deployment=manifest.name,
         address=ray_target.address,
         num_cpus=args.ray_num_cpus,
         temp_dir=args.ray_temp_dir,
@@ -217,6 +230,7 @@ def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
             progress.say(f"{progress.signals[0]}: shutting down")
         server.stop(grace_s=s.controller.drain_timeout_s)
         launcher.shutdown()
+        state.remove()  # its workers are gone: nothing is left to adopt
         credentials.remove(server.address)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -244,17 +258,18 @@ def _up(
             "spec.security.insecure is true on a joined Ray cluster, where workers listen on "
             "every interface: set spec.security.insecureNetwork: true to accept plaintext there"
         )
-    replicas = _replicas(
+    replicas = replicas_of(
         manifest,
         _controller_address(manifest, server, launcher),
         launcher.worker_host(),
         prepared,
         log_format,
     )
-    launcher.launch(replicas)
+    adopted = launcher.launch(replicas)
+    kept = f", {len(adopted)} adopted from an earlier `up` ({', '.join(adopted)})" * bool(adopted)
     progress.say(
-        f"workers: {len(replicas)} actors created (numCpus {r.num_cpus:g}, numGpus "
-        f"{r.num_gpus:g}, maxRestarts {manifest.spec.max_restarts})"
+        f"workers: {len(replicas) - len(adopted)} actors created{kept} (numCpus {r.num_cpus:g}, "
+        f"numGpus {r.num_gpus:g}, maxRestarts {manifest.spec.max_restarts})"
     )
     deadline_s = time.monotonic() + manifest.spec.startup_timeout_s
     next_note_s = time.monotonic() + WAITING_NOTE_S

@@ -1,6 +1,12 @@
 """The Ray side of `intentserve up`: start an embedded Ray cluster (or join one) and keep one actor
 per worker replica, with the manifest's resources and a restart budget.
 
+The actors belong to the deployment, not to this process: detached, named by their worker ids in
+the deployment's own Ray namespace (`intentserve-<name>`). When `up` is killed they live on with
+their loaded models on a joined cluster, and the next `up` of the deployment finds them by name
+and adopts them as they are. An embedded cluster's processes are `up`'s children and end with it
+(reap.py), actors included: there a killed `up` takes its workers along.
+
 NOTE: the only controller module that imports ray. The worker class is named by its import path
 (`WORKER_CLASS`) and imported inside the actor's process by `_WorkerHost`, so the controller's
 process never imports worker/ or torch, and controller/ has no `import worker` anywhere.
@@ -12,19 +18,25 @@ import importlib
 import logging
 import os
 import re
+import time
 from typing import Any
 
 import ray
 from intentserve.controller.launch.reap import child_pids, reap, reap_orphaned_ray_agents
 from intentserve.controller.launch.types import ActorProbe, ActorState, LaunchError, Replica
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayActorError,
+)
 
 __all__ = ["ActorProbe", "ActorState", "LaunchError", "RayLauncher", "Replica"]
 
 log = logging.getLogger(__name__)
 
 WORKER_CLASS = "intentserve.worker.actor:WorkerActor"
-NAMESPACE = "intentserve"
+NAMESPACE_PREFIX = "intentserve-"
 # In Ray's error when a new node is late: its raylet, or its GCS publishing its port.
 STARTUP_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 # NOTE: Ray waits 30 s for a new GCS to publish its port; a loaded 2-core machine (a test run
@@ -39,6 +51,7 @@ EMBEDDED_OBJECT_STORE_BYTES = 128 << 20  # actors exchange only small status dic
 # fell to about 80% of the same engine in-process. Workers run at the controller's priority.
 EMBEDDED_SYSTEM_CONFIG = {"worker_niceness": 0}
 LOOPBACK = "127.0.0.1"
+ADOPT_TIMEOUT_S = 30.0  # for a live actor to say what it was started with, or to end
 SHUTDOWN_GRACE_S = 10.0  # then the embedded cluster's leftover processes are killed
 
 
@@ -46,9 +59,14 @@ class _WorkerHost:
     """The actor class: constructs the worker class named by `target` ("module:Class") inside the
     actor's process and forwards `status()` / `stop()` to it."""
 
-    def __init__(self, target: str, config: dict[str, Any]) -> None:
+    def __init__(self, target: str, config: dict[str, Any], fingerprint: str) -> None:
         module, _, name = target.partition(":")
+        self._fingerprint = fingerprint
         self._worker = getattr(importlib.import_module(module), name)(config)
+
+    def fingerprint(self) -> str:
+        """The `Replica.fingerprint` it was started with."""
+        return self._fingerprint
 
     def status(self) -> dict[str, Any]:
         return self._worker.status()
@@ -57,10 +75,16 @@ class _WorkerHost:
         return self._worker.stop()
 
 
+def namespace_of(deployment: str) -> str:
+    """The Ray namespace of a deployment's actors."""
+    return f"{NAMESPACE_PREFIX}{deployment}"
+
+
 class RayLauncher:
     def __init__(
         self,
         *,
+        deployment: str,
         address: str | None = None,
         num_cpus: float | None = None,
         temp_dir: str | None = None,
@@ -70,6 +94,7 @@ class RayLauncher:
         """`address` None starts an embedded cluster; anything else (`auto`, `HOST:6379`,
         `ray://HOST:10001`) joins one."""
         self.address = address
+        self.namespace = namespace_of(deployment)
         self._num_cpus = num_cpus
         self._temp_dir = temp_dir
         self._log_to_driver = log_to_driver
@@ -85,7 +110,7 @@ class RayLauncher:
         """Start or join Ray for workers that need `num_cpus` and `num_gpus` in all; a sentence
         saying which cluster, with its resources."""
         options: dict[str, Any] = {
-            "namespace": NAMESPACE,
+            "namespace": self.namespace,
             "log_to_driver": self._log_to_driver,
             "include_dashboard": False,
             "logging_level": logging.WARNING,
@@ -158,20 +183,64 @@ class RayLauncher:
         """What another driver passes to `ray.init(address=...)` to reach this cluster."""
         return ray.get_runtime_context().gcs_address
 
-    def launch(self, replicas: list[Replica]) -> None:
-        """One actor per replica; Ray restarts a dead one up to its `max_restarts`."""
+    def launch(self, replicas: list[Replica]) -> tuple[str, ...]:
+        """One detached actor per replica, or the live one of its name (left by an `up` that was
+        killed) adopted as it is; Ray restarts a dead one up to its `max_restarts`. The ids of
+        those adopted."""
         host = ray.remote(_WorkerHost)
+        adopted = []
         for replica in replicas:
+            if self._adopt(replica):
+                adopted.append(replica.worker_id)
+                continue
             try:
                 self._actors[replica.worker_id] = host.options(
                     name=replica.worker_id,
+                    namespace=self.namespace,
+                    lifetime="detached",
                     num_cpus=replica.num_cpus,
                     num_gpus=replica.num_gpus,
                     max_restarts=replica.max_restarts,
                     max_concurrency=2,  # status() answers while stop() runs
-                ).remote(self._worker_class, replica.config)
-            except ValueError as error:  # e.g. the name is taken by another deployment
+                ).remote(self._worker_class, replica.config, replica.fingerprint)
+            except ValueError as error:  # e.g. the name was taken meanwhile
                 raise LaunchError(f"cannot create worker {replica.worker_id}: {error}") from error
+        return tuple(adopted)
+
+    def _adopt(self, replica: Replica) -> bool:
+        """Whether the live actor of the replica's name was started with its fingerprint and
+        is now this launcher's; one started otherwise (another manifest, controller address or
+        CA: it would never be verified) is killed, and its name freed for a new one."""
+        try:
+            actor = ray.get_actor(replica.worker_id, self.namespace)
+        except ValueError:  # none alive in the deployment's namespace
+            return False
+        try:
+            fingerprint = ray.get(actor.fingerprint.remote(), timeout=ADOPT_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError) as error:
+            fingerprint = f"unknown ({type(error).__name__})"
+        if fingerprint == replica.fingerprint:
+            self._actors[replica.worker_id] = actor
+            return True
+        log.warning(
+            "worker %s: its live actor was started from other settings (fingerprint %s, now "
+            "%s); replacing it",
+            replica.worker_id,
+            fingerprint[:12],
+            replica.fingerprint[:12],
+        )
+        ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + ADOPT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(replica.worker_id, self.namespace)
+            except ValueError:  # the name is free again
+                return False
+            time.sleep(0.1)
+        raise LaunchError(
+            f"cannot replace worker {replica.worker_id}: its actor, started from other "
+            f"settings, still holds the name {ADOPT_TIMEOUT_S:g} s after it was killed"
+        )
 
     def probe(self, timeout_s: float = 0.5) -> dict[str, ActorProbe]:
         """Each actor's state (and its worker's status when it answers within the timeout)."""

@@ -1,8 +1,9 @@
 """The deployment's private CA: `up` makes one (or loads the operator's) and issues the
 controller's certificate and one per worker replica, so each party proves who it is.
 
-The CA key never leaves `up`'s process unless the operator supplied it from a file (a Kubernetes
-Secret); each worker actor is handed only its own key.
+Each worker actor is handed only its own key. The CA key is the operator's file (a Kubernetes
+Secret), or one `up` made and keeps, owner-only, in the deployment's state directory
+(`deployment_dir`), so that a later `up` can re-adopt the workers it certified.
 """
 
 from __future__ import annotations
@@ -68,19 +69,31 @@ class DeploymentCa:
         return cls(deployment, cert, key)
 
     @classmethod
-    def load(cls, deployment: str, cert_file: Path, key_file: Path) -> DeploymentCa:
-        """The operator's CA (e.g. mounted from a Kubernetes Secret)."""
+    def load(
+        cls,
+        deployment: str,
+        cert_file: Path,
+        key_file: Path,
+        fields: tuple[str, str] = ("spec.security.caCertFile", "spec.security.caKeyFile"),
+    ) -> DeploymentCa:
+        """The operator's CA (e.g. mounted from a Kubernetes Secret), or one `up` kept; an
+        error names the file by its `fields` (the manifest's, by default)."""
+        cert_field, key_field = fields
         try:
             cert = x509.load_pem_x509_certificate(Path(cert_file).read_bytes())
         except (OSError, ValueError) as error:
-            raise PkiError(f"spec.security.caCertFile {cert_file}: {error}") from None
+            raise PkiError(f"{cert_field} {cert_file}: {error}") from None
         try:
             key = serialization.load_pem_private_key(Path(key_file).read_bytes(), password=None)
         except (OSError, ValueError, TypeError) as error:
-            raise PkiError(f"spec.security.caKeyFile {key_file}: {error}") from None
+            raise PkiError(f"{key_field} {key_file}: {error}") from None
         if key.public_key().public_numbers() != cert.public_key().public_numbers():
-            raise PkiError(f"spec.security.caKeyFile {key_file}: not the key of {cert_file}")
+            raise PkiError(f"{key_field} {key_file}: not the key of {cert_file}")
         return cls(deployment, cert, key)
+
+    @property
+    def valid_until(self) -> datetime.datetime:
+        return self._cert.not_valid_after_utc
 
     @property
     def cert_pem(self) -> bytes:

@@ -1,7 +1,7 @@
 """What `up` prepares so that only the deployment's own workers and operators can change what
 READY means: the CA and the certificates, the admin token, the clients' API keys.
 
-    prepared = DeploymentSecurity.prepare(manifest)
+    prepared = DeploymentSecurity.prepare(manifest, DeploymentDir(home, manifest.name))
     config = replace(manifest.controller_config(), security=prepared.security)
     worker_config["tls"] = prepared.worker_tls("local-0")   # each actor gets only its own key
 """
@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from intentserve.controller.launch.deployment_dir import DeploymentDir
 from intentserve.controller.launch.manifest import Manifest
 from intentserve.controller.launch.pki import DeploymentCa, PkiError
 from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
@@ -28,7 +29,10 @@ class DeploymentSecurity:
     plaintext_http: bool = False  # the HTTP API without TLS (loopback only, API keys required)
 
     @classmethod
-    def prepare(cls, manifest: Manifest) -> DeploymentSecurity:
+    def prepare(cls, manifest: Manifest, state: DeploymentDir) -> DeploymentSecurity:
+        """The CA is the operator's files, else the one kept in the deployment's `state`
+        directory (made there the first time): workers a killed `up` left keep certificates
+        of it."""
         s = manifest.spec.security
         c = manifest.spec.controller
         if s.admin_token_file:
@@ -49,7 +53,7 @@ class DeploymentSecurity:
                 ca = (
                     DeploymentCa.load(manifest.name, Path(s.ca_cert_file), Path(s.ca_key_file))
                     if s.ca_cert_file
-                    else DeploymentCa.create(manifest.name)
+                    else state.ca()
                 )
             except PkiError as error:
                 raise SecurityError(str(error)) from None

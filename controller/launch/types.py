@@ -21,6 +21,10 @@ class Replica:
     num_cpus: float
     num_gpus: float
     max_restarts: int  # -1: unlimited
+    # NOTE: a live actor of the replica's name is adopted only when it was started with the same
+    # fingerprint: the same worker settings, controller address and CA, whatever certificate it
+    # holds (each `up` issues new ones). Another one is replaced.
+    fingerprint: str = ""
 
 
 class ActorState(enum.Enum):

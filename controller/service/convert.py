@@ -39,12 +39,15 @@ def _required(value: str, field: str) -> str:
     return value
 
 
-def register_from_pb(msg: worker_pb2.RegisterRequest) -> tuple[str, str, Capability]:
+def register_from_pb(msg: worker_pb2.RegisterRequest) -> tuple[str, str, Capability, bytes]:
+    """The worker's id, address and capability, and the token proving its live registration
+    (empty on a first registration)."""
     worker_id = _required(msg.worker_id, "worker_id")
     address = _required(msg.address, "address")
     if not msg.HasField("capability"):
         raise ValueError("capability: must be set")
-    return worker_id, address, convert.capability_from_pb(msg.capability)
+    capability = convert.capability_from_pb(msg.capability)
+    return worker_id, address, capability, msg.registration_token
 
 
 def register_to_pb(

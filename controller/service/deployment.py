@@ -72,12 +72,13 @@ class Deployment:
         capability: Capability,
         *,
         token: bytes = b"",
+        proof: bytes = b"",
         peer: str = IN_PROCESS,
     ) -> Resolution:
         """Resolve the intent for a (re)registering worker. A worker that cannot honour the
         policy is recorded REJECTED, and `resolution.rejection` says why. WorkerAlive while a
-        worker of that id is alive. `token`: what its reports and heartbeats must carry;
-        `peer`: who called, for the log."""
+        worker of that id is alive, unless `proof` is the token of its live registration.
+        `token`: what its reports and heartbeats must carry; `peer`: who called, for the log."""
         try:
             record = self.registry.register(
                 worker_id,
@@ -86,6 +87,7 @@ class Deployment:
                 self._clock(),
                 token=token,
                 alive_timeout_s=self._heartbeat_timeout_s,
+                proof=proof,
             )
         except WorkerAlive as refused:
             log.warning("refused a registration of worker %s from %s: %s", worker_id, peer, refused)

@@ -115,13 +115,17 @@ class Registry:
         *,
         token: bytes,
         alive_timeout_s: float,
+        proof: bytes = b"",
     ) -> WorkerRecord:
         """A fresh record in REGISTERED; a known worker starts again from scratch once it is
-        gone. WorkerAlive while it is alive: monitored, not suspect, and heard from within
-        `alive_timeout_s` (a restarted process retries until its predecessor lapses)."""
+        gone, or at once when `proof` is its live registration's token (its own process,
+        registering again). WorkerAlive while it is alive to anyone else: monitored, not
+        suspect, and heard from within `alive_timeout_s` (a restarted process retries until its
+        predecessor lapses)."""
         with self._lock:
             old = self._records.get(worker_id)
-            if old is not None and _alive(old, now_s, alive_timeout_s):
+            own = old is not None and bool(proof) and _holds(old, proof)
+            if old is not None and not own and _alive(old, now_s, alive_timeout_s):
                 raise WorkerAlive(
                     f"worker {worker_id!r} is alive ({old.state.value} at {old.address}, heard "
                     f"from {now_s - old.last_seen_s:.1f} s ago): a registration under its id is "
@@ -317,9 +321,13 @@ def _alive(record: WorkerRecord, now_s: float, timeout_s: float) -> bool:
     return now_s - record.last_seen_s <= timeout_s
 
 
+def _holds(record: WorkerRecord, token: bytes) -> bool:
+    return hmac.compare_digest(record.registration_token, token)
+
+
 def check_token(record: WorkerRecord, token: bytes) -> None:
     """NotThisRegistration unless `token` is the record's registration token."""
-    if not hmac.compare_digest(record.registration_token, token):
+    if not _holds(record, token):
         raise NotThisRegistration(
             f"worker {record.worker_id!r}: the registration token is not that of its current "
             "registration (register again)"

@@ -27,10 +27,10 @@ class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
         self._heartbeat_interval_s = heartbeat_interval_s
 
     async def Register(self, request, context):
-        worker_id, address, capability = convert.register_from_pb(request)
+        worker_id, address, capability, proof = convert.register_from_pb(request)
         token = secrets.token_bytes(16)  # unguessable: only this registration's process holds it
         resolution = self._deployment.register(
-            worker_id, address, capability, token=token, peer=context.peer()
+            worker_id, address, capability, token=token, proof=proof, peer=context.peer()
         )
         return convert.register_to_pb(
             self._deployment.desired, resolution, self._heartbeat_interval_s, token

@@ -16,8 +16,8 @@ PEER = "ipv4:10.0.0.9:4242"
 BROKE = Reason(ReasonCode.WORKER_NOT_SERVING, "suspect: its connection broke")
 
 
-def register(deployment, token: bytes, address="w0:1", peer=PEER):
-    return deployment.register("w0", address, examples.cpu(), token=token, peer=peer)
+def register(deployment, token: bytes, address="w0:1", peer=PEER, proof=b""):
+    return deployment.register("w0", address, examples.cpu(), token=token, proof=proof, peer=peer)
 
 
 def verified(deployment, token: bytes) -> None:
@@ -45,6 +45,25 @@ def test_a_live_workers_id_cannot_be_registered_again(state, caplog):
     assert ("INFO", f"worker w0 registered from {PEER} (serves on w0:1; registration 1)") in logged
     refusals = [m for level, m in logged if level == "WARNING"]
     assert refusals and refusals[0].startswith("refused a registration of worker w0 from ipv4:10.6")
+
+
+@pytest.mark.parametrize("state", ["loading", "ready"])
+def test_a_live_worker_proving_its_current_registration_may_register_again(state):
+    """Its own process asked twice to register (two heartbeats answered REGISTER while the first
+    registration was in flight) is not taken for an impostor: it keeps its model."""
+    deployment, clock, _ = make("on")
+    if state == "loading":
+        register(deployment, b"real")
+    else:
+        verified(deployment, b"real")
+    with pytest.raises(WorkerAlive):
+        register(deployment, b"impostor", proof=b"guessed")
+    register(deployment, b"again", proof=b"real")
+    record = deployment.registry.get("w0")
+    assert (record.state, record.num_registrations) == (WorkerState.LOADING, 2)
+    assert record.registration_token == b"again"
+    with pytest.raises(WorkerAlive):  # the replaced registration's token proves nothing now
+        register(deployment, b"third", proof=b"real")
 
 
 @pytest.mark.parametrize("gone", ["silent", "lost", "suspect", "rejected"])

@@ -22,8 +22,8 @@ from tests.launcher.processes import processes_mentioning, short_temp_dir
 FAKE = "tests.launcher.fake_worker:FakeWorker"
 
 
-def replica(worker_id: str, max_restarts: int = 1) -> Replica:
-    return Replica(worker_id, {"worker_id": worker_id}, 0.25, 0, max_restarts)
+def replica(worker_id: str, max_restarts: int = 1, fingerprint: str = "a") -> Replica:
+    return Replica(worker_id, {"worker_id": worker_id}, 0.1, 0, max_restarts, fingerprint)
 
 
 def probe_until(launcher: RayLauncher, worker_id: str, done, timeout_s: float = 30.0):
@@ -40,7 +40,7 @@ def probe_until(launcher: RayLauncher, worker_id: str, done, timeout_s: float = 
 @pytest.fixture(scope="module")
 def ray_session():
     temp_dir = short_temp_dir()
-    launcher = RayLauncher(worker_class=FAKE, num_cpus=1, temp_dir=temp_dir)
+    launcher = RayLauncher(deployment="f", worker_class=FAKE, num_cpus=1, temp_dir=temp_dir)
     assert launcher.start(0.5, 0) == "embedded Ray cluster (1 CPUs)"
     yield launcher, temp_dir
     launcher.shutdown()
@@ -77,10 +77,36 @@ def test_actors_run_at_the_priority_of_the_process_that_started_the_cluster(ray_
 
 @pytest.mark.integration
 def test_a_class_that_cannot_be_imported_leaves_a_dead_actor_with_the_reason(ray_session):
-    broken = RayLauncher(worker_class="tests.launcher.fake_worker:Missing")
+    broken = RayLauncher(deployment="f", worker_class="tests.launcher.fake_worker:Missing")
     broken.launch([replica("f-missing", max_restarts=0)])
     dead = probe_until(broken, "f-missing", lambda p: p.state is ActorState.DEAD)
     assert "AttributeError" in dead.error and "Missing" in dead.error
+
+
+@pytest.mark.integration
+def test_a_live_actor_of_the_deployment_is_adopted_by_name_not_created_again(ray_session):
+    launcher, _ = ray_session
+    assert launcher.launch([replica("f-kept")]) == ()
+    first = probe_until(launcher, "f-kept", lambda p: p.state is ActorState.RUNNING)
+    # What the next `up` of the deployment does: the same names, in the same namespace.
+    again = RayLauncher(deployment="f", worker_class=FAKE)
+    assert again.launch([replica("f-kept"), replica("f-new")]) == ("f-kept",)
+    kept = probe_until(again, "f-kept", lambda p: p.state is ActorState.RUNNING)
+    assert kept.status["pid"] == first.status["pid"]
+    # Another deployment's namespace holds no actor of that name: it creates its own.
+    assert RayLauncher(deployment="g", worker_class=FAKE).launch([replica("f-kept")]) == ()
+
+
+@pytest.mark.integration
+def test_a_live_actor_started_from_other_settings_is_replaced_not_adopted(ray_session):
+    launcher, _ = ray_session
+    launcher.launch([replica("f-changed", fingerprint="a")])
+    first = probe_until(launcher, "f-changed", lambda p: p.state is ActorState.RUNNING)
+    again = RayLauncher(deployment="f", worker_class=FAKE)
+    assert again.launch([replica("f-changed", fingerprint="b")]) == ()
+    new = probe_until(again, "f-changed", lambda p: p.state is ActorState.RUNNING)
+    assert new.status["pid"] != first.status["pid"]
+    assert probe_until(launcher, "f-changed", lambda p: p.state is ActorState.DEAD)
 
 
 @pytest.mark.integration
@@ -148,7 +174,7 @@ def test_an_embedded_node_late_at_startup_is_started_once_more(monkeypatch, capl
     monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
     monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
     monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})
-    assert RayLauncher(num_cpus=1).start(1, 0) == "embedded Ray cluster (2 CPUs)"
+    assert RayLauncher(deployment="f", num_cpus=1).start(1, 0) == "embedded Ray cluster (2 CPUs)"
     assert (flaky.inits, flaky.shutdowns) == (2, 1)
     assert "timed out during start-up; starting it again" in caplog.text
 
@@ -157,10 +183,10 @@ def test_an_embedded_start_waits_longer_for_the_gcs_unless_the_operator_says(mon
     monkeypatch.setattr(launcher_module.ray, "init", lambda **options: None)
     monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.delenv(launcher_module.GCS_PORT_WAIT_ENV, raising=False)
-    RayLauncher(num_cpus=1).start(1, 0)
+    RayLauncher(deployment="f", num_cpus=1).start(1, 0)
     assert os.environ[launcher_module.GCS_PORT_WAIT_ENV] == launcher_module.EMBEDDED_GCS_WAIT_S
     monkeypatch.setenv(launcher_module.GCS_PORT_WAIT_ENV, "7")
-    RayLauncher(num_cpus=1).start(1, 0)
+    RayLauncher(deployment="f", num_cpus=1).start(1, 0)
     assert os.environ[launcher_module.GCS_PORT_WAIT_ENV] == "7"
 
 
@@ -170,18 +196,18 @@ def test_a_second_late_start_or_another_error_is_a_launch_error(monkeypatch):
     monkeypatch.setattr(launcher_module.ray, "init", flaky.init)
     monkeypatch.setattr(launcher_module.ray, "shutdown", flaky.shutdown)
     with pytest.raises(LaunchError, match="cannot start an embedded Ray cluster: .*timed out"):
-        RayLauncher(num_cpus=1).start(1, 0)
+        RayLauncher(deployment="f", num_cpus=1).start(1, 0)
     assert flaky.inits == 2  # one retry only
     assert flaky.shutdowns == 2  # the half-started node is cleaned up both times
     other = _FlakyRay(1, "something else broke")
     monkeypatch.setattr(launcher_module.ray, "init", other.init)
     with pytest.raises(LaunchError, match="something else broke"):
-        RayLauncher(num_cpus=1).start(1, 0)
+        RayLauncher(deployment="f", num_cpus=1).start(1, 0)
     assert other.inits == 1
     joined = _FlakyRay(1, SLOW_NODE)
     monkeypatch.setattr(launcher_module.ray, "init", joined.init)
     with pytest.raises(LaunchError, match="cannot join ray://head:10001"):
-        RayLauncher(address="ray://head:10001").start(1, 0)
+        RayLauncher(deployment="f", address="ray://head:10001").start(1, 0)
     assert joined.inits == 1  # a joined cluster is the operator's: not retried
 
 
@@ -193,13 +219,17 @@ def test_an_embedded_cluster_bigger_than_the_host_is_refused_before_ray_starts(m
     monkeypatch.setattr(launcher_module.ray, "cluster_resources", lambda: {"CPU": 2000.0})
     monkeypatch.setattr(launcher_module.os, "sched_getaffinity", lambda pid: {0, 1})
     with pytest.raises(LaunchError) as error:
-        RayLauncher().start(2000, 0)
+        RayLauncher(deployment="f").start(2000, 0)
     assert str(error.value) == (
         "the workers need 2000 CPUs in all (replicas x spec.resources.numCpus) but this host "
         "has 2 for an embedded Ray cluster: lower them, join a cluster (--ray-address), or size "
         "the embedded one anyway (--ray-num-cpus)"
     )
     assert started.inits == 0
-    assert RayLauncher().start(2, 0) == "embedded Ray cluster (2000 CPUs)"  # fits: goes on
-    assert RayLauncher(num_cpus=2000).start(2000, 0)  # the operator sized it: goes on
+    assert (
+        RayLauncher(deployment="f").start(2, 0) == "embedded Ray cluster (2000 CPUs)"
+    )  # fits: goes on
+    assert RayLauncher(deployment="f", num_cpus=2000).start(
+        2000, 0
+    )  # the operator sized it: goes on
     assert started.inits == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from intentserve.controller.cli.main import main
+from intentserve.controller.launch.deployment_dir import DeploymentDir
 from intentserve.controller.launch.manifest import ManifestError, load_manifest, parse_manifest
 from intentserve.controller.launch.security import DeploymentSecurity, describe_security
 from intentserve.policy import DeviceKind, Mode
@@ -107,8 +108,10 @@ def test_plaintext_http_is_refused_where_it_would_be_exposed(spec, expected):
 
 def test_plaintext_http_without_a_keys_file_gets_a_fresh_key_never_an_open_api(tmp_path):
     spec = {"security": {"plaintextHttp": True}}
-    first = DeploymentSecurity.prepare(parse_manifest({**HEADER, "spec": spec}))
-    second = DeploymentSecurity.prepare(parse_manifest({**HEADER, "spec": spec}))
+    manifest = parse_manifest({**HEADER, "spec": spec})
+    state = DeploymentDir(tmp_path, manifest.name)
+    first = DeploymentSecurity.prepare(manifest, state)
+    second = DeploymentSecurity.prepare(manifest, state)
     assert first.api_key and first.api_key != second.api_key
     assert first.security.api_keys == {first.api_key}
     assert not first.security.admits_client(None)
@@ -116,7 +119,7 @@ def test_plaintext_http_without_a_keys_file_gets_a_fresh_key_never_an_open_api(t
     assert "HTTP in plaintext on loopback" in describe_security(first)
     (tmp_path / "keys").write_text("operator-key\n")
     spec["security"]["apiKeysFile"] = str(tmp_path / "keys")
-    given = DeploymentSecurity.prepare(parse_manifest({**HEADER, "spec": spec}))
+    given = DeploymentSecurity.prepare(parse_manifest({**HEADER, "spec": spec}), state)
     assert (given.api_key, given.security.api_keys) == (None, {"operator-key"})
 
 

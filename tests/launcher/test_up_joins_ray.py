@@ -43,7 +43,7 @@ MANIFEST = """\
 # resources asynchronously) and none of the deployment's named actors left.
 CLUSTER_STATE = """
 import json, sys, time, ray
-ray.init(namespace="intentserve", log_to_driver=False, logging_level="ERROR")
+ray.init(namespace="intentserve-joined", log_to_driver=False, logging_level="ERROR")
 deadline = time.monotonic() + 30
 while True:
     free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)

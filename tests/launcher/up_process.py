@@ -17,6 +17,7 @@ import pytest
 from intentserve.controller.cli import credentials
 from intentserve.controller.cli.client import ControllerClient
 from intentserve.controller.cli.credentials import Credentials
+from intentserve.controller.launch.launcher import namespace_of
 
 from tests.launcher.processes import processes_mentioning, short_temp_dir
 
@@ -25,7 +26,7 @@ INTENTSERVE = Path(sys.executable).with_name("intentserve")
 # NOTE: the embedded cluster uses Ray's token authentication (the token is in ~/.ray/auth_token).
 KILL_ACTOR = """
 import sys, ray
-ray.init(address=sys.argv[1], namespace="intentserve", log_to_driver=False, logging_level="ERROR")
+ray.init(address=sys.argv[1], namespace=sys.argv[3], log_to_driver=False, logging_level="ERROR")
 ray.kill(ray.get_actor(sys.argv[2]), no_restart=False)
 ray.shutdown()
 """
@@ -62,6 +63,7 @@ class UpProcess:
             "INTENTSERVE_SPEC__CONTROLLER__HTTPPORT": str(self.http_port),
             **env_overrides,
         }
+        self.env = env
         self.started_s = time.monotonic()
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.proc = subprocess.Popen(
@@ -120,8 +122,9 @@ class UpProcess:
         return re.search(r"GCS at (\S+)", self.stdout).group(1)
 
     def kill_actor(self, worker_id: str) -> None:
+        namespace = namespace_of(worker_id.rpartition("-")[0])  # ids are <deployment>-<i>
         subprocess.run(
-            [sys.executable, "-c", KILL_ACTOR, self.gcs_address(), worker_id],
+            [sys.executable, "-c", KILL_ACTOR, self.gcs_address(), worker_id, namespace],
             env={**os.environ, "RAY_AUTH_MODE": "token"},
             check=True,
             timeout=60,

@@ -27,6 +27,13 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 REGISTER_RETRYABLE = (*RETRYABLE, grpc.StatusCode.ALREADY_EXISTS)
 
 
+# NOTE: gRPC waits longer and longer between attempts to reconnect (up to 120 s by default): a
+# controller restarted after 20 s away went unheard for ~9 s more. Its workers must find it within
+# about a heartbeat, so the wait stops growing at a second (one connection attempt a second to a
+# controller that is down).
+CHANNEL_OPTIONS = (("grpc.max_reconnect_backoff_ms", 1000),)
+
+
 class Action(enum.Enum):
     """What the controller's reply to a heartbeat asks of the worker."""
 
@@ -77,9 +84,14 @@ class RegistryClient:
         self.worker_id = worker_id
         self._timeout_s = rpc_timeout_s
         self._channel = (
-            grpc.insecure_channel(controller_address)
+            grpc.insecure_channel(controller_address, options=CHANNEL_OPTIONS)
             if tls is None
-            else secure_channel(controller_address, tls, server_name(deployment, CONTROLLER))
+            else secure_channel(
+                controller_address,
+                tls,
+                server_name(deployment, CONTROLLER),
+                options=CHANNEL_OPTIONS,
+            )
         )
         self._stub = worker_pb2_grpc.WorkerRegistryStub(self._channel)
         self._token = b""  # the current registration's: reports and heartbeats carry it
@@ -93,6 +105,7 @@ class RegistryClient:
             worker_id=self.worker_id,
             address=address,
             capability=convert.capability_to_pb(capability),
+            registration_token=self._token,  # NOTE: proves it is this process registering again
         )
         deadline = time.monotonic() + wait_s
         refusal: str | None = None

@@ -21,14 +21,16 @@ HEARTBEAT_ACTION_REGISTER: HeartbeatAction
 HEARTBEAT_ACTION_DRAIN: HeartbeatAction
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "capability")
+    __slots__ = ("worker_id", "address", "capability", "registration_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     capability: _common_pb2.Capability
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ...) -> None: ...
+    registration_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capability: _Optional[_Union[_common_pb2.Capability, _Mapping]] = ..., registration_token: _Optional[bytes] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("config", "rejection", "heartbeat_interval_s", "registration_token")
