@@ -1,0 +1,78 @@
+"""bench/relay.py and its simulated workers: the workers pass the controller's mutual TLS and
+verification as real ones do and stream at their pace through it; the benchmark, at a tiny size,
+counts every token through the relay and straight from a worker."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import grpc
+import pytest
+from intentserve.v1 import inference_pb2, inference_pb2_grpc
+
+from bench.relay_fleet import SimWorkers, start_controller
+from tests.bench_script import run_bench
+
+pytestmark = pytest.mark.integration
+
+FLEET = argparse.Namespace(relay_cpus="", step_ms=10.0, tokens_per_step=3, worker_procs=1)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    front = start_controller(tmp_path, "sim", 2, FLEET)
+    workers = None
+    try:
+        workers = SimWorkers(front, 2, 4, FLEET)
+        front.wait_serving()  # both verified: their realized reports were accepted
+        credentials = grpc.ssl_channel_credentials(front.pki.ca_file.read_bytes())
+        options = [("grpc.ssl_target_name_override", front.server_name)]
+        with grpc.secure_channel(front.address, credentials, options=options) as channel:
+            yield inference_pb2_grpc.InferenceStub(channel), workers
+    finally:
+        if workers is not None:
+            workers.stop()
+        front.stop()
+
+
+def generate(stub, max_tokens: int) -> list[inference_pb2.GenerateResponse]:
+    stop = inference_pb2.StopConditions(max_tokens=max_tokens)
+    return list(stub.Generate(inference_pb2.GenerateRequest(prompt="hi", stop=stop), timeout=10))
+
+
+def test_simulated_workers_register_verify_and_stream_their_steps_through_the_controller(fleet):
+    stub, workers = fleet
+    assert [worker_id for worker_id, _ in workers.addresses] == ["sim-0", "sim-1"]
+    served_by = set()
+    for _ in range(4):
+        responses = generate(stub, 7)
+        assert [len(r.token_ids) for r in responses] == [3, 3, 1]  # three tokens a step
+        assert [r.num_output_tokens for r in responses] == [3, 6, 7]
+        assert responses[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
+        served_by.add(responses[0].worker_id)
+    assert served_by <= {"sim-0", "sim-1"}
+
+
+def test_a_simulated_worker_refuses_a_bad_field_by_name(fleet):
+    stub, _ = fleet
+    with pytest.raises(grpc.RpcError) as refused:
+        generate(stub, 0)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_tokens" in refused.value.details()
+
+
+def test_a_tiny_run_counts_every_token_through_the_relay_and_the_roofline(tmp_path):
+    args = ("--case", "2:8", "--seconds", "0.3", "--step-ms", "10", "--rounds", "1")
+    result, stdout = run_bench("relay", *args, "--client-procs", "2", cache=tmp_path)
+    (run,) = result["cases"]["2:8"]
+    (top,) = result["roofline"]["8"]
+    for measured in (run, top):
+        assert measured["failed"] == 0 and measured["first_error"] is None
+        assert measured["tokens"] == 8 * 30  # every stream got all its tokens
+        assert measured["tokens_per_s"] > 0 and measured["cpu_s"] >= 0
+        assert math.isfinite(measured["cpu_s_per_1k_tokens"])
+        assert len(measured["load_before"]) == 3
+    assert (run["relays"], top["relays"]) == (1, 0)
+    assert run["vs_roofline"] == pytest.approx(run["tokens_per_s"] / top["tokens_per_s"])
+    assert "relay x1      2:8 #1:" in stdout and "roofline     8 streams #1:" in stdout
