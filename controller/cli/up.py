@@ -109,6 +109,7 @@ def _replicas(
     """One actor per replica; each is handed its own certificate and key, and no other, and
     logs in the controller's format."""
     r = manifest.spec.resources
+    placed = manifest.replica_resources()
     return [
         Replica(
             worker_id,
@@ -120,6 +121,7 @@ def _replicas(
             r.num_cpus,
             r.num_gpus,
             manifest.spec.max_restarts,
+            placed[worker_id],
         )
         for worker_id in manifest.worker_ids()
     ]

@@ -4,7 +4,7 @@ these (and not the Ray launcher) so that `intentserve status` starts fast."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -21,6 +21,8 @@ class Replica:
     num_cpus: float
     num_gpus: float
     max_restarts: int  # -1: unlimited
+    # Custom Ray resources its actor needs (spec.placement): where on a joined cluster it runs.
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 class ActorState(enum.Enum):
