@@ -116,7 +116,7 @@ def _request(start: inference_pb2.GenerateRequest, timeout_s: float) -> _Request
 
 @dataclass
 class _Clock:
-    """The engine's steps: every waiter wakes at the same tick."""
+    """The engine's steps: every waiter wakes at the same tick (`await clock.next()`)."""
 
     step_s: float
     tick: asyncio.Future = field(init=False)
@@ -132,6 +132,11 @@ class _Clock:
             self.tick, done = loop.create_future(), self.tick
             self.num_steps += 1
             done.set_result(None)
+
+    async def next(self) -> None:
+        # NOTE: shielded: a waiter that is cancelled (its call ended) would cancel the future
+        # every other request waits on.
+        await asyncio.shield(self.tick)
 
 
 class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.InferenceServicer):
@@ -237,7 +242,7 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
         reader = asyncio.create_task(self._read(request_iterator, running, refused))
         try:
             while not reader.done() or running:
-                await self._clock.tick
+                await self._clock.next()
                 message = worker_pb2.StreamEvents(events=refused)
                 refused.clear()
                 for key, request in list(running.items()):
@@ -284,7 +289,7 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
         try:
             last = False
             while not last:
-                await self._clock.tick
+                await self._clock.next()
                 message = inference_pb2.GenerateResponse()
                 last = playing.advance(message, self.worker_id, self._tokens_per_step)
                 yield message

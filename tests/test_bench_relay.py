@@ -5,10 +5,12 @@ counts every token through the relay and straight from a worker."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import grpc
 import pytest
+from intentserve.tls import TlsIdentity, secure_channel
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 from bench.relay_fleet import SimWorkers, start_controller
@@ -29,7 +31,7 @@ def fleet(tmp_path):
         credentials = grpc.ssl_channel_credentials(front.pki.ca_file.read_bytes())
         options = [("grpc.ssl_target_name_override", front.server_name)]
         with grpc.secure_channel(front.address, credentials, options=options) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel), workers
+            yield inference_pb2_grpc.InferenceStub(channel), workers, front
     finally:
         if workers is not None:
             workers.stop()
@@ -37,12 +39,11 @@ def fleet(tmp_path):
 
 
 def generate(stub, max_tokens: int) -> list[inference_pb2.GenerateResponse]:
-    stop = inference_pb2.StopConditions(max_tokens=max_tokens)
-    return list(stub.Generate(inference_pb2.GenerateRequest(prompt="hi", stop=stop), timeout=10))
+    return list(generate_call(stub, max_tokens))
 
 
 def test_simulated_workers_register_verify_and_stream_their_steps_through_the_controller(fleet):
-    stub, workers = fleet
+    stub, workers, _ = fleet
     assert [worker_id for worker_id, _ in workers.addresses] == ["sim-0", "sim-1"]
     served_by = set()
     for _ in range(4):
@@ -55,11 +56,31 @@ def test_simulated_workers_register_verify_and_stream_their_steps_through_the_co
 
 
 def test_a_simulated_worker_refuses_a_bad_field_by_name(fleet):
-    stub, _ = fleet
+    stub, _, _ = fleet
     with pytest.raises(grpc.RpcError) as refused:
         generate(stub, 0)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "max_tokens" in refused.value.details()
+
+
+def test_a_call_cancelled_on_a_worker_ends_only_itself(fleet):
+    """Every request waits on the worker's one clock: a cancelled call must leave it ticking."""
+    _, workers, front = fleet
+    worker_id, address = workers.addresses[0]
+    identity = TlsIdentity.from_dict(json.loads(front.pki.identity("client").read_text()))
+    with secure_channel(address, identity, front.pki.server_name(worker_id)) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        doomed = iter(generate_call(stub, 500))
+        next(doomed)
+        survivor = generate_call(stub, 20)
+        doomed.cancel()
+        assert sum(len(r.token_ids) for r in survivor) == 20
+        assert sum(len(r.token_ids) for r in generate_call(stub, 5)) == 5
+
+
+def generate_call(stub, max_tokens: int):
+    stop = inference_pb2.StopConditions(max_tokens=max_tokens)
+    return stub.Generate(inference_pb2.GenerateRequest(prompt="hi", stop=stop), timeout=10)
 
 
 def test_a_tiny_run_counts_every_token_through_the_relay_and_the_roofline(tmp_path):
