@@ -11,14 +11,15 @@ A case `W:S` is W simulated workers (bench/simworker.py, `--worker-procs` proces
 them) and S `Generate` streams from `--client-procs` client processes (bench/relay_client.py),
 so neither the workers' nor the clients' CPU counts against the relay. Every stream asks for
 `--seconds` worth of tokens at the workers' pace (a step every `--step-ms`, `--tokens-per-step`
-tokens a step): S x 1000 / step-ms tokens/s are offered. Measured over the time from the start
-of the first stream to the end of the last: tokens/s received by the clients, and CPU seconds
-(user and system, /proc) of the relay per 1000 tokens; `per_core_tokens_per_s` is what that CPU
-cost allows one core. By default the bench starts the relay itself: today's controller
-(`python -m intentserve.controller.service.server`, mutual TLS with a fresh CA), pinned to
-`--relay-cpus`. With `--front`, `--pid` and the rest it drives a front end already running
-(e.g. a router): its workers register at `--registry` with certificates of the CA in
-`--ca-dir` (ca.crt and ca.key), as `<deployment>-<i>`.
+tokens a step): S x 1000 / step-ms tokens/s are offered. Measured from the start of the first
+stream to the end of the last: tokens/s received by the clients, and CPU seconds (user and
+system, /proc) of the relay per 1000 tokens; `per_core_tokens_per_s` is what that CPU cost
+allows one core. By default the bench starts the relay itself: today's controller
+(`python -m intentserve.controller.service.server`, mutual TLS with a fresh CA), relay r pinned
+to CPU r of `--relay-cpus` (modulo its length: by default the first relay on CPU 0, a second on
+CPU 1). With `--front`, `--pid` and the rest it drives a front end already running (e.g. a
+router): its workers register at `--registry` with certificates of the CA in `--ca-dir`
+(ca.crt and ca.key), as `<deployment>-<i>`.
 
 The roofline: the same clients straight to one simulated worker process (no relay), at each
 case's stream count; `vs_roofline` is the relay's tokens/s over it. Every run records the load
@@ -64,12 +65,15 @@ def _measure(fronts: list[Front], workers: int, streams: int, args) -> dict:
 def run_case(case: str, args, folder: Path) -> list[dict]:
     num_workers, num_streams = (int(n) for n in case.split(":"))
     fleets: list[tuple[Front, SimWorkers]] = []
+    cpus = args.relay_cpus.split(",")
     try:
         for r in range(args.relays):
             if args.front:
-                front = Front.external(args, num_workers)
+                front = Front.external(args)
             else:
-                front = start_controller(folder / f"relay{r}", f"relay{r}", num_workers, args)
+                deployment = f"relay{r}"
+                pin = cpus[r % len(cpus)]
+                front = start_controller(folder / deployment, deployment, num_workers, pin)
             slots = -(-num_streams // (args.relays * num_workers))  # no stream waits for a slot
             fleets.append((front, SimWorkers(front, num_workers, slots, args)))
         for front, _ in fleets:
@@ -84,7 +88,7 @@ def run_case(case: str, args, folder: Path) -> list[dict]:
 
 def roofline(num_streams: int, args, folder: Path) -> list[dict]:
     """The clients straight to one simulated worker, whose process is the one measured."""
-    front = start_controller(folder / "roofline", "roofline", 1, args)
+    front = start_controller(folder / "roofline", "roofline", 1)  # not measured: not pinned
     workers = None
     try:
         workers = SimWorkers(front, 1, num_streams, args)
@@ -133,7 +137,9 @@ def main() -> None:
     parser.add_argument("--tokens-per-step", type=int, default=1)
     parser.add_argument("--client-procs", type=int, default=4)
     parser.add_argument("--worker-procs", type=int, default=2)
-    parser.add_argument("--relay-cpus", default="0", help="taskset list for the relay; '' none")
+    parser.add_argument(
+        "--relay-cpus", default="0,1", help="relay r runs on CPU r mod this list's length; '': any"
+    )
     parser.add_argument("--no-roofline", action="store_true")
     parser.add_argument("--front", help="a running front end's host:port (with --pid ...)")
     parser.add_argument("--pid", type=int, help="the process of --front whose CPU is measured")

@@ -59,7 +59,7 @@ class Front:
     proc: subprocess.Popen | None = None  # None: started by hand, left running
 
     @classmethod
-    def external(cls, args, num_workers: int) -> Front:
+    def external(cls, args) -> Front:
         folder = Path(args.ca_dir)
         ca = DeploymentCa.load(args.deployment, folder / "ca.crt", folder / "ca.key")
         pki = Pki(folder / "bench", ca)
@@ -99,9 +99,11 @@ class Front:
                 self.proc.wait()
 
 
-def start_controller(folder: Path, deployment: str, replicas: int, args) -> Front:
+def start_controller(
+    folder: Path, deployment: str, replicas: int, cpus: str | None = None
+) -> Front:
     """Today's relay: a controller process with mutual TLS, expecting `replicas` workers,
-    pinned to `args.relay_cpus` (when set)."""
+    pinned to `cpus` (a taskset list) when given."""
     pki = Pki(folder, DeploymentCa.create(deployment))
     tls = pki.ca.controller_identity(())
     (folder / "controller.crt").write_bytes(tls.cert_pem)
@@ -118,7 +120,7 @@ def start_controller(folder: Path, deployment: str, replicas: int, args) -> Fron
         "INTENTSERVE_TLS_CERT_FILE": str(folder / "controller.crt"),
         "INTENTSERVE_TLS_KEY_FILE": str(folder / "controller.key"),
     }
-    pin = ["taskset", "-c", args.relay_cpus] if args.relay_cpus else []
+    pin = ["taskset", "-c", cpus] if cpus else []
     log = (folder / "controller.log").open("w")
     proc = subprocess.Popen(
         [*pin, sys.executable, "-m", "intentserve.controller.service.server"],
@@ -188,7 +190,14 @@ class SimWorkers:
             proc.stdout.close()
 
 
-def drive(targets: list[tuple], *, streams: int, tokens: int, client_procs: int, pids: list[int]):
+def drive(
+    targets: list[tuple],
+    *,
+    streams: int,
+    tokens: int,
+    client_procs: int,
+    pids: list[int],
+):
     """`streams` streams of `tokens` tokens from client processes spread over `targets`
     ((address, server name, CA file, identity file or None) each); the CPU of `pids` over the
     time from the clients' start to the last stream's end."""

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,8 +211,11 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
         return response.heartbeat_interval_s
 
     async def _heartbeats(self, interval_s: float) -> None:
-        """Every interval; a controller that forgot this worker (it restarted) gets it again."""
+        """Every interval; a controller that forgot this worker (it restarted) gets it again.
+        A beat that fails says how late this process's loop sent it, so that a worker declared
+        lost can be told from a controller that did not answer in time."""
         while True:
+            due = time.monotonic() + interval_s
             await asyncio.sleep(interval_s)
             request = worker_pb2.HeartbeatRequest(
                 worker_id=self.worker_id,
@@ -221,12 +225,18 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
                 num_steps=self._clock.num_steps,
                 registration_token=self._token,
             )
+            late_s = time.monotonic() - due
             try:
                 reply = await self._registry.Heartbeat(request, timeout=2 * interval_s)
                 if reply.action == worker_pb2.HEARTBEAT_ACTION_REGISTER:
                     await self._register()
-            except grpc.RpcError:
-                pass  # NOTE: the controller may be restarting; the next beat tries again
+            except grpc.RpcError as error:  # NOTE: the next beat tries again
+                print(
+                    f"{self.worker_id}: heartbeat sent {late_s:.2f} s late failed: "
+                    f"{error.code().name}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     async def stop(self) -> None:
         for task in self._tasks:

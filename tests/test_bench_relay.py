@@ -18,7 +18,7 @@ from tests.bench_script import run_bench
 
 pytestmark = pytest.mark.integration
 
-FLEET = argparse.Namespace(relay_cpus="", step_ms=10.0, tokens_per_step=3, worker_procs=1)
+FLEET = argparse.Namespace(step_ms=10.0, tokens_per_step=3, worker_procs=1)
 
 
 @pytest.fixture
