@@ -23,7 +23,7 @@ FLEET = argparse.Namespace(step_ms=10.0, tokens_per_step=3, worker_procs=1)
 
 @pytest.fixture
 def fleet(tmp_path):
-    front = start_controller(tmp_path, "sim", 2, FLEET)
+    front = start_controller(tmp_path, "sim", 2)
     workers = None
     try:
         workers = SimWorkers(front, 2, 4, FLEET)
