@@ -97,3 +97,26 @@ def test_a_tiny_run_counts_every_token_through_the_relay_and_the_roofline(tmp_pa
     assert (run["relays"], top["relays"]) == (1, 0)
     assert run["vs_roofline"] == pytest.approx(run["tokens_per_s"] / top["tokens_per_s"])
     assert "relay x1      2:8 #1:" in stdout and "roofline     8 streams #1:" in stdout
+
+
+def test_a_front_end_started_by_hand_is_measured_and_left_running(tmp_path):
+    """What the harness does with a router: its workers register where they are told, the
+    clients stream from the given address, and the given pid's CPU is the one measured."""
+    front = start_controller(tmp_path / "front", "ext", 2)
+    try:
+        front.pki.ca.write(tmp_path / "ca")
+        result, _ = run_bench(
+            "relay",
+            *("--case", "2:32", "--seconds", "0.5", "--step-ms", "10", "--rounds", "1"),
+            *("--no-roofline", "--client-procs", "2", "--front", front.address),
+            *("--pid", str(front.pid), "--registry", front.registry, "--deployment", "ext"),
+            *("--ca-dir", str(tmp_path / "ca")),
+            cache=tmp_path,
+        )
+        (run,) = result["cases"]["2:32"]
+        assert (run["failed"], run["tokens"], run["relays"]) == (0, 32 * 50, 1)
+        assert run["cpu_s"] > 0  # the front end's own process forwarded 1600 tokens
+        assert result["roofline"] == {}
+        assert front.proc.poll() is None, "the harness stopped a front end it did not start"
+    finally:
+        front.stop()
