@@ -125,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
     if args.paged_attention is not None:
         os.environ[PAGED_ATTENTION_ENV] = args.paged_attention
     try:
-        manifest = load_manifest(args.manifest, one_node=args.ray_address is None)
+        # NOTE: RAY_ADDRESS joins a cluster as --ray-address does (ray_target.py)
+        manifest = load_manifest(
+            args.manifest, one_node=choose_ray_target(args.ray_address).embedded
+        )
     except ManifestError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 def launch(manifest: Manifest, source: str, args: argparse.Namespace) -> int:
     """Bring the validated `manifest` up and serve it (what `up` and `serve` share); `args`
     has the Ray and logging flags of `add_launch_arguments`."""
-    embedded = args.ray_address is None  # every replica on this one node
+    embedded = choose_ray_target(args.ray_address).embedded  # every replica on this one node
     shared = None if embedded else manifest.shared_kv_problem()
     if shared is not None:
         print(f"warning: {shared} (if Ray places them on one node)", file=sys.stderr)

@@ -200,6 +200,7 @@ class RayLauncher:
                     lifetime="detached",
                     num_cpus=replica.num_cpus,
                     num_gpus=replica.num_gpus,
+                    resources=replica.resources,
                     max_restarts=replica.max_restarts,
                     max_concurrency=2,  # status() answers while stop() runs
                 ).remote(self._worker_class, replica.config, replica.fingerprint)

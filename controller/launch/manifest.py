@@ -155,6 +155,31 @@ class ResourcesSpec(_Section):
         return value
 
 
+# Resources Ray defines itself; a replica asks for them through spec.resources.
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+class PlacementSpec(_Section):
+    """Where each replica's actor may run on a joined cluster: the custom resources (as its
+    nodes offer them, `ray start --resources '{"node2": 1}'`) each replica needs, in order."""
+
+    replica_resources: tuple[dict[str, float], ...] = ()
+
+    @field_validator("replica_resources")
+    @classmethod
+    def _resources(cls, value: tuple[dict[str, float], ...]) -> tuple[dict[str, float], ...]:
+        for entry in value:
+            for name, amount in entry.items():
+                if name in RAY_BUILTIN_RESOURCES:
+                    raise ValueError(
+                        f"{name!r} is set by spec.resources; entries name custom resources of "
+                        "the cluster's nodes (e.g. node2: 1)"
+                    )
+                if amount <= 0:
+                    raise ValueError(f"{name} must be more than 0, got {amount:g}")
+        return value
+
+
 class PagedAttentionSpec(_Section):
     mode: Mode = Mode.AUTO
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=MAX_BLOCK_SIZE)
@@ -316,6 +341,7 @@ class DeploymentSpec(_Section):
     max_restarts: int = Field(3, ge=-1, description="Ray restarts per worker; -1: unlimited")
     startup_timeout_s: float = Field(300.0, gt=0)
     resources: ResourcesSpec = ResourcesSpec()
+    placement: PlacementSpec = PlacementSpec()
     paged_attention: PagedAttentionSpec = PagedAttentionSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     controller: ControllerSpec = ControllerSpec()
@@ -336,6 +362,13 @@ class DeploymentSpec(_Section):
                 "security.plaintextHttp",
                 f"true and the controller binds {host}, not loopback: API keys would cross the "
                 "network in the clear; allowed only with a loopback host (127.0.0.1, ::1)",
+            )
+        placed = len(self.placement.replica_resources)
+        if placed and placed != self.replicas:
+            raise IntentError(
+                "placement.replicaResources",
+                f"{placed} entries for {self.replicas} replicas; give one per replica, in order "
+                "(<name>-0, <name>-1, ...), or none",
             )
         return self
 
@@ -395,6 +428,21 @@ class Manifest(BaseSettings):
 
     def worker_ids(self) -> list[str]:
         return list(replica_ids(self.name, self.spec.replicas))
+
+    def replica_resources(self) -> dict[str, dict[str, float]]:
+        """The custom Ray resources each worker's actor needs (spec.placement), by worker id."""
+        placed = self.spec.placement.replica_resources or ({},) * self.spec.replicas
+        return dict(zip(self.worker_ids(), placed, strict=True))
+
+    def embedded_placement_problem(self) -> str | None:
+        """Why an embedded cluster (one node, no custom resources) cannot place the replicas."""
+        names = sorted({n for entry in self.spec.placement.replica_resources for n in entry})
+        if not names:
+            return None
+        return (
+            "spec.placement.replicaResources: the embedded Ray cluster offers no custom "
+            f"resources; join a cluster whose nodes offer {', '.join(names)} (--ray-address)"
+        )
 
     def controller_config(self) -> ControllerConfig:
         """What the controller runs with, from the validated (typed) fields: nothing is parsed
@@ -491,7 +539,11 @@ def load_manifest(path: str | Path, *, one_node: bool = True) -> Manifest:
     except yaml.YAMLError as error:
         raise ManifestError(source, [f"not valid YAML: {error}"]) from None
     manifest = parse_manifest(data, source)
-    problem = manifest.shared_kv_problem() if one_node else None
+    problem = (
+        (manifest.shared_kv_problem() or manifest.embedded_placement_problem())
+        if one_node
+        else None
+    )
     if problem is not None:
         raise ManifestError(source, [problem])
     return manifest

@@ -37,6 +37,7 @@ def replicas_of(
     resolved = repr((d.policy, d.kv_budget, sorted(k.value for k in d.auto_devices), d.weights))
     resolved += repr(d.scheduler)
     ca_pem = prepared.ca.cert_pem.decode() if prepared.ca else None
+    placed = manifest.replica_resources()
     replicas = []
     for worker_id in manifest.worker_ids():
         config = manifest.worker_config(worker_id, controller_address, host)
@@ -47,6 +48,7 @@ def replicas_of(
             r.num_cpus,
             r.num_gpus,
             manifest.spec.max_restarts,
+            placed[worker_id],
         )
         replicas.append(
             Replica(
@@ -56,6 +58,7 @@ def replicas_of(
                 r.num_gpus,
                 manifest.spec.max_restarts,
                 hashlib.sha256(json.dumps(started_with, sort_keys=True).encode()).hexdigest(),
+                placed[worker_id],
             )
         )
     return replicas

@@ -4,7 +4,7 @@ these (and not the Ray launcher) so that `intentserve status` starts fast."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -25,6 +25,8 @@ class Replica:
     # fingerprint: the same worker settings, controller address and CA, whatever certificate it
     # holds (each `up` issues new ones). Another one is replaced.
     fingerprint: str = ""
+    # Custom Ray resources its actor needs (spec.placement): where on a joined cluster it runs.
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 class ActorState(enum.Enum):

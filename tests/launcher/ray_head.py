@@ -5,6 +5,7 @@ port, a few CPUs and Ray's token authentication, stopped by the ids of its own p
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -23,7 +24,7 @@ OBJECT_STORE_BYTES = 128 << 20
 
 
 class RayHead:
-    def __init__(self, num_cpus: int) -> None:
+    def __init__(self, num_cpus: int, resources: dict[str, float] | None = None) -> None:
         self.port, self.client_port = free_port(), free_port()
         self.temp_dir = short_temp_dir()
         # Token authentication, as `up`'s embedded cluster has it; the token is this cluster's.
@@ -40,7 +41,26 @@ class RayHead:
                 f"--object-store-memory={OBJECT_STORE_BYTES}",
                 f"--temp-dir={self.temp_dir}",
                 "--include-dashboard=false",
-                "--disable-usage-stats",
+                *_node_flags(resources),
+            ],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def add_node(self, num_cpus: int, resources: dict[str, float]) -> None:
+        """A second node of this cluster on this machine (`ray start --address`), offering
+        `resources`; it shares the head's temp dir, so `processes()` and `stop()` cover it."""
+        subprocess.run(
+            [
+                *RAY,
+                "start",
+                f"--address={self.address}",
+                f"--num-cpus={num_cpus}",
+                f"--object-store-memory={OBJECT_STORE_BYTES}",
+                f"--temp-dir={self.temp_dir}",
+                *_node_flags(resources),
             ],
             env=self.env,
             check=True,
@@ -87,6 +107,12 @@ class RayHead:
             while self.processes() and time.monotonic() < deadline:
                 time.sleep(0.2)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _node_flags(resources: dict[str, float] | None) -> list[str]:
+    """What every node of a test's cluster is started with, and its custom resources."""
+    custom = [f"--resources={json.dumps(resources)}"] if resources else []
+    return ["--disable-usage-stats", *custom]
 
 
 def _all_processes() -> list[tuple[int, str]]:
