@@ -27,6 +27,10 @@ from intentserve.controller.cli.logs import add_logging_arguments, configure_log
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
+from intentserve.controller.control.convert import status_to_pb
+from intentserve.controller.control.deployment import deployment_state
+from intentserve.controller.control.registry import WorkerRecord
+from intentserve.controller.control.state import WorkerState
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.controller.launch.ray_target import choose_ray_target
 from intentserve.controller.launch.security import (
@@ -35,11 +39,7 @@ from intentserve.controller.launch.security import (
     describe_security,
 )
 from intentserve.controller.launch.types import ActorProbe, LaunchError, Replica
-from intentserve.controller.service.convert import status_to_pb
-from intentserve.controller.service.deployment import deployment_state
-from intentserve.controller.service.registry import WorkerRecord
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.server import ControllerServer
 from intentserve.policy import Verdict
 
 if TYPE_CHECKING:

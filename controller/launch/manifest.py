@@ -24,20 +24,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from intentserve.controller.http.cors import check_origins
-from intentserve.controller.launch.validation import describe_validation_error
-from intentserve.controller.service.admission import (
-    DEFAULT_MAX_QUEUE_WAIT_S,
-    QUEUED_PER_SLOT,
-    QueueLimits,
-)
-from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
-from intentserve.controller.service.state import (
+from intentserve.controller.control.state import (
     DEFAULT_MODEL,
     DesiredState,
     replica_ids,
     served_name_of,
 )
+from intentserve.controller.launch.validation import describe_validation_error
+from intentserve.controller.router.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
+from intentserve.controller.router.http.cors import check_origins
+from intentserve.controller.settings import ENV_PREFIX, ControllerConfig
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,

@@ -24,7 +24,7 @@ def test_worker_sources_never_import_the_controller():
 
 @pytest.mark.integration
 def test_starting_the_controller_loads_no_heavy_runtime():
-    assert parts_loaded_by(["intentserve.controller.service.server"], FORBIDDEN) == []
+    assert parts_loaded_by(["intentserve.controller.server"], FORBIDDEN) == []
 
 
 @pytest.mark.integration

@@ -4,10 +4,10 @@ verdict, and a failing phase never stops the loop."""
 import threading
 
 from grpc_health.v1 import health, health_pb2
-from intentserve.controller.service.reconcile import Reconciler
-from intentserve.controller.service.registry import WorkerLoad
-from intentserve.controller.service.router import Router
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.control.reconcile import Reconciler
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import WorkerState
+from intentserve.controller.router.routing import Router
 from intentserve.policy import Reason, ReasonCode
 
 from tests.controller.conftest import WAITS, eventually
@@ -54,7 +54,12 @@ def loop(mode="on", interval_s=60.0):
     router = SpyRouter(deployment)
     servicer = health.HealthServicer()
     reconciler = Reconciler(
-        deployment, router, servicer, interval_s=interval_s, heartbeat_timeout_s=TIMEOUT_S
+        deployment,
+        router.channels,
+        router,
+        servicer,
+        interval_s=interval_s,
+        heartbeat_timeout_s=TIMEOUT_S,
     )
     return reconciler, deployment, clock, router, servicer
 

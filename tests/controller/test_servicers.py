@@ -13,15 +13,12 @@ import pytest
 from intentserve import convert
 from intentserve.controller.cli.client import to_data
 from intentserve.controller.cli.render import status_text
-from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
-from intentserve.controller.service.deployment import Deployment
-from intentserve.controller.service.router import Router
-from intentserve.controller.service.servicers import (
-    AdminServicer,
-    InferenceServicer,
-    WorkerRegistryServicer,
-)
-from intentserve.controller.service.state import DeploymentState, DesiredState, WorkerState
+from intentserve.controller.control.convert import deployment_state_from_pb, worker_state_from_pb
+from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.control.servicers import AdminServicer, WorkerRegistryServicer
+from intentserve.controller.control.state import DeploymentState, DesiredState, WorkerState
+from intentserve.controller.router.routing import Router
+from intentserve.controller.router.servicer import InferenceServicer
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     KvBudget,

@@ -7,8 +7,8 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from intentserve.controller.service.server import _worker_channels
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.server import _worker_channels
+from intentserve.controller.settings import ControllerSettings
 
 from tests.controller.conftest import FAST
 

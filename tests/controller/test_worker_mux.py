@@ -12,14 +12,14 @@ from concurrent import futures
 
 import grpc
 import pytest
-from intentserve.controller.service.channels import WorkerChannels
-from intentserve.controller.service.server import (
+from intentserve.controller.router.channels import WorkerChannels
+from intentserve.controller.router.worker_mux import StreamFailed, WorkerMux
+from intentserve.controller.server import (
     EventLoopThread,
     _worker_aio_channels,
     _worker_channels,
 )
-from intentserve.controller.service.settings import ControllerSettings
-from intentserve.controller.service.worker_mux import StreamFailed, WorkerMux
+from intentserve.controller.settings import ControllerSettings
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
 from tests.controller.conftest import FAST

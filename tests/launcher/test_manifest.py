@@ -13,7 +13,7 @@ from intentserve.controller.launch.manifest import (
     ManifestError,
     load_manifest,
 )
-from intentserve.controller.service.admission import QueueLimits
+from intentserve.controller.router.admission import QueueLimits
 from intentserve.policy import (
     DeviceKind,
     KvBudget,

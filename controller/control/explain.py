@@ -3,9 +3,9 @@ intent -> capability -> decision -> realized -> verdict."""
 
 from __future__ import annotations
 
-from intentserve.controller.service.deployment import deployment_state
-from intentserve.controller.service.registry import WorkerRecord
-from intentserve.controller.service.state import DesiredState, WorkerState
+from intentserve.controller.control.deployment import deployment_state
+from intentserve.controller.control.registry import WorkerRecord
+from intentserve.controller.control.state import DesiredState, WorkerState
 from intentserve.policy import Capability, PagedAttentionConfig, RealizedCache, Resolution, Verdict
 
 

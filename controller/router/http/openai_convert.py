@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from intentserve.controller.http.openai_schema import (
+from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     ChatCompletionRequest,
     CompletionRequest,
 )
-from intentserve.controller.service.request_metrics import FINISH_REASONS
+from intentserve.controller.router.request_metrics import FINISH_REASONS
 from intentserve.ids import new_request_id
 from intentserve.v1 import inference_pb2
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
-from intentserve.controller.service.interceptor import STATUS_CODES
+from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.status import fit_status_message, lookup
 from intentserve.v1 import inference_pb2
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.service.deployment import Deployment
-from intentserve.controller.service.worker_mux import WorkerMux
+from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.router.worker_mux import WorkerMux
 from intentserve.policy import Reason, ReasonCode
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ interceptor."""
 from __future__ import annotations
 
 import grpc
-from intentserve.controller.service.errors import (
+from intentserve.controller.errors import (
     NotReady,
     Overloaded,
     QueueTimeout,

@@ -5,9 +5,9 @@ The gRPC server is a `grpc.aio` one on an event loop in a thread of its own: eve
 response is written from that one thread, where a sync server spends a thread (and its wake-ups)
 per stream; on a small machine the controller's CPU per token is what serving costs beyond the
 engine. `ControllerServer`'s own API stays synchronous. The HTTP API routes on uvicorn's loop
-(controller/http/bridge.py), with channels of its own to the workers made there.
+(controller/router/http/bridge.py), with channels of its own to the workers made there.
 
-Run one by hand with `python -m intentserve.controller.service.server` (configured by
+Run one by hand with `python -m intentserve.controller.server` (configured by
 `INTENTSERVE_*` env vars).
 """
 
@@ -28,26 +28,23 @@ import grpc.aio
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from intentserve.controller.http.app import Frontend, build_app
-from intentserve.controller.http.metrics import DeploymentCollector
-from intentserve.controller.http.server import HttpServer
-from intentserve.controller.service.auth import AuthInterceptor, SecurityError
-from intentserve.controller.service.deployment import Deployment, deployment_state
-from intentserve.controller.service.interceptor import STATUS_CODES
-from intentserve.controller.service.reconcile import Reconciler
-from intentserve.controller.service.request_metrics import MeteredRouter, RequestMetrics
-from intentserve.controller.service.router import Router
-from intentserve.controller.service.servicers import (
-    AdminServicer,
-    InferenceServicer,
-    WorkerRegistryServicer,
-)
-from intentserve.controller.service.settings import (
+from intentserve.controller.auth import AuthInterceptor, SecurityError
+from intentserve.controller.control.deployment import Deployment, deployment_state
+from intentserve.controller.control.metrics import DeploymentCollector
+from intentserve.controller.control.reconcile import Reconciler
+from intentserve.controller.control.servicers import AdminServicer, WorkerRegistryServicer
+from intentserve.controller.control.state import DeploymentState
+from intentserve.controller.router.http.app import Frontend, build_app
+from intentserve.controller.router.http.server import HttpServer
+from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
+from intentserve.controller.router.routing import Router
+from intentserve.controller.router.servicer import InferenceServicer
+from intentserve.controller.settings import (
     ControllerConfig,
     ControllerSettings,
     describe_errors,
 )
-from intentserve.controller.service.state import DeploymentState
+from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES, STREAM_READER_OPTIONS
@@ -122,6 +119,7 @@ class ControllerServer:
         )
         self.reconciler = Reconciler(
             self.deployment,
+            self.router.channels,
             self.router,
             self._health,
             interval_s=config.reconcile_interval_s,

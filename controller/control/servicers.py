@@ -1,5 +1,5 @@
-"""The controller's gRPC servicers: decode, call, encode. Errors are raised, never set here;
-`intentserve.controller.service.interceptor` turns them into status codes.
+"""The control plane's gRPC servicers (worker registry, admin): decode, call, encode. Errors are
+raised, never set here; `intentserve.controller.status_codes` turns them into status codes.
 
 They run on the grpc.aio server's event loop. Registry and Admin call the deployment's methods
 directly: they are quick and lock-protected, so the loop is never held for long.
@@ -7,18 +7,13 @@ directly: they are quick and lock-protected, so the loop is never held for long.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
-from intentserve.controller.service import convert
-from intentserve.controller.service.client_mux import ClientStreams
-from intentserve.controller.service.deployment import Deployment, deployment_state
-from intentserve.controller.service.explain import explain
-from intentserve.controller.service.request_metrics import MeteredRouter
-from intentserve.controller.service.router import Router
-from intentserve.streaming import GENERATE_MANY_ACCEPTED
-from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc, worker_pb2_grpc
+from intentserve.controller.control import convert
+from intentserve.controller.control.deployment import Deployment, deployment_state
+from intentserve.controller.control.explain import explain
+from intentserve.v1 import admin_pb2, admin_pb2_grpc, worker_pb2_grpc
 
 
 class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
@@ -47,24 +42,6 @@ class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
         worker_id, token, load = convert.heartbeat_from_pb(request)
         action = self._deployment.heartbeat(worker_id, load, token=token, peer=context.peer())
         return convert.heartbeat_to_pb(action)
-
-
-class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, router: Router | MeteredRouter) -> None:
-        """`router`: anything with `agenerate` (the server passes the metered one)."""
-        self._router = router
-
-    async def Generate(self, request, context) -> AsyncIterator:
-        async with contextlib.aclosing(self._router.agenerate(request, context)) as responses:
-            async for response in responses:
-                yield response
-
-    async def GenerateMany(self, request_iterator, context) -> AsyncIterator:
-        await context.send_initial_metadata((GENERATE_MANY_ACCEPTED,))
-        served = ClientStreams(self._router).serve(request_iterator)
-        async with contextlib.aclosing(served) as messages:
-            async for message in messages:
-                yield message
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):

@@ -1,7 +1,7 @@
 """Observed state: one record per worker and the transitions between its states.
 
 Records are frozen values replaced under one lock, so a snapshot handed out can never change
-under its reader. The registry stores what was decided; `intentserve.controller.service.deployment`
+under its reader. The registry stores what was decided; `intentserve.controller.control.deployment`
 decides it.
 """
 
@@ -12,13 +12,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from intentserve.controller.service.errors import (
+from intentserve.controller.control.state import HeartbeatAction, WorkerState
+from intentserve.controller.errors import (
     NotThisRegistration,
     UnknownWorker,
     WorkerAlive,
     WrongState,
 )
-from intentserve.controller.service.state import HeartbeatAction, WorkerState
 from intentserve.policy import Capability, RealizedCache, Reason, ReasonCode, Resolution
 
 # NOTE: a worker in any of these states has a live process behind it that must heartbeat.

@@ -1,4 +1,4 @@
-"""Errors the controller raises; `intentserve.controller.service.interceptor` maps each kind to a
+"""Errors the controller raises; `intentserve.controller.status_codes` maps each kind to a
 gRPC status code.
 
 Messages are written for the operator or client who reads the status detail.

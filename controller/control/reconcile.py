@@ -16,15 +16,31 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from grpc_health.v1 import health_pb2
-from intentserve.controller.service.deployment import Deployment, deployment_state
-from intentserve.controller.service.router import Router
-from intentserve.controller.service.state import WorkerState
-from intentserve.policy import Verdict
+from intentserve.controller.control.deployment import Deployment, deployment_state
+from intentserve.controller.control.state import WorkerState
+from intentserve.policy import Reason, Verdict
 
 log = logging.getLogger(__name__)
 
 # Workers whose connection is watched: those the router routes to, and those it may again.
 _WATCHED = frozenset({WorkerState.READY, WorkerState.SUSPECT})
+
+
+class Connections(Protocol):
+    """The controller's watched connections to the workers (a stream to each that breaks when
+    the worker's process or server goes)."""
+
+    def connected(self, address: str) -> bool: ...
+
+    def watch(self, workers: dict[str, str]) -> None: ...
+
+    def prune(self, keep: set[str]) -> None: ...
+
+
+class StreamEnds(Protocol):
+    """What ends the streams to a worker that was lost (the embedded router)."""
+
+    def abort_streams(self, worker_id: str, reason: Reason) -> int: ...
 
 
 class HealthSink(Protocol):
@@ -47,14 +63,16 @@ class Reconciler:
     def __init__(
         self,
         deployment: Deployment,
-        router: Router,
+        connections: Connections,
+        streams: StreamEnds,
         health_servicer: HealthSink,
         *,
         interval_s: float,
         heartbeat_timeout_s: float,
     ) -> None:
         self._deployment = deployment
-        self._router = router
+        self._connections = connections
+        self._streams = streams
         self._health = health_servicer
         self._interval_s = interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -132,7 +150,7 @@ class Reconciler:
 
     def _mark_lost(self) -> None:
         for record in self._deployment.mark_lost(self._heartbeat_timeout_s):
-            num_streams = self._router.abort_streams(record.worker_id, record.problem)
+            num_streams = self._streams.abort_streams(record.worker_id, record.problem)
             log.warning(
                 "worker %s %s; ended %d streams", record.worker_id, record.problem, num_streams
             )
@@ -148,7 +166,7 @@ class Reconciler:
 
     def _recheck_suspects(self) -> None:
         """A suspect whose connection works again serves again once it has heartbeat since."""
-        channels = self._router.channels
+        channels = self._connections
         for record in self._deployment.workers():
             if record.state is not WorkerState.SUSPECT or not channels.connected(record.address):
                 continue
@@ -169,6 +187,6 @@ class Reconciler:
 
     def _watch_connections(self) -> None:
         workers = self._deployment.workers()
-        channels = self._router.channels
+        channels = self._connections
         channels.prune({r.address for r in workers})
         channels.watch({r.address: r.worker_id for r in workers if r.state in _WATCHED})

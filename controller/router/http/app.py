@@ -26,29 +26,32 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from intentserve import __version__
-from intentserve.controller.http import openai_convert
-from intentserve.controller.http.access import (
+from intentserve.controller.auth import Security
+from intentserve.controller.control.deployment import Deployment, deployment_state
+from intentserve.controller.control.metrics import realized_labels
+from intentserve.controller.control.reconcile import Reconciler
+from intentserve.controller.control.state import DeploymentState
+from intentserve.controller.router.http import openai_convert
+from intentserve.controller.router.http.access import (
     AccessLog,
     mark_routed,
     refused_requests,
     request_id_of,
 )
-from intentserve.controller.http.bridge import HttpCall, RoutedResponses
-from intentserve.controller.http.cors import allow_origins
-from intentserve.controller.http.errors import (
+from intentserve.controller.router.http.bridge import HttpCall, RoutedResponses
+from intentserve.controller.router.http.cors import allow_origins
+from intentserve.controller.router.http.errors import (
     OpenAIError,
     from_routing,
     from_unsupported,
     from_validation,
 )
-from intentserve.controller.http.metrics import realized_labels
-from intentserve.controller.http.openai_convert import Reply
-from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
-from intentserve.controller.service.auth import Security
-from intentserve.controller.service.deployment import Deployment, deployment_state
-from intentserve.controller.service.reconcile import Reconciler
-from intentserve.controller.service.request_metrics import MeteredRouter
-from intentserve.controller.service.state import DeploymentState
+from intentserve.controller.router.http.openai_convert import Reply
+from intentserve.controller.router.http.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from intentserve.controller.service.deployment import Deployment
-from intentserve.controller.service.reconcile import Reconciler
-from intentserve.controller.service.registry import WorkerRecord
+from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.control.reconcile import Reconciler
+from intentserve.controller.control.registry import WorkerRecord
 from intentserve.policy import CacheKind, mode_of
 from prometheus_client.core import (
     CounterMetricFamily,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
-from intentserve.controller.http.errors import OpenAIError
+from intentserve.controller.router.http.errors import OpenAIError
 from intentserve.ids import new_request_id, request_id_problem
 from prometheus_client import CollectorRegistry, Counter
 from starlette.responses import JSONResponse

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 
 from intentserve import convert
-from intentserve.controller.service.registry import WorkerLoad, WorkerRecord
-from intentserve.controller.service.state import (
+from intentserve.controller.control.registry import WorkerLoad, WorkerRecord
+from intentserve.controller.control.state import (
     DeploymentState,
     DesiredState,
     HeartbeatAction,

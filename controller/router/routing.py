@@ -25,24 +25,24 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-from intentserve.controller.service.admission import (
-    DEFAULT_QUEUE_LIMITS,
-    AdmissionQueue,
-    QueueLimits,
-    WaitTimes,
-)
-from intentserve.controller.service.channels import WorkerChannels
-from intentserve.controller.service.deployment import Deployment
-from intentserve.controller.service.errors import (
+from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.control.registry import WorkerRecord
+from intentserve.controller.control.state import WorkerState
+from intentserve.controller.errors import (
     NotReady,
     Overloaded,
     RequestTooLarge,
     UpstreamError,
     WorkerUnavailable,
 )
-from intentserve.controller.service.registry import WorkerRecord
-from intentserve.controller.service.state import WorkerState
-from intentserve.controller.service.worker_mux import Stream
+from intentserve.controller.router.admission import (
+    DEFAULT_QUEUE_LIMITS,
+    AdmissionQueue,
+    QueueLimits,
+    WaitTimes,
+)
+from intentserve.controller.router.channels import WorkerChannels
+from intentserve.controller.router.worker_mux import Stream
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
 from intentserve.streaming import MAX_REQUEST_BYTES

@@ -2,7 +2,7 @@
 `ControllerSettings`, the edge that reads it from env vars `INTENTSERVE_*`.
 
 The manifest (`intentserve up`) builds a `ControllerConfig` directly from its own typed fields;
-`python -m intentserve.controller.service.server` reads one from the environment here. A bad
+`python -m intentserve.controller.server` reads one from the environment here. A bad
 value is refused at the edge with a message that names the field and the allowed values.
 """
 
@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from intentserve.controller.http.cors import check_origins
-from intentserve.controller.service.admission import (
+from intentserve.controller.auth import Security, SecurityError, read_secret_lines
+from intentserve.controller.control.state import DEFAULT_MODEL, DesiredState
+from intentserve.controller.router.admission import (
     DEFAULT_MAX_QUEUE_WAIT_S,
     QUEUED_PER_SLOT,
     QueueLimits,
 )
-from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
-from intentserve.controller.service.state import DEFAULT_MODEL, DesiredState
+from intentserve.controller.router.http.cors import check_origins
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,

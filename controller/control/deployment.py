@@ -12,19 +12,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from intentserve.controller.service.errors import DrainRefused, NotThisRegistration, WorkerAlive
-from intentserve.controller.service.registry import (
+from intentserve.controller.control.registry import (
     Registry,
     WorkerLoad,
     WorkerRecord,
     check_token,
 )
-from intentserve.controller.service.state import (
+from intentserve.controller.control.state import (
     DeploymentState,
     DesiredState,
     HeartbeatAction,
     WorkerState,
 )
+from intentserve.controller.errors import DrainRefused, NotThisRegistration, WorkerAlive
 from intentserve.policy import (
     Availability,
     Capability,

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from intentserve.controller.http.openai_convert import param_of
-from intentserve.controller.http.openai_schema import (
+from intentserve.controller.errors import NotReady
+from intentserve.controller.router.http.openai_convert import param_of
+from intentserve.controller.router.http.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     UnsupportedField,
 )
-from intentserve.controller.service.errors import NotReady
-from intentserve.controller.service.interceptor import STATUS_CODES
+from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.status import lookup
 from pydantic import ValidationError
 

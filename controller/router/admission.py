@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from intentserve.controller.service.errors import QueueFull, QueueTimeout
+from intentserve.controller.errors import QueueFull, QueueTimeout
 
 T = TypeVar("T")
 
