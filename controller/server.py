@@ -34,6 +34,7 @@ from intentserve.controller.control.metrics import DeploymentCollector
 from intentserve.controller.control.reconcile import Reconciler
 from intentserve.controller.control.servicers import AdminServicer, WorkerRegistryServicer
 from intentserve.controller.control.state import DeploymentState
+from intentserve.controller.embedded import EmbeddedTable
 from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
@@ -103,7 +104,7 @@ class ControllerServer:
             self.metrics, deployment=desired.deployment, model=desired.model_names[0]
         )
         self.router = Router(
-            self.deployment,
+            EmbeddedTable(self.deployment),
             max_outstanding_per_worker=config.max_outstanding_per_worker,
             queue_limits=config.admission,
             queue_wait_times=request_metrics.queue_wait_times,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.router.table import WorkerTable
 from intentserve.controller.router.worker_mux import WorkerMux
 from intentserve.policy import Reason, ReasonCode
 
@@ -47,13 +47,14 @@ class _Entry:
 class WorkerChannels:
     def __init__(
         self,
-        deployment: Deployment,
+        table: WorkerTable | None,
         factory: Callable[[str, str], grpc.Channel],
         aio_factory: Callable[[str, str], grpc.aio.Channel] | None = None,
     ) -> None:
-        """`factory(address, worker_id)`: with TLS, the worker is verified as itself;
+        """`table`: told when a watch breaks (None: no watches are opened);
+        `factory(address, worker_id)`: with TLS, the worker is verified as itself;
         `aio_factory` the same for an event loop (None: requests on a loop use `factory`'s)."""
-        self._deployment = deployment
+        self._table = table
         self._factory = factory
         self._aio_factory = aio_factory
         self._lock = threading.Lock()
@@ -176,7 +177,7 @@ class WorkerChannels:
             reason = Reason(
                 ReasonCode.WORKER_NOT_SERVING, f"suspect: its connection broke ({details})"
             )
-            if self._deployment.suspect(worker_id, address, reason) is not None:
+            if self._table.suspect(worker_id, address, reason):
                 log.warning("worker %s is %s", worker_id, reason.message)
 
 

@@ -25,9 +25,6 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-from intentserve.controller.control.deployment import Deployment
-from intentserve.controller.control.registry import WorkerRecord
-from intentserve.controller.control.state import WorkerState
 from intentserve.controller.errors import (
     NotReady,
     Overloaded,
@@ -42,6 +39,7 @@ from intentserve.controller.router.admission import (
     WaitTimes,
 )
 from intentserve.controller.router.channels import WorkerChannels
+from intentserve.controller.router.table import Route, WorkerTable
 from intentserve.controller.router.worker_mux import Stream
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
@@ -74,7 +72,7 @@ class _Stream:
 class Router:
     def __init__(
         self,
-        deployment: Deployment,
+        table: WorkerTable,
         *,
         max_outstanding_per_worker: int | None = None,
         queue_limits: QueueLimits = DEFAULT_QUEUE_LIMITS,
@@ -84,16 +82,17 @@ class Router:
         ),
         aio_channel_factory: Callable[[str, str], grpc.aio.Channel] | None = None,
     ) -> None:
-        """`aio_channel_factory`: channels for the multiplexed calls of requests served on an
+        """`table`: the verified workers and the deployment's readiness (table.py).
+        `aio_channel_factory`: channels for the multiplexed calls of requests served on an
         event loop, made on that loop (worker_mux.py); None: those use `channel_factory`'s too,
         read by a thread. `max_outstanding_per_worker`: requests sent to each worker at once;
         None: its realized sequence slots."""
-        self._deployment = deployment
+        self._table = table
         self._max_per_worker = max_outstanding_per_worker
-        self.queue: AdmissionQueue[WorkerRecord] = AdmissionQueue(
+        self.queue: AdmissionQueue[Route] = AdmissionQueue(
             queue_limits, num_slots=self._num_slots, wait_times=queue_wait_times
         )
-        self.channels = WorkerChannels(deployment, channel_factory, aio_channel_factory)
+        self.channels = WorkerChannels(table, channel_factory, aio_channel_factory)
         self._lock = threading.Lock()
         self._streams: dict[str, set[_Stream]] = {}
         self._turn = itertools.count()  # breaks ties between equally loaded workers
@@ -107,17 +106,17 @@ class Router:
         self._admit(request)
         tried: dict[str, Exception] = {}
         while True:
-            record = await self.queue.take(lambda: self._acquire(tried), _timeout_s(context))
+            route = await self.queue.take(lambda: self._acquire(tried), _timeout_s(context))
             try:
-                forwarded = self._aforward(record, request, context)
+                forwarded = self._aforward(route, request, context)
                 async with contextlib.aclosing(forwarded) as responses:
                     async for response in responses:
                         yield response
                 return
             except _TryAnother as refusal:
-                tried[record.worker_id] = refusal.failure
+                tried[route.worker_id] = refusal.failure
             finally:
-                self._deployment.registry.release(record.worker_id)
+                self._table.release(route.worker_id)
                 self.queue.wake()
 
     def abort_streams(self, worker_id: str, reason: Reason) -> int:
@@ -143,35 +142,30 @@ class Router:
         if not request.request_id:
             request.request_id = new_request_id()
         check_size(request)
-        verdict = self._deployment.verdict()
-        if not verdict.ready:
-            raise NotReady(verdict.reason)
+        readiness = self._table.readiness()
+        if not readiness.ready:
+            raise NotReady(readiness.reason)
 
-    def _limit(self, record: WorkerRecord) -> int:
+    def _limit(self, route: Route) -> int:
         """Requests a READY worker is sent at once: the operator's number, else its slots."""
         if self._max_per_worker is not None:
             return self._max_per_worker
-        return record.realized.max_num_seqs if record.realized is not None else 0
+        return route.max_num_seqs
 
     def _num_slots(self) -> int:
         """The slots of the READY workers (what the queue's default bound is a multiple of)."""
-        ready = (r for r in self._deployment.workers() if r.state is WorkerState.READY)
-        return sum(self._limit(r) for r in ready)
+        return sum(self._limit(r) for r in self._table.routes())
 
-    def _acquire(self, tried: dict[str, Exception]) -> WorkerRecord | None:
+    def _acquire(self, tried: dict[str, Exception]) -> Route | None:
         """The READY worker with the fewest outstanding requests that has room for one more;
         None when every READY worker not yet tried is full (the request waits)."""
-        ready = [
-            r
-            for r in self._deployment.workers()
-            if r.state is WorkerState.READY and r.worker_id not in tried
-        ]
+        ready = [r for r in self._table.routes() if r.worker_id not in tried]
         if ready:  # rotate, so that equally loaded workers take turns (the sort is stable)
             shift = next(self._turn) % len(ready)
             ready = ready[shift:] + ready[:shift]
-        for record in sorted(ready, key=lambda r: r.num_outstanding):
-            if self._deployment.registry.try_acquire(record.worker_id, self._limit(record)):
-                return record
+        for route in sorted(ready, key=lambda r: r.num_outstanding):
+            if self._table.try_acquire(route.worker_id, self._limit(route)):
+                return route
         if ready:
             return None
         if tried:
@@ -179,13 +173,13 @@ class Router:
             if all(isinstance(f, Overloaded) for f in failures):
                 raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
             raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
-        verdict = self._deployment.verdict()
-        reason = verdict.reason if not verdict.ready else _NO_READY_WORKER
+        readiness = self._table.readiness()
+        reason = readiness.reason if not readiness.ready else _NO_READY_WORKER
         raise NotReady(reason)
 
     async def _aforward(
         self,
-        record: WorkerRecord,
+        route: Route,
         request: inference_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
@@ -195,37 +189,37 @@ class Router:
         the write of one), and the `finally` sends the worker the cancel."""
         timeout_s = _timeout_s(context)
         stream = _Stream()
-        self._track(record.worker_id, stream, add=True)
+        self._track(route.worker_id, stream, add=True)
         started = False
         try:
             loop = asyncio.get_running_loop()
-            mux = self.channels.mux(record.address, record.worker_id, loop=loop)
+            mux = self.channels.mux(route.address, route.worker_id, loop=loop)
             stream.call = call = mux.open(request, timeout_s, loop=loop)
             if stream.abort_reason is not None:  # an abort asked before the call existed
                 call.cancel()
             async for response in call:
                 started = True
                 if not response.worker_id:
-                    response.worker_id = record.worker_id
+                    response.worker_id = route.worker_id
                 yield response
         except grpc.RpcError as error:
             if stream.abort_reason is None and _client_gone(context):
                 return  # the client cancelled or its deadline passed: nobody to tell
             if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
-                self._suspect(record, error, started)
-            raise _failure(record.worker_id, error, started, stream.abort_reason) from None
+                self._suspect(route, error, started)
+            raise _failure(route.worker_id, error, started, stream.abort_reason) from None
         finally:
             if stream.call is not None:
                 stream.call.cancel()  # a no-op once it ended; else the client went away
-            self._track(record.worker_id, stream, add=False)
+            self._track(route.worker_id, stream, add=False)
 
-    def _suspect(self, record: WorkerRecord, error: grpc.RpcError, started: bool) -> None:
+    def _suspect(self, route: Route, error: grpc.RpcError, started: bool) -> None:
         where = "mid-stream" if started else "before streaming"
         reason = Reason(
             ReasonCode.WORKER_NOT_SERVING, f"suspect: a stream broke {where}: {error.details()}"
         )
-        if self._deployment.suspect(record.worker_id, record.address, reason) is not None:
-            log.warning("worker %s is suspect: %s", record.worker_id, reason.message)
+        if self._table.suspect(route.worker_id, route.address, reason):
+            log.warning("worker %s is suspect: %s", route.worker_id, reason.message)
 
     def _track(self, worker_id: str, stream: _Stream, *, add: bool) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ from grpc_health.v1 import health, health_pb2
 from intentserve.controller.control.reconcile import Reconciler
 from intentserve.controller.control.registry import WorkerLoad
 from intentserve.controller.control.state import WorkerState
+from intentserve.controller.embedded import EmbeddedTable
 from intentserve.controller.router.routing import Router
 from intentserve.policy import Reason, ReasonCode
 
@@ -40,7 +41,9 @@ class FakeChannels:
 
 class SpyRouter(Router):
     def __init__(self, deployment) -> None:
-        super().__init__(deployment, max_outstanding_per_worker=1, queue_wait_times=WAITS)
+        super().__init__(
+            EmbeddedTable(deployment), max_outstanding_per_worker=1, queue_wait_times=WAITS
+        )
         self.channels = FakeChannels()
         self.aborted: list[str] = []
 

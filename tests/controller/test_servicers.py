@@ -17,6 +17,7 @@ from intentserve.controller.control.convert import deployment_state_from_pb, wor
 from intentserve.controller.control.deployment import Deployment
 from intentserve.controller.control.servicers import AdminServicer, WorkerRegistryServicer
 from intentserve.controller.control.state import DeploymentState, DesiredState, WorkerState
+from intentserve.controller.embedded import EmbeddedTable
 from intentserve.controller.router.routing import Router
 from intentserve.controller.router.servicer import InferenceServicer
 from intentserve.policy import (
@@ -66,7 +67,7 @@ class Harness:
         )
         self.deployment = Deployment(desired, heartbeat_timeout_s=5.0)
         self.shutdowns = []
-        self.router = Router(self.deployment, queue_wait_times=WAITS)
+        self.router = Router(EmbeddedTable(self.deployment), queue_wait_times=WAITS)
         self.servicers = {
             REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
             ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
