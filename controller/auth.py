@@ -3,6 +3,9 @@
 - WorkerRegistry: only the deployment's own workers, each as itself. The client certificate's
   common name must be a worker id the desired state expects (`<name>-<i>`, i < replicas) and the
   request's `worker_id`. No certificate: UNAUTHENTICATED; another identity: PERMISSION_DENIED.
+- WorkerTable (the routers' watch): a router, by a certificate of the deployment's CA whose
+  common name is `router`, or by the admin token. A worker's certificate or the controller's is
+  PERMISSION_DENIED, naming it; a client's API key, or nothing, is UNAUTHENTICATED.
 - Admin: operators, with a bearer token in the call metadata (`authorization: Bearer <token>`).
   Status and Explain need it too: they show every worker's address and realized state.
 - Inference: open, or, when API keys are set, a valid key (or the admin token) as a bearer token;
@@ -24,13 +27,14 @@ from pathlib import Path
 import grpc
 import grpc.aio
 from intentserve.status import write_all
-from intentserve.tls import TlsIdentity, peer_common_name
+from intentserve.tls import ROUTER, TlsIdentity, peer_common_name
 
 log = logging.getLogger(__name__)
 
 REGISTRY = "/intentserve.v1.WorkerRegistry/"
 ADMIN = "/intentserve.v1.Admin/"
 INFERENCE = "/intentserve.v1.Inference/"
+TABLE = "/intentserve.v1.WorkerTable/"
 
 
 class SecurityError(ValueError):
@@ -93,6 +97,8 @@ class _Rules:
     def _check_for(self, method: str) -> Callable | None:
         if method.startswith(REGISTRY) and self._security.tls is not None:
             return self._worker
+        if method.startswith(TABLE) and (self._security.tls or self._security.admin_tokens):
+            return self._router
         if method.startswith(ADMIN) and self._security.admin_tokens:
             return self._admin
         if method.startswith(INFERENCE) and self._security.api_keys:
@@ -114,6 +120,24 @@ class _Rules:
                 f"the certificate of {name!r} cannot speak for worker {request.worker_id[:64]!r}",
             )
         return None
+
+    def _router(self, request, context: grpc.ServicerContext) -> Refusal:
+        name = peer_common_name(context) if self._security.tls is not None else None
+        if name == ROUTER or _matches(bearer(context), self._security.admin_tokens):
+            return None
+        if name is not None:
+            role = "a worker" if name in self._worker_ids() else "not a router"
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of {name!r} is {role}: only a router (a certificate of the "
+                f"deployment's CA named {ROUTER!r}) or an operator may watch the worker table",
+            )
+        key = " (an API key is a client's, not a router's)" if bearer(context) else ""
+        return (
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"watching the worker table needs a router certificate (common name {ROUTER!r}, "
+            f"from the deployment's CA) or the admin token{key}",
+        )
 
     def _admin(self, request, context: grpc.ServicerContext) -> Refusal:
         if _matches(bearer(context), self._security.admin_tokens):

@@ -32,8 +32,13 @@ from intentserve.controller.auth import AuthInterceptor, SecurityError
 from intentserve.controller.control.deployment import Deployment, deployment_state
 from intentserve.controller.control.metrics import DeploymentCollector
 from intentserve.controller.control.reconcile import Reconciler
-from intentserve.controller.control.servicers import AdminServicer, WorkerRegistryServicer
+from intentserve.controller.control.servicers import (
+    AdminServicer,
+    WorkerRegistryServicer,
+    WorkerTableServicer,
+)
 from intentserve.controller.control.state import DeploymentState
+from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable
 from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.controller.router.http.server import HttpServer
@@ -78,6 +83,7 @@ SERVICE_NAMES = (
     worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
     inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["WorkerTable"].full_name,
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     reflection.SERVICE_NAME,
 )
@@ -118,11 +124,14 @@ class ControllerServer:
         self._health = HealthPublisher(
             self._loop, async_health.HealthServicer(), self._probe_health
         )
+        # What routers watch (the WorkerTable service): published by the reconcile loop.
+        self.table_feed = TableFeed()
         self.reconciler = Reconciler(
             self.deployment,
             self.router.channels,
             self.router,
             self._health,
+            self.table_feed,
             interval_s=config.reconcile_interval_s,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
@@ -193,6 +202,9 @@ class ControllerServer:
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
             InferenceServicer(self.metered_router), server
+        )
+        admin_pb2_grpc.add_WorkerTableServicer_to_server(
+            WorkerTableServicer(self.table_feed), server
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.deployment, self.request_shutdown), server

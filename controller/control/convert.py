@@ -17,6 +17,7 @@ from intentserve.controller.control.state import (
     HeartbeatAction,
     WorkerState,
 )
+from intentserve.controller.control.table_feed import TableEvent
 from intentserve.policy import (
     Capability,
     RealizedCache,
@@ -180,3 +181,26 @@ def worker_state_from_pb(number: int) -> WorkerState:
 
 def deployment_state_from_pb(number: int) -> DeploymentState:
     return DeploymentState[admin_pb2.DeploymentState.Name(number).removeprefix("DEPLOYMENT_STATE_")]
+
+
+def table_event_to_pb(event: TableEvent) -> admin_pb2.WorkerTableEvent:
+    readiness = event.readiness
+    return admin_pb2.WorkerTableEvent(
+        revision=event.revision,
+        snapshot=event.snapshot,
+        workers=[
+            admin_pb2.TableWorker(
+                worker_id=w.worker_id,
+                address=w.address,
+                state=_to_pb(w.state, admin_pb2.WorkerState, "WORKER_STATE_"),
+                max_num_seqs=w.max_num_seqs,
+                revision=w.revision,
+            )
+            for w in event.workers
+        ],
+        removed_worker_ids=event.removed_worker_ids,
+        ready=readiness.ready,
+        state=_to_pb(readiness.state, admin_pb2.DeploymentState, "DEPLOYMENT_STATE_"),
+        reason=convert.reason_to_pb(readiness.reason),
+        keepalive_s=event.keepalive_s,
+    )

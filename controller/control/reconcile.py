@@ -18,6 +18,7 @@ from typing import Protocol
 from grpc_health.v1 import health_pb2
 from intentserve.controller.control.deployment import Deployment, deployment_state
 from intentserve.controller.control.state import WorkerState
+from intentserve.controller.control.table_feed import TableFeed
 from intentserve.policy import Reason, Verdict
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Reconciler:
         connections: Connections,
         streams: StreamEnds,
         health_servicer: HealthSink,
+        table_feed: TableFeed,
         *,
         interval_s: float,
         heartbeat_timeout_s: float,
@@ -74,6 +76,7 @@ class Reconciler:
         self._connections = connections
         self._streams = streams
         self._health = health_servicer
+        self._table_feed = table_feed
         self._interval_s = interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._wake = threading.Event()
@@ -86,6 +89,7 @@ class Reconciler:
             ("mark_lost", self._mark_lost),
             ("recheck_suspects", self._recheck_suspects),
             ("publish_verdict", self._publish_verdict),
+            ("publish_table", self._publish_table),
             ("watch_connections", self._watch_connections),
         )
         self._health_status: int | None = None
@@ -163,6 +167,10 @@ class Reconciler:
         if verdict != previous:
             log.info("deployment %s: %s", deployment_state(verdict).name, verdict.reason)
         self._publish_health(verdict)
+
+    def _publish_table(self) -> None:
+        """The routers' watch: the workers and the verdict as this pass saw them."""
+        self._table_feed.publish(self._deployment.workers(), self.verdict)
 
     def _recheck_suspects(self) -> None:
         """A suspect whose connection works again serves again once it has heartbeat since."""

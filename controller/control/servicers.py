@@ -7,13 +7,17 @@ directly: they are quick and lock-protected, so the loop is never held for long.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable
 
 from intentserve.controller.control import convert
 from intentserve.controller.control.deployment import Deployment, deployment_state
 from intentserve.controller.control.explain import explain
+from intentserve.controller.control.table_feed import TableFeed
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
@@ -75,3 +79,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Shutdown(self, request, context):
         self._on_shutdown()
         return admin_pb2.ShutdownResponse()
+
+
+class WorkerTableServicer(admin_pb2_grpc.WorkerTableServicer):
+    """Routers' watch of the verified worker table (who may call it: controller/auth.py)."""
+
+    def __init__(self, feed: TableFeed) -> None:
+        self._feed = feed
+
+    async def Watch(self, request, context):
+        log.info("router %r (%s) watches the worker table", request.router_id[:64], context.peer())
+        async for event in self._feed.watch():
+            yield convert.table_event_to_pb(event)

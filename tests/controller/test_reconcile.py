@@ -7,6 +7,7 @@ from grpc_health.v1 import health, health_pb2
 from intentserve.controller.control.reconcile import Reconciler
 from intentserve.controller.control.registry import WorkerLoad
 from intentserve.controller.control.state import WorkerState
+from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable
 from intentserve.controller.router.routing import Router
 from intentserve.policy import Reason, ReasonCode
@@ -61,6 +62,7 @@ def loop(mode="on", interval_s=60.0):
         router.channels,
         router,
         servicer,
+        TableFeed(),
         interval_s=interval_s,
         heartbeat_timeout_s=TIMEOUT_S,
     )
