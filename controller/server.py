@@ -13,21 +13,19 @@ Run one by hand with `python -m intentserve.controller.server` (configured by
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
 from concurrent import futures
-from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor, SecurityError
 from intentserve.controller.control.deployment import Deployment, deployment_state
 from intentserve.controller.control.metrics import DeploymentCollector
@@ -40,6 +38,7 @@ from intentserve.controller.control.servicers import (
 from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable
+from intentserve.controller.router.channels import worker_aio_channels, worker_channels
 from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
@@ -53,12 +52,9 @@ from intentserve.controller.settings import (
 from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.status import AsyncErrorInterceptor
-from intentserve.streaming import MAX_COMMAND_BYTES, STREAM_READER_OPTIONS
+from intentserve.streaming import MAX_COMMAND_BYTES
 from intentserve.tls import (
-    secure_aio_channel,
-    secure_channel,
     server_credentials,
-    server_name,
 )
 from intentserve.v1 import (
     admin_pb2,
@@ -73,7 +69,6 @@ from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 END_WAIT_S = 1.0  # after the grace: for ended streams to send their status, before a cancel
 STOPPING = Reason(
     ReasonCode.WORKER_NOT_SERVING,
@@ -114,8 +109,8 @@ class ControllerServer:
             max_outstanding_per_worker=config.max_outstanding_per_worker,
             queue_limits=config.admission,
             queue_wait_times=request_metrics.queue_wait_times,
-            channel_factory=_worker_channels(config),
-            aio_channel_factory=_worker_aio_channels(config),
+            channel_factory=worker_channels(config.security.tls, desired.deployment),
+            aio_channel_factory=worker_aio_channels(config.security.tls, desired.deployment),
         )
         request_metrics.watch_queue(self.router.queue)
         # The loop first: health is published to it from the reconciler's construction on.
@@ -330,103 +325,6 @@ class ControllerServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop(grace_s=0)
-
-
-class EventLoopThread:
-    """An asyncio event loop running in a daemon thread of its own; other threads hand it
-    coroutines and wait for their results."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-        self.closed = False
-
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run `coroutine` on the loop and return its result (or raise its error)."""
-        return self.future(coroutine).result()
-
-    def future(self, coroutine: Coroutine[Any, Any, T]) -> futures.Future[T]:
-        """Run `coroutine` on the loop; its result is waited for later."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-
-    def submit(self, coroutine: Coroutine[Any, Any, Any], what: str) -> None:
-        """Run `coroutine` on the loop without waiting; a failure is logged."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        future.add_done_callback(lambda done: _log_failure(done, what))
-
-    def close(self) -> None:
-        """Finish the loop's async generators, stop it and join its thread."""
-        if self.closed:
-            return
-        self.closed = True
-        self.run(self.loop.shutdown_asyncgens())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
-def _log_failure(done: futures.Future, what: str) -> None:
-    if not done.cancelled() and done.exception() is not None:
-        log.error("%s failed", what, exc_info=done.exception())
-
-
-class HealthPublisher:
-    """What the reconciler publishes health to, from its own thread: the aio server's servicer
-    (set on its loop) and, when there is a probe port, that sync server's servicer alike.
-
-    NOTE: grpc_health's sync servicer cannot serve an aio server (its Watch needs
-    `context.add_callback`, which aio contexts lack); the async one's setters are coroutines.
-    They are submitted in order, and run in order on the loop."""
-
-    def __init__(
-        self,
-        loop: EventLoopThread,
-        servicer: async_health.HealthServicer,
-        probe: health.HealthServicer | None,
-    ) -> None:
-        self._loop = loop
-        self.servicer = servicer
-        self._probe = probe
-
-    def set(self, service: str, status: int) -> None:
-        if self._probe is not None:
-            self._probe.set(service, status)
-        self._loop.submit(self.servicer.set(service, status), f"health of {service!r}")
-
-    def enter_graceful_shutdown(self) -> None:
-        if self._probe is not None:
-            self._probe.enter_graceful_shutdown()
-        self._loop.submit(self.servicer.enter_graceful_shutdown(), "health's shutdown")
-
-
-# NOTE: each worker channel has its own subchannels. With gRPC's process-wide pool, a new
-# channel to an address an earlier channel had seen fail (a worker restarted on the same port)
-# shared that connection's reconnect backoff and failed UNAVAILABLE until it ran out
-# (tests/controller/test_worker_channels.py).
-WORKER_CHANNEL_OPTIONS = (*STREAM_READER_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
-
-
-def _worker_channels(config: ControllerConfig) -> Callable[[str, str], grpc.Channel]:
-    """Channels to the workers: with TLS, the worker is verified as itself and the controller
-    presents its own certificate (worker servers accept no one else)."""
-    return _channel_factory(config, grpc.insecure_channel, secure_channel)
-
-
-def _worker_aio_channels(config: ControllerConfig) -> Callable[[str, str], grpc.aio.Channel]:
-    """`_worker_channels` for an event loop, where the workers' multiplexed calls of the
-    requests served there run (worker_mux.py): the same credentials and options."""
-    return _channel_factory(config, grpc.aio.insecure_channel, secure_aio_channel)
-
-
-def _channel_factory(config: ControllerConfig, insecure, secure) -> Callable[[str, str], object]:
-    tls = config.security.tls
-    if tls is None:
-        return lambda address, worker_id: insecure(address, options=WORKER_CHANNEL_OPTIONS)
-    deployment = config.desired.deployment
-    return lambda address, worker_id: secure(
-        address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
-    )
 
 
 def main() -> int:

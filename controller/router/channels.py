@@ -24,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.router.table import WorkerTable
 from intentserve.controller.router.worker_mux import WorkerMux
 from intentserve.policy import Reason, ReasonCode
+from intentserve.streaming import STREAM_READER_OPTIONS
+from intentserve.tls import TlsIdentity, secure_aio_channel, secure_channel, server_name
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +199,34 @@ def _close_on(loop: asyncio.AbstractEventLoop, channel: grpc.aio.Channel) -> Non
         asyncio.run_coroutine_threadsafe(channel.close(), loop).result(timeout=CLOSE_WAIT_S)
     except (RuntimeError, TimeoutError, concurrent.futures.TimeoutError):
         log.debug("a channel's close did not finish on its loop (stopped or busy)")
+
+
+# NOTE: each worker channel has its own subchannels. With gRPC's process-wide pool, a new
+# channel to an address an earlier channel had seen fail (a worker restarted on the same port)
+# shared that connection's reconnect backoff and failed UNAVAILABLE until it ran out
+# (tests/controller/test_worker_channels.py).
+WORKER_CHANNEL_OPTIONS = (*STREAM_READER_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+
+
+def worker_channels(tls: TlsIdentity | None, deployment: str) -> Callable[[str, str], grpc.Channel]:
+    """Channels to the workers: with TLS, the worker is verified as itself and the caller
+    presents its own certificate (`controller` or `router`: worker servers accept no one else)."""
+    return _channel_factory(tls, deployment, grpc.insecure_channel, secure_channel)
+
+
+def worker_aio_channels(
+    tls: TlsIdentity | None, deployment: str
+) -> Callable[[str, str], grpc.aio.Channel]:
+    """`worker_channels` for an event loop, where the workers' multiplexed calls of the
+    requests served there run (worker_mux.py): the same credentials and options."""
+    return _channel_factory(tls, deployment, grpc.aio.insecure_channel, secure_aio_channel)
+
+
+def _channel_factory(
+    tls: TlsIdentity | None, deployment: str, insecure, secure
+) -> Callable[[str, str], object]:
+    if tls is None:
+        return lambda address, worker_id: insecure(address, options=WORKER_CHANNEL_OPTIONS)
+    return lambda address, worker_id: secure(
+        address, tls, server_name(deployment, worker_id), options=WORKER_CHANNEL_OPTIONS
+    )
