@@ -40,7 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.cli.credentials import load as load_credentials
 from intentserve.streaming import GENERATE_MANY_ACCEPTED, STREAM_READER_OPTIONS
-from intentserve.tls import CONTROLLER, server_name
+from intentserve.tls import server_name
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
@@ -82,8 +82,9 @@ def _value(field: FieldDescriptor, value: Any) -> Any:
 
 
 def open_channel(address: str, credentials: Credentials, *, aio: bool = False):
-    """TLS when a CA is known for the controller (the controller is verified by its name,
-    `controller.<deployment>.intentserve`); plaintext otherwise. `aio`: a grpc.aio channel, on
+    """TLS when a CA is known for the server (verified by its name,
+    `controller.<deployment>.intentserve`, or `router.` for a separate router); plaintext
+    otherwise. `aio`: a grpc.aio channel, on
     the running event loop."""
     kind = grpc.aio if aio else grpc
     if credentials.ca_pem is None:
@@ -92,7 +93,10 @@ def open_channel(address: str, credentials: Credentials, *, aio: bool = False):
         address,
         grpc.ssl_channel_credentials(root_certificates=credentials.ca_pem),
         options=[
-            ("grpc.ssl_target_name_override", server_name(credentials.deployment, CONTROLLER)),
+            (
+                "grpc.ssl_target_name_override",
+                server_name(credentials.deployment, credentials.server),
+            ),
             *STREAM_READER_OPTIONS,
         ],
     )

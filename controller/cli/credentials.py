@@ -1,5 +1,6 @@
-"""Where the CLI finds what it needs to talk to a controller `up` started: the CA that signed the
-controller's certificate and the admin token. `up` writes them, owner-only (like a kubeconfig),
+"""Where the CLI finds what it needs to talk to a controller `up` started (or a router
+`intentserve router` started): the CA that signed its certificate, the admin token, and which
+of the two answers there. `up` writes them, owner-only (like a kubeconfig),
 under `$INTENTSERVE_HOME` (default `~/.intentserve`), one folder per controller address, and
 removes them when it stops.
 
@@ -17,15 +18,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from intentserve.tls import CONTROLLER
+
 ENV_HOME = "INTENTSERVE_HOME"
 
 
 @dataclass(frozen=True)
 class Credentials:
-    deployment: str = ""  # names the controller's certificate (`controller.<deployment>...`)
+    deployment: str = ""  # names the server's certificate (`controller.<deployment>...`)
     ca_pem: bytes | None = None  # None: plaintext (an insecure deployment)
     admin_token: str | None = None
     api_key: str | None = None  # sent on inference calls when set
+    server: str = CONTROLLER  # who answers at the address: `controller`, or `router`
 
 
 def home() -> Path:
@@ -36,7 +40,13 @@ def folder_for(address: str) -> Path:
     return home() / "controllers" / address.replace(":", "_").replace("/", "_")
 
 
-def save(address: str, deployment: str, ca_pem: bytes | None, admin_token: str) -> Path:
+def save(
+    address: str,
+    deployment: str,
+    ca_pem: bytes | None,
+    admin_token: str | None,
+    server: str = CONTROLLER,
+) -> Path:
     """Write what the CLI needs for `address`. The CA first, then credentials.json whole (a
     temporary file, owner-only from its creation, renamed into place): a reader that finds
     credentials.json finds all of it. Without a CA, one left by an earlier controller at the same
@@ -49,7 +59,12 @@ def save(address: str, deployment: str, ca_pem: bytes | None, admin_token: str) 
         ca_path.write_bytes(ca_pem)  # public: for grpcurl -cacert and the like
     else:
         ca_path.unlink(missing_ok=True)
-    data = {"address": address, "deployment": deployment, "admin_token": admin_token}
+    data = {
+        "address": address,
+        "deployment": deployment,
+        "admin_token": admin_token,
+        "server": server,
+    }
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".credentials-", suffix=".tmp")  # mode 0600
     try:
         with os.fdopen(fd, "w") as out:
@@ -79,4 +94,5 @@ def load(address: str) -> Credentials:
         ca_pem=Path(ca_file).read_bytes() if ca_file else None,
         admin_token=os.environ.get("INTENTSERVE_ADMIN_TOKEN") or saved.get("admin_token"),
         api_key=os.environ.get("INTENTSERVE_API_KEY") or None,
+        server=saved.get("server", CONTROLLER),
     )
