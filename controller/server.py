@@ -37,7 +37,7 @@ from intentserve.controller.control.servicers import (
 )
 from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.control.table_feed import TableFeed
-from intentserve.controller.embedded import EmbeddedTable
+from intentserve.controller.embedded import EmbeddedTable, EmbeddedView
 from intentserve.controller.router.channels import worker_aio_channels, worker_channels
 from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.controller.router.http.server import HttpServer
@@ -160,11 +160,10 @@ class ControllerServer:
             return None
         frontend = Frontend(
             self.metered_router,
-            self.reconciler,
+            EmbeddedView(self.deployment, self.reconciler),
             config.security,
             config.desired.model_names,
             self.metrics,
-            self.deployment,
             config.cors_origins,
         )
         app = build_app(frontend)

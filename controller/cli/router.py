@@ -49,7 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from intentserve.controller.router.server import RouterServer
 
     config = router_config(manifest, args.controller, security)
-    overrides = {"host": args.host, "port": args.port, "max_stale_s": args.max_stale_s}
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "http_port": args.http_port,
+        "max_stale_s": args.max_stale_s,
+    }
     config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
     configure_logging(args.log_format, args.log_level)
     try:
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"router of {manifest.name} listening on {config.host}:{server.bound_port}, watching "
         f"the controller at {config.controller} (a stale table is served for "
-        f"{config.max_stale_s:g} s at most); the CLI's credentials are in {saved}",
+        f"{config.max_stale_s:g} s at most); the CLI's credentials are in {saved}"
+        + (f"; HTTP API on {server.http_url}" if server.http_url else ""),
         flush=True,
     )
     try:
@@ -153,6 +159,12 @@ def add_parser(commands) -> None:
     router.add_argument("--host", default=None, help="where it listens (spec.router.host)")
     router.add_argument(
         "--port", type=int, default=None, help="its port (spec.router.port; 0 picks a free one)"
+    )
+    router.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="the OpenAI HTTP API, /health and /metrics (spec.router.httpPort; default none)",
     )
     router.add_argument(
         "--max-stale-s",

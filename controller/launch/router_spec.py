@@ -25,6 +25,9 @@ class RouterSpec(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_ROUTER_PORT, ge=0, le=65535, description="0 picks a free port")
+    # The OpenAI HTTP API with /health and /metrics (HTTPS with the router's certificate unless
+    # insecure); null: none.
+    http_port: int | None = Field(None, ge=0, le=65535)
     # Past this many seconds without a word from the controller the router stops serving
     # (health NOT_SERVING, requests UNAVAILABLE: controller_unreachable).
     max_stale_s: float = Field(DEFAULT_MAX_STALE_S, gt=0, allow_inf_nan=False)
@@ -41,6 +44,7 @@ def router_config(manifest: Manifest, controller: str, security: Security) -> Ro
         security=security,
         host=r.host,
         port=r.port,
+        http_port=r.http_port,
         max_stale_s=r.max_stale_s,
         model=s.model.served(),
         max_outstanding_per_worker=c.max_outstanding_per_worker,

@@ -7,8 +7,9 @@ controller's watch stream, streaming from the workers directly with its own cert
 
 Its gRPC server serves `Inference` (as the controller's does), `grpc.health.v1` (SERVING while
 the table it routes by is ready and not expired), `Admin.Status` (its table and freshness) and
-reflection. A test (or a benchmark) can feed the table itself: `RouterServer(config,
-watch=False)`, then `router.table.apply(update)`.
+reflection; with `http_port`, the OpenAI HTTP API, `/health` and `/metrics` (the table's
+freshness among them) beside it. A test (or a benchmark) can feed the table itself:
+`RouterServer(config, watch=False)`, then `router.table.apply(update)`.
 
 Run one with `intentserve router` (controller/cli/router.py).
 """
@@ -26,11 +27,14 @@ from grpc_reflection.v1alpha import reflection
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor
 from intentserve.controller.router.channels import worker_aio_channels, worker_channels
+from intentserve.controller.router.http.app import Frontend, build_app
+from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
 from intentserve.controller.router.routing import Router
 from intentserve.controller.router.servicer import InferenceServicer, RouterAdminServicer
 from intentserve.controller.router.settings import RouterConfig
 from intentserve.controller.router.table_metrics import TableCollector
+from intentserve.controller.router.view import TableView
 from intentserve.controller.router.watch import TableWatch
 from intentserve.controller.router.watched import Freshness, WatchedTable
 from intentserve.controller.status_codes import STATUS_CODES
@@ -94,19 +98,51 @@ class RouterServer:
         self._ticker = threading.Thread(target=self._tick, name="router-health", daemon=True)
         try:
             self._server, self.bound_port = self._loop.run(self._build_server())
+            self._http = self._http_api()
         except BaseException:
             self._loop.close()
             raise
 
     @property
     def address(self) -> str:
+        return f"{self._local_host}:{self.bound_port}"
+
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP API's base URL on this machine; None: none."""
+        if self._http is None:
+            return None
+        return f"{self._http.scheme}://{self._local_host}:{self._http.port}"
+
+    @property
+    def _local_host(self) -> str:
         host = self.config.host
-        local = "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
-        return f"{local}:{self.bound_port}"
+        return "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
+
+    def _http_api(self) -> HttpServer | None:
+        config = self.config
+        if config.http_port is None:
+            return None
+        frontend = Frontend(
+            self.metered_router,
+            TableView(self.table),
+            config.security,
+            (config.model,),
+            self.metrics,
+        )
+        return HttpServer(
+            build_app(frontend),
+            config.host,
+            config.http_port,
+            config.security.tls,
+            on_stopped=self.router.channels.aclose_loop,
+        )
 
     def start(self) -> RouterServer:
         self._follow_table()
         self._loop.run(self._server.start())
+        if self._http is not None:
+            self._http.start()
         if self._watch is not None:
             self._watch.start()
         self._ticker.start()
@@ -128,7 +164,11 @@ class RouterServer:
             self._ticker.join()
         if self._watch is not None:
             self._watch.stop()
+        if self._http is not None:
+            self._http.begin_stop(grace_s)
         self._loop.run(self._server.stop(grace_s))
+        if self._http is not None:
+            self._http.join()  # its loop closes what was made on it as it ends
         self._loop.run(self.router.channels.aclose_loop())
         self.router.close()
         if self._controller_channel is not None:

@@ -22,6 +22,9 @@ class RouterConfig:
     security: Security = Security()  # the default, no TLS and no tokens, is for tests only
     host: str = "127.0.0.1"
     port: int = DEFAULT_ROUTER_PORT  # 0 picks a free port
+    # The OpenAI-compatible HTTP API, /health and /metrics (HTTPS with the router's certificate
+    # when `security.tls` is set); None: none. 0 picks a free port.
+    http_port: int | None = None
     max_stale_s: float = DEFAULT_MAX_STALE_S  # serve a table the controller is silent on this long
     model: str = ""  # the served model's name, for the request metrics' labels
     router_id: str = "router"  # for the controller's log

@@ -5,6 +5,10 @@ router serves its last table, reports it stale, then stops serving naming why.""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
@@ -16,7 +20,6 @@ from intentserve.controller.router.table import Readiness
 from intentserve.controller.router.watched import TableEntry, TableUpdate
 from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.v1 import admin_pb2
-from prometheus_client import generate_latest
 
 from tests.controller.conftest import DEPLOYMENT, Client, eventually
 from tests.controller.scripted_worker import ScriptedWorker
@@ -36,7 +39,9 @@ def deployment(start_controller, make_worker):
     for worker in workers:
         assert worker.up().verified
     eventually(lambda: server.verdict().ready, what="READY")
-    config = RouterConfig(DEPLOYMENT, controller=server.address, port=0, max_stale_s=2.0, model="m")
+    config = RouterConfig(
+        DEPLOYMENT, controller=server.address, port=0, http_port=0, max_stale_s=2.0, model="m"
+    )
     router = RouterServer(config).start()
     client = Client(router.address)
     eventually(lambda: client.serving(), what="the router SERVING")
@@ -85,11 +90,11 @@ def test_without_the_controller_it_serves_its_last_table_stale_then_stops(deploy
     assert "STALE: the controller silent for" in text
     assert "(a stale table is served for 2 s at most)" in text
     assert client.serving() and served_by(client) == {"w0", "w1"}
-    scraped = generate_latest(router.metrics).decode()
-    assert (
-        f'intentserve_router_table_freshness{{deployment="{DEPLOYMENT}",freshness="stale"}} 1.0'
-        in (scraped)
-    )
+    scraped = get(router, "/metrics")[1]
+    stale = f'intentserve_router_table_freshness{{deployment="{DEPLOYMENT}",freshness="stale"}} 1.0'
+    assert stale in scraped
+    code, body = get(router, "/health")
+    assert code == 200 and json.loads(body)["state"] == "stale"
     eventually(lambda: client.health_status() == NOT_SERVING, timeout_s=6.0, what="NOT_SERVING")
     with pytest.raises(grpc.RpcError) as refused:
         list(client.generate(timeout=5))
@@ -97,6 +102,18 @@ def test_without_the_controller_it_serves_its_last_table_stale_then_stops(deploy
     assert "controller_unreachable" in refused.value.details()
     assert f"the controller at {server.address} has not been heard from" in refused.value.details()
     assert client.status().router.freshness == admin_pb2.TABLE_FRESHNESS_EXPIRED
+    code, body = get(router, "/health")
+    health = json.loads(body)
+    assert code == 503 and health["state"] == "expired"
+    assert health["reason"]["code"] == "controller_unreachable"
+
+
+def get(router, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(router.http_url + path, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 def test_a_router_refuses_the_controllers_admin_commands_naming_where_they_go(deployment):

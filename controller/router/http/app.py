@@ -1,6 +1,6 @@
-"""The OpenAI-compatible HTTP API, `/health` and `/metrics`, served from the controller's own
-parts: the same readiness verdict as gRPC health, the same (metered) router and its admission,
-the same API keys.
+"""The OpenAI-compatible HTTP API, `/health` and `/metrics`, served from a router's parts: the
+same readiness as its gRPC health, the same (metered) router and its admission, the same API
+keys.
 
     GET  /v1/models             the deployment's model, by its served name, with its
                                 max_model_len and what each worker realized
@@ -27,10 +27,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from intentserve import __version__
 from intentserve.controller.auth import Security
-from intentserve.controller.control.deployment import Deployment, deployment_state
-from intentserve.controller.control.metrics import realized_labels
-from intentserve.controller.control.reconcile import Reconciler
-from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.router.http import openai_convert
 from intentserve.controller.router.http.access import (
     AccessLog,
@@ -52,6 +48,7 @@ from intentserve.controller.router.http.openai_schema import (
     CompletionRequest,
 )
 from intentserve.controller.router.request_metrics import MeteredRouter
+from intentserve.controller.router.view import DeploymentView
 from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
@@ -67,12 +64,11 @@ class Frontend:
     """What the HTTP API serves from: the controller's own parts."""
 
     router: MeteredRouter
-    reconciler: Reconciler  # its published verdict is what gRPC health says
+    view: DeploymentView  # readiness as gRPC health says it, and what the workers realized
     security: Security
     # What a request's `model` may be: the served name (listed), then the exact reference.
     model_names: tuple[str, ...]
     metrics: CollectorRegistry
-    deployment: Deployment  # its workers' realized reports
     cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
 
 
@@ -122,8 +118,7 @@ def build_app(frontend: Frontend) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         authorize(request)
-        policy = frontend.deployment.desired.policy
-        workers = [w for w in frontend.deployment.workers() if w.realized is not None]
+        realized = frontend.view.realized()
         model = {
             "id": frontend.model_names[0],
             "object": "model",
@@ -131,8 +126,8 @@ def build_app(frontend: Frontend) -> FastAPI:
             "owned_by": "intentserve",
             # The smallest of the workers' (a request must fit whichever serves it); None
             # until one has realized its cache.
-            "max_model_len": min((w.realized.max_model_len for w in workers), default=None),
-            "realized": [{"worker_id": w.worker_id, **realized_labels(policy, w)} for w in workers],
+            "max_model_len": min((r.max_model_len for r in realized), default=None),
+            "realized": [r.labels for r in realized],
         }
         return {"object": "list", "data": [model]}
 
@@ -196,14 +191,14 @@ def build_app(frontend: Frontend) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        verdict = frontend.reconciler.verdict
-        state = deployment_state(verdict)
+        health = frontend.view.health()
+        reason = health.reason
         data = {
-            "status": "serving" if state is DeploymentState.READY else "not_serving",
-            "state": state.value,
-            "reason": {"code": verdict.reason.code.value, "message": verdict.reason.message},
+            "status": "serving" if health.serving else "not_serving",
+            "state": health.state,
+            "reason": {"code": reason.code.value, "message": reason.message},
         }
-        return JSONResponse(data, status_code=200 if state is DeploymentState.READY else 503)
+        return JSONResponse(data, status_code=200 if health.serving else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
