@@ -36,7 +36,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.controller.launch.manifest import load_manifest
 from intentserve.controller.server import ControllerServer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import describe_realized
 from intentserve.controller.control.deployment import deployment_state
 from intentserve.controller.control.registry import WorkerRecord

@@ -1,6 +1,6 @@
 """Text for people: the status report, the worker table, a realized cache in one phrase.
 
-Everything here reads the plain data of `intentserve.controller.cli.client` (the same dicts
+Everything here reads the plain data of `intentserve.client` (the same dicts
 `--json` prints).
 """
 

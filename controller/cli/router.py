@@ -26,8 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
+from intentserve.client import credentials
 from intentserve.controller.auth import Security, SecurityError, read_secret_lines
-from intentserve.controller.cli import credentials
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seconds
 from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest

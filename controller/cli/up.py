@@ -20,9 +20,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from intentserve.controller.cli import credentials
+from intentserve.client import credentials, to_data
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from intentserve.controller.cli.client import to_data
 from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client.credentials import Credentials
 from intentserve.controller.router.request_metrics import RequestMetrics
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings

@@ -10,9 +10,9 @@ import logging
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.client import AsyncControllerClient, ControllerClient
+from intentserve.client.credentials import Credentials
 from intentserve.controller.auth import Security
-from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
-from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings

@@ -11,8 +11,8 @@ import time
 import httpx2 as httpx
 import openai
 import pytest
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
 from intentserve.controller.router.http.app import MAX_BODY_BYTES
 from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.streaming import MAX_REQUEST_BYTES

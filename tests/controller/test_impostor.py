@@ -9,9 +9,9 @@ import logging
 
 import grpc
 import pytest
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
 from intentserve.controller.auth import Security
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
 from intentserve.controller.control.state import DeploymentState, WorkerState
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer

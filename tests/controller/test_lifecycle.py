@@ -13,8 +13,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from intentserve import convert
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
 from intentserve.controller.control.convert import deployment_state_from_pb, worker_state_from_pb
 from intentserve.controller.control.state import DeploymentState, WorkerState
 from intentserve.controller.launch.pki import DeploymentCa

@@ -12,7 +12,7 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.router.server import RouterServer
 from intentserve.controller.router.settings import RouterConfig

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 from intentserve import convert
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.control.convert import deployment_state_from_pb, worker_state_from_pb
 from intentserve.controller.control.deployment import Deployment

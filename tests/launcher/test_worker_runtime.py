@@ -12,7 +12,7 @@ from dataclasses import replace
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import describe_realized
 from intentserve.controller.control.state import WorkerState
 from intentserve.controller.server import ControllerServer
