@@ -39,6 +39,7 @@ class TableWatch:
         self._metadata = metadata
         self._stopped = threading.Event()
         self._call: grpc.Call | None = None
+        self._last_failure: str | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="table-watch", daemon=True)
 
@@ -77,8 +78,9 @@ class TableWatch:
         except grpc.RpcError as error:
             why = f"{error.code().name}: {error.details()}"
         if not self._stopped.is_set():
-            if heard:
-                log.warning("lost the controller's worker table watch: %s", why)
+            if heard or why != self._last_failure:  # once per kind of failure, not per retry
+                log.warning("no worker table watch on the controller: %s", why)
+            self._last_failure = why
             self._table.lost_contact(why)
         return heard
 
