@@ -38,11 +38,8 @@ from intentserve.controller.control.servicers import (
 from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable, EmbeddedView
-from intentserve.controller.router.channels import worker_aio_channels, worker_channels
-from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.controller.router.http.server import HttpServer
-from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
-from intentserve.controller.router.routing import Router
+from intentserve.controller.router.request_path import RequestPath
 from intentserve.controller.router.servicer import InferenceServicer
 from intentserve.controller.settings import (
     ControllerConfig,
@@ -101,18 +98,17 @@ class ControllerServer:
         # and while they wait in the router's admission queue.
         self.metrics = CollectorRegistry()
         desired = config.desired
-        request_metrics = RequestMetrics(
-            self.metrics, deployment=desired.deployment, model=desired.model_names[0]
-        )
-        self.router = Router(
+        path = RequestPath.build(
             EmbeddedTable(self.deployment),
+            self.metrics,
+            deployment=desired.deployment,
+            model=desired.model_names[0],
+            tls=config.security.tls,
             max_outstanding_per_worker=config.max_outstanding_per_worker,
-            queue_limits=config.admission,
-            queue_wait_times=request_metrics.queue_wait_times,
-            channel_factory=worker_channels(config.security.tls, desired.deployment),
-            aio_channel_factory=worker_aio_channels(config.security.tls, desired.deployment),
+            admission=config.admission,
         )
-        request_metrics.watch_queue(self.router.queue)
+        self._request_path = path
+        self.router, self.metered_router = path.router, path.metered
         # The loop first: health is published to it from the reconciler's construction on.
         self._loop = EventLoopThread("controller-rpc")
         self._probe_health = None if config.health_port is None else health.HealthServicer()
@@ -133,7 +129,6 @@ class ControllerServer:
         self.metrics.register(
             DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
         )
-        self.metered_router = MeteredRouter(self.router, request_metrics)
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
             self._health_server, self.health_port = self._probe_server()
@@ -158,22 +153,15 @@ class ControllerServer:
         config = self.config
         if config.http_port is None:
             return None
-        frontend = Frontend(
-            self.metered_router,
+        return self._request_path.http_server(
             EmbeddedView(self.deployment, self.reconciler),
-            config.security,
-            config.desired.model_names,
             self.metrics,
-            config.cors_origins,
-        )
-        app = build_app(frontend)
-        tls = None if config.http_plaintext else config.security.tls
-        return HttpServer(
-            app,
-            config.host,
-            config.http_port,
-            tls,
-            on_stopped=self.router.channels.aclose_loop,
+            security=config.security,
+            model_names=config.desired.model_names,
+            host=config.host,
+            port=config.http_port,
+            tls=None if config.http_plaintext else config.security.tls,
+            cors_origins=config.cors_origins,
         )
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:

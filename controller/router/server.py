@@ -26,11 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor
-from intentserve.controller.router.channels import worker_aio_channels, worker_channels
-from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.controller.router.http.server import HttpServer
-from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
-from intentserve.controller.router.routing import Router
+from intentserve.controller.router.request_path import RequestPath
 from intentserve.controller.router.servicer import InferenceServicer, RouterAdminServicer
 from intentserve.controller.router.settings import RouterConfig
 from intentserve.controller.router.table_metrics import TableCollector
@@ -63,20 +60,17 @@ class RouterServer:
         tls = config.security.tls
         self.table = WatchedTable(config.controller, max_stale_s=config.max_stale_s)
         self.metrics = CollectorRegistry()
-        request_metrics = RequestMetrics(
-            self.metrics, deployment=config.deployment, model=config.model
-        )
         self.metrics.register(TableCollector(self.table, config.deployment))
-        self.router = Router(
+        self._request_path = path = RequestPath.build(
             self.table,
+            self.metrics,
+            deployment=config.deployment,
+            model=config.model,
+            tls=tls,
             max_outstanding_per_worker=config.max_outstanding_per_worker,
-            queue_limits=config.admission,
-            queue_wait_times=request_metrics.queue_wait_times,
-            channel_factory=worker_channels(tls, config.deployment),
-            aio_channel_factory=worker_aio_channels(tls, config.deployment),
+            admission=config.admission,
         )
-        request_metrics.watch_queue(self.router.queue)
-        self.metered_router = MeteredRouter(self.router, request_metrics)
+        self.router, self.metered_router = path.router, path.metered
         self._controller_channel: grpc.Channel | None = None
         self._watch: TableWatch | None = None
         if watch:
@@ -123,19 +117,14 @@ class RouterServer:
         config = self.config
         if config.http_port is None:
             return None
-        frontend = Frontend(
-            self.metered_router,
+        return self._request_path.http_server(
             TableView(self.table),
-            config.security,
-            (config.model,),
             self.metrics,
-        )
-        return HttpServer(
-            build_app(frontend),
-            config.host,
-            config.http_port,
-            config.security.tls,
-            on_stopped=self.router.channels.aclose_loop,
+            security=config.security,
+            model_names=(config.model,),
+            host=config.host,
+            port=config.http_port,
+            tls=config.security.tls,
         )
 
     def start(self) -> RouterServer:
