@@ -1,5 +1,6 @@
-"""The controller's channels to the workers' servers, one per address; on each, the multiplexed
-call that carries every request to that worker (`worker_mux`), and a watch stream.
+"""A router's channels to the workers' servers, one per address; on each, the multiplexed call
+that carries every request to that worker (`worker_mux`), and a watch stream. (The embedded
+router's are the controller's too: its reconcile loop watches the workers through them.)
 
 The watch is a `grpc.health.v1.Health/Watch` stream the worker's server holds open (health is
 open to any caller). Its statuses do not matter; its life does: when the worker's process dies

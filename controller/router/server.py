@@ -186,11 +186,24 @@ class RouterServer:
             level = logging.INFO if status.freshness is Freshness.FRESH else logging.WARNING
             log.log(level, "worker table %s: %s", status.freshness.value, readiness.reason)
         self._freshness = status.freshness
+        self._watch_suspects()
         serving = SERVING if readiness.ready else NOT_SERVING
         if serving != self._health_status:
             for service in ("", self.config.deployment):
                 self._health.set(service, serving)
             self._health_status = serving
+
+    def _watch_suspects(self) -> None:
+        """A worker whose stream broke here is watched (a health stream to it), and routed to
+        again once that watch is answered; channels to workers the table no longer holds go."""
+        channels = self.router.channels
+        channels.prune(self.table.addresses())
+        suspects = self.table.suspects()
+        channels.watch(suspects)
+        for address, worker_id in suspects.items():
+            if channels.connected(address):
+                self.table.restore(worker_id)
+                log.info("worker %s answers again: routed to again", worker_id)
 
     async def _build_server(self) -> tuple[grpc.aio.Server, int]:
         config = self.config

@@ -13,7 +13,8 @@ has been silent for `max_stale_s` it is EXPIRED: nothing is routed, readiness is
 `controller_unreachable` naming the controller and the bound.
 
 Requests in flight are counted here (this router's own), and a worker whose stream broke is
-suspect here until the controller's next word on it (a new revision of that worker).
+suspect here until its connection answers this router again or the controller speaks of it again
+(a new revision of that worker), whichever comes first.
 """
 
 from __future__ import annotations
@@ -197,6 +198,22 @@ class WatchedTable:
                 return False
             self._suspects[worker_id] = entry.revision
             return True
+
+    def suspects(self) -> dict[str, str]:
+        """The workers suspect here: address -> worker id (their connections are watched)."""
+        with self._lock:
+            return {self._workers[k].address: k for k in self._suspects if k in self._workers}
+
+    def restore(self, worker_id: str) -> None:
+        """Its connection answers again: route to it again (while the controller calls it
+        READY)."""
+        with self._lock:
+            self._suspects.pop(worker_id, None)
+
+    def addresses(self) -> set[str]:
+        """Every worker's address in the table (a channel to any other can go)."""
+        with self._lock:
+            return {e.address for e in self._workers.values()}
 
     def num_outstanding(self) -> int:
         with self._lock:

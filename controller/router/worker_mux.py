@@ -1,4 +1,4 @@
-"""The controller's side of `WorkerStreams.Serve`: all requests to one worker on one call.
+"""A router's side of `WorkerStreams.Serve`: all requests to one worker on one call.
 
     mux = WorkerMux(channel, "local-0")
     stream = mux.open(request, timeout_s=30.0)  # sends the start command

@@ -6,6 +6,7 @@ router serves its last table, reports it stale, then stops serving naming why.""
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
 
@@ -22,7 +23,7 @@ from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.v1 import admin_pb2
 
 from tests.controller.conftest import DEPLOYMENT, Client, eventually
-from tests.controller.scripted_worker import ScriptedWorker
+from tests.controller.scripted_worker import Behaviour, ScriptedWorker
 
 pytestmark = pytest.mark.integration
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -32,8 +33,14 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 @pytest.fixture
 def deployment(start_controller, make_worker):
     """A controller with two verified workers, and a router watching it."""
+    # NOTE: a heartbeat timeout well above FAST's: on a loaded machine a scripted worker's
+    # heartbeats can lapse for a second, and a lost worker is not what these tests are about.
     server, _ = start_controller(
-        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=8
+        paged_attention="on",
+        replicas=2,
+        min_ready=1,
+        max_outstanding_per_worker=8,
+        heartbeat_timeout_s=10.0,
     )
     workers = [make_worker(server, f"w{i}", examples.cpu()) for i in range(2)]
     for worker in workers:
@@ -140,6 +147,29 @@ def test_a_router_fed_by_hand_needs_no_controller():
             router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
             eventually(lambda: client.serving(), what="SERVING")
             assert served_by(client, 2) == {"w0"}
+            client.channel.close()
+    finally:
+        worker.stop()
+
+
+def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(caplog):
+    """The break is this router's alone (the controller is not asked): the worker is skipped
+    until the health watch this router then opens to it is answered."""
+    caplog.set_level(logging.INFO, logger="intentserve.controller.router.server")
+    config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
+    worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), behaviour=Behaviour.BREAK)
+    try:
+        with RouterServer(config, watch=False) as router:
+            client = Client(router.address)
+            ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
+            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
+            with pytest.raises(grpc.RpcError) as broken:
+                list(client.generate(timeout=5))
+            assert broken.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "worker w0 is suspect: suspect: a stream broke mid-stream" in caplog.text
+            eventually(lambda: [r.worker_id for r in router.table.routes()] == ["w0"], what="back")
+            assert "worker w0 answers again: routed to again" in caplog.text
             client.channel.close()
     finally:
         worker.stop()
