@@ -13,12 +13,17 @@ import sys
 import textwrap
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 from intentserve.controller.auth import Security
 from intentserve.controller.cli.main import main
+from intentserve.controller.cli.router import router_security
+from intentserve.controller.launch.manifest import load_manifest
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
 from intentserve.policy.examples import cpu
+from intentserve.tls import ROUTER, server_name
 
 from tests.controller.conftest import DEPLOYMENT, FAST, eventually
 from tests.controller.scripted_worker import ScriptedWorker
@@ -121,3 +126,20 @@ def test_a_router_without_its_credentials_refuses_to_start(
     code = main(["router", manifest(tmp_path, security), "--controller", "127.0.0.1:9"])
     assert code == 2
     assert capsys.readouterr().err.startswith(names)
+
+
+def test_ca_issues_a_router_certificate_that_router_takes_from_tls_dir(tmp_path, capsys):
+    folder = tmp_path / "pki"
+    assert main(["ca", str(folder), "--name", DEPLOYMENT]) == 0
+    assert main(["ca", str(folder), "--router"]) == 2
+    assert "--router needs --deployment NAME" in capsys.readouterr().err
+    assert main(["ca", str(folder), "--router", "--deployment", DEPLOYMENT]) == 0
+    assert (folder / "router.key").stat().st_mode & 0o777 == 0o600
+    (tmp_path / "token").write_text("t\n")
+    loaded = load_manifest(manifest(tmp_path, f"{{adminTokenFile: {tmp_path / 'token'}}}"))
+    security = router_security(loaded, "127.0.0.1:9", str(folder))
+    cert = x509.load_pem_x509_certificate(security.tls.cert_pem)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == ROUTER
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert server_name(DEPLOYMENT, ROUTER) in names.get_values_for_type(x509.DNSName)
+    assert security.admin_tokens == frozenset({"t"})
