@@ -36,9 +36,9 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.controller.launch.manifest import load_manifest
-from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.server import ControllerServer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

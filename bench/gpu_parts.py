@@ -214,8 +214,8 @@ def served_over_tls(device: str) -> dict:
     """A controller and one worker over mutual TLS, no Ray: READY only once the realized paged
     cache is verified; then `backend: flash` where vllm-flash-attn is missing, refused by name."""
     from intentserve.controller.launch.pki import DeploymentCa
-    from intentserve.controller.service.server import ControllerServer
-    from intentserve.controller.service.settings import ControllerSettings
+    from intentserve.controller.server import ControllerServer
+    from intentserve.controller.settings import ControllerSettings
     from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
     from intentserve.worker.runtime.spec import WorkerSpec
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 import httpx2 as httpx
-from intentserve.controller.cli.credentials import folder_for
+from intentserve.client.credentials import folder_for
 
 from bench.out import default_out
 from bench.security import MANIFEST, timed_streams

@@ -15,7 +15,7 @@ tokens a step): S x 1000 / step-ms tokens/s are offered. Measured from the start
 stream to the end of the last: tokens/s received by the clients, and CPU seconds (user and
 system, /proc) of the relay per 1000 tokens; `per_core_tokens_per_s` is what that CPU cost
 allows one core. By default the bench starts the relay itself: today's controller
-(`python -m intentserve.controller.service.server`, mutual TLS with a fresh CA), relay r pinned
+(`python -m intentserve.controller.server`, mutual TLS with a fresh CA), relay r pinned
 to CPU r of `--relay-cpus` (modulo its length: by default the first relay on CPU 0, a second on
 CPU 1). With `--front`, `--pid` and the rest it drives a front end already running (e.g. a
 router): its workers register at `--registry` with certificates of the CA in `--ca-dir`

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.controller.control.state import replica_ids
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.controller.service.state import replica_ids
 from intentserve.tls import CONTROLLER, server_name
 
 from bench.served import cpu_s, free_port
@@ -123,7 +123,7 @@ def start_controller(
     pin = ["taskset", "-c", cpus] if cpus else []
     log = (folder / "controller.log").open("w")
     proc = subprocess.Popen(
-        [*pin, sys.executable, "-m", "intentserve.controller.service.server"],
+        [*pin, sys.executable, "-m", "intentserve.controller.server"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,

@@ -16,8 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from intentserve.controller.cli import credentials
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient, credentials
 
 INTENTSERVE = Path(sys.executable).with_name("intentserve")
 

@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from intentserve.controller.cli.client import AsyncControllerClient
+from intentserve.client import AsyncControllerClient
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.sampling import SamplingParams

@@ -47,6 +47,8 @@ class ReasonCode(enum.Enum):
     WORKER_NOT_SERVING = "worker_not_serving"
     NOT_ENOUGH_REPLICAS = "not_enough_replicas"
     POLICY_VIOLATION = "policy_violation"
+    # A separate router's own view of its worker table.
+    CONTROLLER_UNREACHABLE = "controller_unreachable"
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from intentserve import convert
+from intentserve.controller.control.convert import register_to_pb
 from intentserve.controller.launch import manifest as manifest_module
-from intentserve.controller.service.convert import register_to_pb
 from intentserve.policy import (
     KvBudget,
     Mode,

@@ -16,8 +16,8 @@ import textwrap
 import grpc
 import pytest
 from intentserve import convert
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.policy import examples
 from intentserve.tls import TlsIdentity, secure_channel, server_name

@@ -96,7 +96,7 @@ def test_the_cpu_kernel_sources_are_in_the_wheel(wheel):
 def test_the_installed_package_imports_from_the_venv_and_the_old_names_are_gone(venv):
     probe = (
         "import importlib.util, intentserve, intentserve.v1.worker_pb2_grpc, intentserve.convert\n"
-        "import intentserve.policy, intentserve.controller.service.server\n"
+        "import intentserve.policy, intentserve.controller.server\n"
         "print(intentserve.__file__)\n"
         "print([n for n in ('policy', 'worker', 'controller') if importlib.util.find_spec(n)])"
     )

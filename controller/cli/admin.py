@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from intentserve.controller.cli import credentials
-from intentserve.controller.cli.client import (
+from intentserve.client import (
     DEFAULT_CONTROLLER,
     ControllerClient,
     RequestValueError,
+    credentials,
 )
 from intentserve.controller.cli.render import status_text, workers_text
 

@@ -2,6 +2,7 @@
 
     intentserve serve smollm2-135m            # serve one model, no manifest needed
     intentserve up deploy/local.yaml          # bring a deployment up and serve it
+    intentserve router deploy/local.yaml --controller HOST:PORT   # one more router
     intentserve status | workers | explain W | drain W | resume W | down | generate PROMPT
     intentserve policy-table                  # the decision table the controller enforces
 
@@ -24,6 +25,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from intentserve import __version__  # noqa: E402
 from intentserve.controller.cli import admin as cli_admin  # noqa: E402
 from intentserve.controller.cli import ca as cli_ca  # noqa: E402
+from intentserve.controller.cli import router as cli_router  # noqa: E402
 from intentserve.controller.cli import serve as cli_serve  # noqa: E402
 from intentserve.controller.cli import up as cli_up  # noqa: E402
 from intentserve.controller.cli.admin import EXIT_OK  # noqa: E402
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     table.set_defaults(handler=_policy_table)
     cli_up.add_parser(commands)
     cli_serve.add_parser(commands)
+    cli_router.add_parser(commands)
     cli_ca.add_parser(commands)
     cli_admin.add_parsers(commands)
     return parser

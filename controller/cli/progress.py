@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import time
 
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import describe_realized
+from intentserve.controller.control.deployment import deployment_state
+from intentserve.controller.control.registry import WorkerRecord
+from intentserve.controller.control.state import DeploymentState, WorkerState
 from intentserve.controller.launch.types import ActorProbe, ActorState
-from intentserve.controller.service.deployment import deployment_state
-from intentserve.controller.service.registry import WorkerRecord
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.state import DeploymentState, WorkerState
+from intentserve.controller.server import ControllerServer
 from intentserve.convert import realized_to_pb
 from intentserve.policy import Verdict
 

@@ -1,6 +1,6 @@
 """Text for people: the status report, the worker table, a realized cache in one phrase.
 
-Everything here reads the plain data of `intentserve.controller.cli.client` (the same dicts
+Everything here reads the plain data of `intentserve.client` (the same dicts
 `--json` prints).
 """
 
@@ -125,6 +125,9 @@ def workers_text(workers: list[dict[str, Any]]) -> str:
 
 def status_text(status: dict[str, Any]) -> str:
     reason = status["reason"] or {"code": "", "message": ""}
+    router = status.get("router")
+    if router and router["controller"]:
+        return _router_status_text(status, reason, router)
     return "\n".join(
         [
             f"deployment {status['deployment']}: {status['state'].upper()} "
@@ -144,3 +147,27 @@ def _scheduler_lines(scheduler: dict[str, Any] | None) -> list[str]:
     line)."""
     said = SchedulerIntent(**scheduler).describe() if scheduler else ""
     return [f"scheduler: {said}"] if said else []
+
+
+def _router_status_text(status: dict[str, Any], reason: dict, router: dict[str, Any]) -> str:
+    """A separate router's status: its readiness, its table's freshness, the workers it routes
+    to (with its own requests on each)."""
+    freshness = router["freshness"]
+    if freshness == "fresh":
+        table_line = "fresh"
+    else:
+        table_line = (
+            f"{freshness.upper()}: the controller silent for {router['stale_for_s']:.1f} s "
+            f"(a stale table is served for {router['max_stale_s']:g} s at most)"
+        )
+    return "\n".join(
+        [
+            f"router of deployment {status['deployment']}: {status['state'].upper()} "
+            f"({status['num_verified']} workers routed to)",
+            f"reason: {reason['code']}: {reason['message']}",
+            f"table: revision {router['revision']} from the controller at {router['controller']}, "
+            f"{table_line}",
+            "",
+            workers_text(status["workers"]),
+        ]
+    )

@@ -14,9 +14,9 @@ off and alerts, and starts the whole deployment again from a clean state.
 
 from __future__ import annotations
 
+from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.errors import UnknownWorker
 from intentserve.controller.launch.types import ActorProbe, ActorState
-from intentserve.controller.service.deployment import Deployment
-from intentserve.controller.service.errors import UnknownWorker
 from intentserve.policy import Reason, ReasonCode
 
 

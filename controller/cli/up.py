@@ -23,13 +23,16 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from intentserve.controller.cli import credentials
+from intentserve.client import credentials, to_data
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from intentserve.controller.cli.client import to_data
 from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
 from intentserve.controller.cli.supervise import supervise
+from intentserve.controller.control.convert import status_to_pb
+from intentserve.controller.control.deployment import deployment_state
+from intentserve.controller.control.registry import WorkerRecord
+from intentserve.controller.control.state import WorkerState
 from intentserve.controller.launch.deployment_dir import DeploymentDir, DeploymentRunning, UpRecord
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.controller.launch.ray_target import choose_ray_target
@@ -40,11 +43,7 @@ from intentserve.controller.launch.security import (
     describe_security,
 )
 from intentserve.controller.launch.types import ActorProbe, LaunchError
-from intentserve.controller.service.convert import status_to_pb
-from intentserve.controller.service.deployment import deployment_state
-from intentserve.controller.service.registry import WorkerRecord
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.server import ControllerServer
 from intentserve.policy import Verdict
 
 if TYPE_CHECKING:

@@ -24,20 +24,21 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from intentserve.controller.http.cors import check_origins
-from intentserve.controller.launch.validation import describe_validation_error
-from intentserve.controller.service.admission import (
-    DEFAULT_MAX_QUEUE_WAIT_S,
-    QUEUED_PER_SLOT,
-    QueueLimits,
-)
-from intentserve.controller.service.settings import ENV_PREFIX, ControllerConfig
-from intentserve.controller.service.state import (
+from intentserve.controller.control.state import (
     DEFAULT_MODEL,
     DesiredState,
     replica_ids,
     served_name_of,
 )
+from intentserve.controller.launch.router_spec import RouterSpec
+from intentserve.controller.launch.validation import describe_validation_error
+from intentserve.controller.router.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
+from intentserve.controller.router.http.cors import check_origins
+from intentserve.controller.settings import ENV_PREFIX, ControllerConfig
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     DEFAULT_BLOCK_SIZE,
@@ -345,18 +346,20 @@ class DeploymentSpec(_Section):
     paged_attention: PagedAttentionSpec = PagedAttentionSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     controller: ControllerSpec = ControllerSpec()
+    router: RouterSpec = RouterSpec()
     security: SecuritySpec = SecuritySpec()
 
     @model_validator(mode="after")
     def _exposed(self) -> DeploymentSpec:
-        host = self.controller.host
-        if self.security.insecure and not is_loopback(host) and not self.security.insecure_network:
-            raise IntentError(
-                "security.insecure",
-                f"true and the controller binds {host}, not loopback: anyone who "
-                "reaches it could register workers and drain the deployment; remove insecure, "
-                "or also set insecureNetwork: true to accept that",
-            )
+        host, s = self.controller.host, self.security
+        for who, bound in (("the controller", host), ("a router", self.router.host)):
+            if s.insecure and not is_loopback(bound) and not s.insecure_network:
+                raise IntentError(
+                    "security.insecure",
+                    f"true and {who} binds {bound}, not loopback: anyone who reaches it could "
+                    "drain the deployment or send requests unauthenticated; remove insecure, "
+                    "or also set insecureNetwork: true to accept that",
+                )
         if self.security.plaintext_http and not is_loopback(host):
             raise IntentError(
                 "security.plaintextHttp",

@@ -1,5 +1,6 @@
 """The deployment's private CA: `up` makes one (or loads the operator's) and issues the
-controller's certificate and one per worker replica, so each party proves who it is.
+controller's certificate, one per worker replica and the routers' (the `router` role), so each
+party proves who it is.
 
 Each worker actor is handed only its own key. The CA key is the operator's file (a Kubernetes
 Secret), or one `up` made and keeps, owner-only, in the deployment's state directory
@@ -16,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from intentserve.tls import CONTROLLER, TlsIdentity, server_name
+from intentserve.tls import CONTROLLER, ROUTER, TlsIdentity, server_name
 
 CERT_LIFETIME = datetime.timedelta(days=30)
 CLOCK_SKEW = datetime.timedelta(minutes=5)
@@ -139,6 +140,11 @@ class DeploymentCa:
 
     def controller_identity(self, hosts: tuple[str, ...]) -> TlsIdentity:
         return self.issue(CONTROLLER, hosts=("localhost", "127.0.0.1", *hosts))
+
+    def router_identity(self, hosts: tuple[str, ...] = ()) -> TlsIdentity:
+        """A router's certificate: it watches the controller's worker table, and workers take
+        its streams (a role: every router may hold the same one)."""
+        return self.issue(ROUTER, hosts=("localhost", "127.0.0.1", *hosts))
 
     def write(self, folder: Path) -> tuple[Path, Path]:
         """The CA's certificate and key as files (owner-only), for tests and for operators who

@@ -19,7 +19,7 @@ from intentserve.controller.launch.manifest import Manifest
 from intentserve.controller.launch.ray_target import RayTarget
 from intentserve.controller.launch.security import DeploymentSecurity
 from intentserve.controller.launch.types import Replica
-from intentserve.controller.service.settings import ControllerConfig
+from intentserve.controller.settings import ControllerConfig
 
 
 def replicas_of(

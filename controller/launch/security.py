@@ -12,10 +12,10 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from intentserve.controller.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.launch.deployment_dir import DeploymentDir
 from intentserve.controller.launch.manifest import Manifest
 from intentserve.controller.launch.pki import DeploymentCa, PkiError
-from intentserve.controller.service.auth import Security, SecurityError, read_secret_lines
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 

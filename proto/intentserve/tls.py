@@ -1,10 +1,10 @@
-"""Mutual TLS between a deployment's controller and its workers, as both sides use it.
+"""Mutual TLS between a deployment's controller, its routers and its workers, as all sides use it.
 
 Every certificate of a deployment is issued by the deployment's own CA; its common name is who
-holds it: `controller`, or the worker id (`local-0`). Servers are reached by a fixed name, not by
-whatever address they were dialled at, so certificates need not list every address a cluster may
-give a pod: the controller is `controller.<deployment>.intentserve`, a worker
-`<worker_id>.<deployment>.intentserve`.
+holds it: `controller`, `router` (the role every router holds), or the worker id (`local-0`).
+Servers are reached by a fixed name, not by whatever address they were dialled at, so
+certificates need not list every address a cluster may give a pod: the controller is
+`controller.<deployment>.intentserve`, a worker `<worker_id>.<deployment>.intentserve`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 CONTROLLER = "controller"  # the common name of the controller's certificate
+ROUTER = "router"  # the common name of every router's certificate (a role: routers share it)
 DOMAIN = "intentserve"
 
 

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.credentials import Credentials
-from intentserve.controller.service.request_metrics import RequestMetrics
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.client.credentials import Credentials
+from intentserve.controller.router.request_metrics import RequestMetrics
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import Capability, examples
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from prometheus_client import CollectorRegistry

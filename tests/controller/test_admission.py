@@ -7,12 +7,12 @@ import asyncio
 import threading
 
 import pytest
-from intentserve.controller.service.admission import (
+from intentserve.controller.errors import NotReady, QueueFull, QueueTimeout
+from intentserve.controller.router.admission import (
     DEADLINE_MARGIN_S,
     AdmissionQueue,
     QueueLimits,
 )
-from intentserve.controller.service.errors import NotReady, QueueFull, QueueTimeout
 from intentserve.policy import Reason, ReasonCode
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 import pytest
-from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
+from intentserve.client import AsyncControllerClient, ControllerClient
 from intentserve.policy import examples
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 

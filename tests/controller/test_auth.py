@@ -10,12 +10,12 @@ import logging
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import AsyncControllerClient, ControllerClient
+from intentserve.client.credentials import Credentials
+from intentserve.controller.auth import Security
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.controller.service.auth import Security
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import examples
 from intentserve.tls import TlsIdentity
 from intentserve.v1 import admin_pb2, admin_pb2_grpc

@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from intentserve.controller.cli.client import (
+from intentserve.client import (
     AsyncControllerClient,
+    ClientError,
     ControllerClient,
-    RequestFailed,
     RequestValueError,
-    generate_request,
 )
+from intentserve.client.requests import generate_request
 from intentserve.streaming import GENERATE_MANY_ACCEPTED, MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
@@ -135,7 +135,7 @@ def test_a_request_too_big_to_forward_is_refused_alone_and_the_call_goes_on(
     with ControllerClient(server.address, credentials=PLAINTEXT) as client:
         running = client.generate("hello", max_tokens=20, timeout_s=30)
         texts = [next(running)["text"]]
-        with pytest.raises(RequestFailed) as error:
+        with pytest.raises(ClientError) as error:
             list(client.generate("x" * (MAX_REQUEST_BYTES - 40), max_tokens=1, timeout_s=30))
         assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert error.value.details().startswith("prompt: the request is ")
@@ -291,9 +291,9 @@ def test_closing_while_threads_start_streams_leaves_none_of_them_waiting(stand_i
 
 
 def test_a_hand_off_to_a_stopped_or_closed_loop_says_the_client_is_closed():
-    from intentserve.controller.cli.client import _LoopThread
+    from intentserve.client.sync import LoopThread
 
-    stopped = _LoopThread()
+    stopped = LoopThread()
     assert stopped.call(lambda: 42) == 42
     stopped.soon(stopped._loop.stop)  # stopped, not yet closed: what a racing close leaves
     stopped._thread.join(5)

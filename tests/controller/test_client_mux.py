@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 
 import grpc
-from intentserve.controller.service.client_mux import ClientStreams
+from intentserve.controller.router.client_mux import ClientStreams
 from intentserve.v1 import inference_pb2
 
 
@@ -94,7 +94,7 @@ class RefusingRouter:
     """Refuses every request at once (as a deployment that is not ready does)."""
 
     async def agenerate(self, request, context):
-        from intentserve.controller.service.errors import Overloaded
+        from intentserve.controller.errors import Overloaded
 
         raise Overloaded("every READY worker's queue is full")
         yield  # an async generator, as the router's is

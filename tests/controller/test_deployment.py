@@ -3,16 +3,16 @@
 from dataclasses import replace
 
 import pytest
-from intentserve.controller.service.deployment import Deployment, deployment_state
-from intentserve.controller.service.errors import UnknownWorker, WrongState
-from intentserve.controller.service.explain import explain
-from intentserve.controller.service.registry import WorkerLoad
-from intentserve.controller.service.state import (
+from intentserve.controller.control.deployment import Deployment, deployment_state
+from intentserve.controller.control.explain import explain
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import (
     DeploymentState,
     DesiredState,
     HeartbeatAction,
     WorkerState,
 )
+from intentserve.controller.errors import UnknownWorker, WrongState
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     KvBudget,

@@ -2,10 +2,10 @@
 min_ready is refused unless forced, and `resume` undoes a drain (the verified state is kept)."""
 
 import pytest
-from intentserve.controller.service.deployment import deployment_state
-from intentserve.controller.service.errors import DrainRefused, UnknownWorker, WrongState
-from intentserve.controller.service.registry import WorkerLoad
-from intentserve.controller.service.state import DeploymentState, HeartbeatAction, WorkerState
+from intentserve.controller.control.deployment import deployment_state
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import DeploymentState, HeartbeatAction, WorkerState
+from intentserve.controller.errors import DrainRefused, UnknownWorker, WrongState
 from intentserve.policy import ReasonCode, examples
 
 from tests.controller.test_deployment import TIMEOUT_S, make, report, state_of, up

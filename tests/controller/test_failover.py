@@ -11,7 +11,7 @@ from concurrent import futures
 
 import grpc
 import pytest
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.control.state import WorkerState
 from intentserve.policy import examples
 
 from tests.controller.conftest import eventually

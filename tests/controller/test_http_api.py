@@ -11,9 +11,9 @@ import time
 import httpx2 as httpx
 import openai
 import pytest
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
-from intentserve.controller.http.app import MAX_BODY_BYTES
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
+from intentserve.controller.router.http.app import MAX_BODY_BYTES
 from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client.parser import text_string_to_metric_families

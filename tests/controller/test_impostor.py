@@ -9,13 +9,13 @@ import logging
 
 import grpc
 import pytest
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
+from intentserve.controller.auth import Security
+from intentserve.controller.control.state import DeploymentState, WorkerState
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.controller.service.auth import Security
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
-from intentserve.controller.service.state import DeploymentState, WorkerState
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import examples
 from intentserve.v1 import worker_pb2
 

@@ -6,7 +6,7 @@ import collections
 
 import grpc
 import pytest
-from intentserve.controller.service.errors import (
+from intentserve.controller.errors import (
     NotReady,
     Overloaded,
     UnknownWorker,
@@ -14,7 +14,7 @@ from intentserve.controller.service.errors import (
     WorkerUnavailable,
     WrongState,
 )
-from intentserve.controller.service.interceptor import STATUS_CODES
+from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.policy import IntentError, PolicyViolationError, Reason, ReasonCode
 from intentserve.status import (
     MAX_STATUS_MESSAGE_BYTES,

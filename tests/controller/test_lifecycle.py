@@ -13,13 +13,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from intentserve import convert
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
+from intentserve.controller.control.convert import deployment_state_from_pb, worker_state_from_pb
+from intentserve.controller.control.state import DeploymentState, WorkerState
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
-from intentserve.controller.service.server import SERVICE_NAMES, ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
-from intentserve.controller.service.state import DeploymentState, WorkerState
+from intentserve.controller.server import SERVICE_NAMES, ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import ReasonCode, examples
 from intentserve.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
 
@@ -240,7 +240,7 @@ def test_python_m_controller_server_runs_one_with_tls(tmp_path):
         "INTENTSERVE_ADMIN_TOKEN_FILE": str(tmp_path / "admin-token"),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "intentserve.controller.service.server"],
+        [sys.executable, "-m", "intentserve.controller.server"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -264,7 +264,7 @@ def test_python_m_controller_server_runs_one_with_tls(tmp_path):
 def test_python_m_controller_server_refuses_to_run_without_tls_or_insecure():
     env = {**os.environ, "INTENTSERVE_PORT": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "intentserve.controller.service.server"],
+        [sys.executable, "-m", "intentserve.controller.server"],
         env=env,
         capture_output=True,
         text=True,
@@ -277,7 +277,7 @@ def test_python_m_controller_server_refuses_to_run_without_tls_or_insecure():
 def test_python_m_controller_server_refuses_bad_settings():
     env = {**os.environ, "INTENTSERVE_PAGED_ATTENTION": "sometimes"}
     done = subprocess.run(
-        [sys.executable, "-m", "intentserve.controller.service.server"],
+        [sys.executable, "-m", "intentserve.controller.server"],
         env=env,
         capture_output=True,
         text=True,

@@ -5,9 +5,15 @@ refused with 400 naming it. A field no schema here knows is refused naming it to
 from __future__ import annotations
 
 import pytest
-from intentserve.controller.http.errors import from_unsupported, from_validation
-from intentserve.controller.http.openai_convert import chat_request_to_pb, completion_request_to_pb
-from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
+from intentserve.controller.router.http.errors import from_unsupported, from_validation
+from intentserve.controller.router.http.openai_convert import (
+    chat_request_to_pb,
+    completion_request_to_pb,
+)
+from intentserve.controller.router.http.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from pydantic import ValidationError

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from intentserve.controller.http.errors import (
-    from_routing,
-    from_unsupported,
-    from_validation,
-)
-from intentserve.controller.http.openai_convert import (
-    Reply,
-    chat_request_to_pb,
-    completion_request_to_pb,
-)
-from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
-from intentserve.controller.service.errors import (
+from intentserve.controller.errors import (
     NotReady,
     Overloaded,
     UpstreamError,
     WorkerUnavailable,
+)
+from intentserve.controller.router.http.errors import (
+    from_routing,
+    from_unsupported,
+    from_validation,
+)
+from intentserve.controller.router.http.openai_convert import (
+    Reply,
+    chat_request_to_pb,
+    completion_request_to_pb,
+)
+from intentserve.controller.router.http.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
 )
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
@@ -336,7 +339,7 @@ def test_without_logprobs_asked_the_choice_says_null():
 
 
 def test_n_choices_are_n_requests_with_their_own_ids_and_seeds():
-    from intentserve.controller.http.openai_convert import choice_requests
+    from intentserve.controller.router.http.openai_convert import choice_requests
 
     pb = completion_request_to_pb(completion(n=3, seed=2**64 - 2))
     requests = choice_requests(pb, 3)
@@ -349,7 +352,7 @@ def test_n_choices_are_n_requests_with_their_own_ids_and_seeds():
 
 
 def test_n_replies_merge_into_one_response_with_indexed_choices():
-    from intentserve.controller.http.openai_convert import merged_response
+    from intentserve.controller.router.http.openai_convert import merged_response
 
     replies = [Reply(True, MODEL, "req-1", index=i) for i in range(2)]
     for i, reply in enumerate(replies):

@@ -4,10 +4,12 @@ verdict, and a failing phase never stops the loop."""
 import threading
 
 from grpc_health.v1 import health, health_pb2
-from intentserve.controller.service.reconcile import Reconciler
-from intentserve.controller.service.registry import WorkerLoad
-from intentserve.controller.service.router import Router
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.control.reconcile import Reconciler
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import WorkerState
+from intentserve.controller.control.table_feed import TableFeed
+from intentserve.controller.embedded import EmbeddedTable
+from intentserve.controller.router.routing import Router
 from intentserve.policy import Reason, ReasonCode
 
 from tests.controller.conftest import WAITS, eventually
@@ -40,7 +42,9 @@ class FakeChannels:
 
 class SpyRouter(Router):
     def __init__(self, deployment) -> None:
-        super().__init__(deployment, max_outstanding_per_worker=1, queue_wait_times=WAITS)
+        super().__init__(
+            EmbeddedTable(deployment), max_outstanding_per_worker=1, queue_wait_times=WAITS
+        )
         self.channels = FakeChannels()
         self.aborted: list[str] = []
 
@@ -54,7 +58,13 @@ def loop(mode="on", interval_s=60.0):
     router = SpyRouter(deployment)
     servicer = health.HealthServicer()
     reconciler = Reconciler(
-        deployment, router, servicer, interval_s=interval_s, heartbeat_timeout_s=TIMEOUT_S
+        deployment,
+        router.channels,
+        router,
+        servicer,
+        TableFeed(),
+        interval_s=interval_s,
+        heartbeat_timeout_s=TIMEOUT_S,
     )
     return reconciler, deployment, clock, router, servicer
 

@@ -4,9 +4,9 @@ place, and a report or heartbeat counts only with the token of the current regis
 import logging
 
 import pytest
-from intentserve.controller.service.errors import NotThisRegistration, WorkerAlive
-from intentserve.controller.service.registry import WorkerLoad
-from intentserve.controller.service.state import HeartbeatAction, WorkerState
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import HeartbeatAction, WorkerState
+from intentserve.controller.errors import NotThisRegistration, WorkerAlive
 from intentserve.policy import Reason, ReasonCode, examples
 
 from tests.controller.scripted_worker import realized_for

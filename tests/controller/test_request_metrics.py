@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from intentserve.controller.http.bridge import HttpCall
-from intentserve.controller.service.errors import NotReady, Overloaded
-from intentserve.controller.service.request_metrics import RequestMetrics
+from intentserve.controller.errors import NotReady, Overloaded
+from intentserve.controller.router.http.bridge import HttpCall
+from intentserve.controller.router.request_metrics import RequestMetrics
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry

@@ -5,10 +5,10 @@ import threading
 
 import grpc
 import pytest
-from intentserve.controller.service.convert import worker_state_from_pb
-from intentserve.controller.service.errors import RequestTooLarge
-from intentserve.controller.service.router import check_size
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.control.convert import worker_state_from_pb
+from intentserve.controller.control.state import WorkerState
+from intentserve.controller.errors import RequestTooLarge
+from intentserve.controller.router.routing import check_size
 from intentserve.policy import examples
 from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2

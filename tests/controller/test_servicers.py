@@ -11,17 +11,15 @@ from dataclasses import replace
 
 import pytest
 from intentserve import convert
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import status_text
-from intentserve.controller.service.convert import deployment_state_from_pb, worker_state_from_pb
-from intentserve.controller.service.deployment import Deployment
-from intentserve.controller.service.router import Router
-from intentserve.controller.service.servicers import (
-    AdminServicer,
-    InferenceServicer,
-    WorkerRegistryServicer,
-)
-from intentserve.controller.service.state import DeploymentState, DesiredState, WorkerState
+from intentserve.controller.control.convert import deployment_state_from_pb, worker_state_from_pb
+from intentserve.controller.control.deployment import Deployment
+from intentserve.controller.control.servicers import AdminServicer, WorkerRegistryServicer
+from intentserve.controller.control.state import DeploymentState, DesiredState, WorkerState
+from intentserve.controller.embedded import EmbeddedTable
+from intentserve.controller.router.routing import Router
+from intentserve.controller.router.servicer import InferenceServicer
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     KvBudget,
@@ -69,7 +67,7 @@ class Harness:
         )
         self.deployment = Deployment(desired, heartbeat_timeout_s=5.0)
         self.shutdowns = []
-        self.router = Router(self.deployment, queue_wait_times=WAITS)
+        self.router = Router(EmbeddedTable(self.deployment), queue_wait_times=WAITS)
         self.servicers = {
             REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
             ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),

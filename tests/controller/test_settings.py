@@ -3,8 +3,8 @@
 import re
 
 import pytest
-from intentserve.controller.service.admission import QueueLimits
-from intentserve.controller.service.settings import (
+from intentserve.controller.router.admission import QueueLimits
+from intentserve.controller.settings import (
     ControllerSettings,
     describe_errors,
     parse_devices,

@@ -14,8 +14,8 @@ import time
 import grpc
 import grpc.aio
 import pytest
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import examples
 
 from tests.controller.conftest import FAST, Client, eventually

@@ -2,9 +2,9 @@
 re-evaluated without waiting for the heartbeat timeout; a heartbeat over a working connection
 restores it. A worker whose process is gone for good is DEGRADED's reason while min_ready holds."""
 
-from intentserve.controller.service.deployment import deployment_state
-from intentserve.controller.service.registry import WorkerLoad
-from intentserve.controller.service.state import DeploymentState, HeartbeatAction, WorkerState
+from intentserve.controller.control.deployment import deployment_state
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import DeploymentState, HeartbeatAction, WorkerState
 from intentserve.policy import Reason, ReasonCode
 
 from tests.controller.test_deployment import TIMEOUT_S, make, state_of, up

@@ -7,10 +7,9 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from intentserve.controller.service.server import _worker_channels
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.router.channels import worker_channels
 
-from tests.controller.conftest import FAST
+from tests.controller.conftest import DEPLOYMENT
 
 
 def health_server(port: int) -> tuple[grpc.Server, int]:
@@ -26,7 +25,7 @@ def check(channel: grpc.Channel, timeout_s: float) -> None:
 
 
 def test_a_worker_back_at_its_old_address_answers_a_new_channel_at_once():
-    channels = _worker_channels(ControllerSettings(**FAST).config())
+    channels = worker_channels(None, DEPLOYMENT)
     first, port = health_server(0)
     old = channels(f"127.0.0.1:{port}", "w-0")
     check(old, 2)

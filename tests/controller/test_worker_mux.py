@@ -12,17 +12,16 @@ from concurrent import futures
 
 import grpc
 import pytest
-from intentserve.controller.service.channels import WorkerChannels
-from intentserve.controller.service.server import (
-    EventLoopThread,
-    _worker_aio_channels,
-    _worker_channels,
+from intentserve.controller.aio_loop import EventLoopThread
+from intentserve.controller.router.channels import (
+    WorkerChannels,
+    worker_aio_channels,
+    worker_channels,
 )
-from intentserve.controller.service.settings import ControllerSettings
-from intentserve.controller.service.worker_mux import StreamFailed, WorkerMux
+from intentserve.controller.router.worker_mux import StreamFailed, WorkerMux
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
-from tests.controller.conftest import FAST
+from tests.controller.conftest import DEPLOYMENT
 
 pytestmark = pytest.mark.integration
 LENGTH = inference_pb2.FINISH_REASON_LENGTH
@@ -216,8 +215,10 @@ def test_requests_on_a_loop_get_a_fresh_channel_once_their_call_broke():
     loop = EventLoopThread("test-channels")
     server, _, port = serve()
     address = f"127.0.0.1:{port}"
-    config = ControllerSettings(**FAST).config()  # the controller's own channels
-    channels = WorkerChannels(None, _worker_channels(config), _worker_aio_channels(config))
+    # the controller's own channels (plaintext, as FAST's)
+    channels = WorkerChannels(
+        None, worker_channels(None, DEPLOYMENT), worker_aio_channels(None, DEPLOYMENT)
+    )
 
     async def generate(prompt: str) -> tuple[WorkerMux, list[str]]:
         mux = channels.mux(address, "w0", loop=asyncio.get_running_loop())

@@ -14,7 +14,7 @@ import httpx2 as httpx
 import pytest
 import yaml
 from intentserve.controller.launch.manifest import load_manifest
-from intentserve.controller.service.server import ControllerServer
+from intentserve.controller.server import ControllerServer
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]

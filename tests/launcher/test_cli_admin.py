@@ -7,8 +7,8 @@ import json
 
 import pytest
 from intentserve.controller.cli.main import main
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.policy.examples import BERT, cpu
 
 from tests.controller.conftest import FAST, eventually

@@ -13,7 +13,7 @@ from intentserve.controller.launch.manifest import (
     ManifestError,
     load_manifest,
 )
-from intentserve.controller.service.admission import QueueLimits
+from intentserve.controller.router.admission import QueueLimits
 from intentserve.policy import (
     DeviceKind,
     KvBudget,
@@ -158,6 +158,18 @@ def problems(tmp_path, spec_yaml: str) -> list[str]:
         (
             "spec: {controller: {maxOutstandingPerWorker: 0}}",
             "spec.controller.maxOutstandingPerWorker: invalid value 0; input should be greater",
+        ),
+        (
+            "spec: {router: {maxStaleS: 0}}",
+            "spec.router.maxStaleS: invalid value 0; input should be greater than 0",
+        ),
+        (
+            "spec: {router: {maxStaleS: .inf}}",
+            "spec.router.maxStaleS: invalid value inf; input should be a finite number",
+        ),
+        (
+            "spec: {router: {host: 0.0.0.0}, security: {insecure: true}}",
+            "spec.security.insecure: true and a router binds 0.0.0.0, not loopback",
         ),
         (
             "spec: {pagedAtention: {mode: 'on'}}",
@@ -429,3 +441,19 @@ def test_cors_is_off_by_default_and_takes_origins(tmp_path):
 def test_a_cors_origin_that_is_not_one_is_refused_naming_the_field(tmp_path, origin):
     found = problems(tmp_path, f"spec: {{controller: {{http: {{corsOrigins: ['{origin}']}}}}}}")
     assert any("spec.controller.http.corsOrigins" in p and origin in p for p in found), found
+
+
+def test_a_separate_routers_fields_default_and_travel_to_its_config(tmp_path):
+    from intentserve.controller.auth import Security
+    from intentserve.controller.launch.router_spec import router_config
+
+    default = load_manifest(manifest_file(tmp_path, MINIMAL + "spec: {}"))
+    assert (default.spec.router.port, default.spec.router.max_stale_s) == (50061, 30.0)
+    path = manifest_file(tmp_path, MINIMAL + "spec: {router: {port: 0, httpPort: 0, maxStaleS: 5}}")
+    config = router_config(load_manifest(path), "c:1", Security())
+    assert (config.controller, config.port, config.http_port, config.max_stale_s) == (
+        "c:1",
+        0,
+        0,
+        5.0,
+    )

@@ -14,8 +14,8 @@ import ssl
 import httpx2 as httpx
 import openai
 import pytest
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import folder_for
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import folder_for
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.model.gguf_loader import GGUFFile
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer

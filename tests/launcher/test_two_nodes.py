@@ -11,7 +11,7 @@ import textwrap
 import threading
 
 import pytest
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.worker.model.registry import SHORT_NAMES
 
 from tests.launcher.ray_head import RayHead

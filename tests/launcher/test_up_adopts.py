@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.worker.model.registry import SHORT_NAMES
 
 from tests.launcher.ray_head import RayHead

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.worker.model.registry import SHORT_NAMES
 
 from tests.controller.conftest import eventually

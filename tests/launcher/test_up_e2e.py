@@ -21,7 +21,7 @@ import time
 import grpc
 import pytest
 import torch
-from intentserve.controller.cli.client import AsyncControllerClient, ControllerClient
+from intentserve.client import AsyncControllerClient, ControllerClient
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.registry import SHORT_NAMES

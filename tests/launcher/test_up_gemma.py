@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import torch
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 

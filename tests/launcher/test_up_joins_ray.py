@@ -10,7 +10,7 @@ import json
 import textwrap
 
 import pytest
-from intentserve.controller.cli.client import ControllerClient
+from intentserve.client import ControllerClient
 from intentserve.worker.model.registry import SHORT_NAMES
 
 from tests.launcher.ray_head import RayHead

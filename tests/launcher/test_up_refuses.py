@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import open_channel
+from intentserve.client.calls import open_channel
 
 from tests.launcher.up_process import UpProcess
 

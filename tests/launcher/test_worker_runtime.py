@@ -12,11 +12,11 @@ from dataclasses import replace
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from intentserve.controller.cli.client import to_data
+from intentserve.client import to_data
 from intentserve.controller.cli.render import describe_realized
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
-from intentserve.controller.service.state import WorkerState
+from intentserve.controller.control.state import WorkerState
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.convert import realized_to_pb
 from intentserve.policy import ReasonCode, SchedulerIntent, examples
 from intentserve.worker.runtime import lifecycle

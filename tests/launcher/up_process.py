@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from intentserve.controller.cli import credentials
-from intentserve.controller.cli.client import ControllerClient
-from intentserve.controller.cli.credentials import Credentials
+from intentserve.client import ControllerClient, credentials
+from intentserve.client.credentials import Credentials
 from intentserve.controller.launch.launcher import namespace_of
 
 from tests.launcher.processes import processes_mentioning, short_temp_dir

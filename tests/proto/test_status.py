@@ -7,8 +7,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
-from intentserve.controller.service.server import ControllerServer
-from intentserve.controller.service.settings import ControllerSettings
+from intentserve.controller.server import ControllerServer
+from intentserve.controller.settings import ControllerSettings
 from intentserve.ids import MAX_REQUEST_ID_CHARS, check_request_id, request_id_problem
 from intentserve.malformed import describe_parse_error
 from intentserve.status import MAX_STATUS_MESSAGE_BYTES, fit_status_message

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from intentserve.policy import Capability
 from intentserve.status import ErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES
-from intentserve.tls import CONTROLLER, PeerGate, TlsIdentity, server_credentials
+from intentserve.tls import CONTROLLER, ROUTER, PeerGate, TlsIdentity, server_credentials
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.service.engine_loop import EngineLoop
@@ -35,6 +35,8 @@ from intentserve.worker.service.servicer import (
 from intentserve.worker.service.step_health import StepHealth
 
 log = logging.getLogger(__name__)
+# Who may call the worker's own services under TLS: its controller and the routers.
+PEERS = frozenset({CONTROLLER, ROUTER})
 
 # Threads beyond the streams, so Info, health and reflection never queue behind inference.
 CONTROL_THREADS = 4
@@ -69,8 +71,9 @@ class WorkerServer:
         tls: TlsIdentity | None = None,
         stream_interval: int = 1,
     ) -> None:
-        """With `tls`, the server speaks TLS and serves only its controller (mutual TLS: the
-        peer must present the deployment's controller certificate); without it, plaintext.
+        """With `tls`, the server speaks TLS and serves only its controller and the routers
+        (mutual TLS: the peer must present the deployment's `controller` or `router`
+        certificate); without it, plaintext.
         `stream_interval`: tokens per message of each stream after its first (EngineLoop)."""
         self.worker_id = worker_id
         self.host = host
@@ -91,7 +94,7 @@ class WorkerServer:
                 max_streams + CONTROL_THREADS, thread_name_prefix=f"{worker_id}-rpc"
             ),
             interceptors=[
-                *([PeerGate(frozenset({CONTROLLER}))] if tls is not None else []),
+                *([PeerGate(PEERS)] if tls is not None else []),
                 ErrorInterceptor(STATUS_CODES),
             ],
             # NOTE: a start command carries a request the controller checked against

@@ -25,41 +25,53 @@ _sym_db = _symbol_database.Default()
 from intentserve.v1 import common_pb2 as intentserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aintentserve/v1/admin.proto\x12\x0eintentserve.v1\x1a\x1bintentserve/v1/common.proto\"\x0f\n\rStatusRequest\"\xf8\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12/\n\x0b\x64\x65vice_kind\x18\x04 \x01(\x0e\x32\x1a.intentserve.v1.DeviceKind\x12+\n\tdecisions\x18\x05 \x03(\x0b\x32\x18.intentserve.v1.Decision\x12/\n\x08realized\x18\x06 \x01(\x0b\x32\x1d.intentserve.v1.RealizedState\x12\'\n\x07reasons\x18\x07 \x03(\x0b\x32\x16.intentserve.v1.Reason\x12\x17\n\x0fnum_outstanding\x18\x08 \x01(\r\x12\x13\n\x0bnum_kv_used\x18\t \x01(\r\x12\x14\n\x0cnum_kv_total\x18\n \x01(\r\x12\x1c\n\x14last_heartbeat_age_s\x18\x0b \x01(\x01\"\x9c\x03\n\x0eStatusResponse\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12.\n\x05state\x18\x02 \x01(\x0e\x32\x1f.intentserve.v1.DeploymentState\x12&\n\x06reason\x18\x03 \x01(\x0b\x32\x16.intentserve.v1.Reason\x12\x34\n\x06policy\x18\x04 \x01(\x0b\x32$.intentserve.v1.PagedAttentionPolicy\x12\x11\n\tmin_ready\x18\x05 \x01(\r\x12\x14\n\x0cnum_verified\x18\x06 \x01(\r\x12-\n\x07workers\x18\x07 \x03(\x0b\x32\x1c.intentserve.v1.WorkerStatus\x12+\n\tkv_budget\x18\x08 \x01(\x0b\x32\x18.intentserve.v1.KvBudget\x12-\n\x07weights\x18\t \x01(\x0e\x32\x1c.intentserve.v1.WeightFormat\x12\x34\n\tscheduler\x18\n \x01(\x0b\x32!.intentserve.v1.SchedulerSettings\"s\n\x11SchedulerSettings\x12\x1c\n\x0fstream_interval\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1a\n\rmax_model_len\x18\x02 \x01(\rH\x01\x88\x01\x01\x42\x12\n\x10_stream_intervalB\x10\n\x0e_max_model_len\"#\n\x0e\x45xplainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"a\n\x0f\x45xplainResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x03(\t\x12,\n\x06worker\x18\x03 \x01(\x0b\x32\x1c.intentserve.v1.WorkerStatus\"0\n\x0c\x44rainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"T\n\rDrainResponse\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12\x17\n\x0fnum_outstanding\x18\x02 \x01(\r\"\"\n\rResumeRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"U\n\x0eResumeResponse\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12\x17\n\x0fnum_outstanding\x18\x02 \x01(\r\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse*\xe1\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_LOADING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_REJECTED\x10\x03\x12\x15\n\x11WORKER_STATE_LOST\x10\x04\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x05\x12\x1b\n\x17WORKER_STATE_REGISTERED\x10\x06\x12\x18\n\x14WORKER_STATE_SUSPECT\x10\x07*\xa9\x01\n\x0f\x44\x65ploymentState\x12 \n\x1c\x44\x45PLOYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_PENDING\x10\x01\x12\x1a\n\x16\x44\x45PLOYMENT_STATE_READY\x10\x02\x12\x1b\n\x17\x44\x45PLOYMENT_STATE_FAILED\x10\x03\x12\x1d\n\x19\x44\x45PLOYMENT_STATE_DEGRADED\x10\x04\x32\xfa\x02\n\x05\x41\x64min\x12G\n\x06Status\x12\x1d.intentserve.v1.StatusRequest\x1a\x1e.intentserve.v1.StatusResponse\x12J\n\x07\x45xplain\x12\x1e.intentserve.v1.ExplainRequest\x1a\x1f.intentserve.v1.ExplainResponse\x12\x44\n\x05\x44rain\x12\x1c.intentserve.v1.DrainRequest\x1a\x1d.intentserve.v1.DrainResponse\x12G\n\x06Resume\x12\x1d.intentserve.v1.ResumeRequest\x1a\x1e.intentserve.v1.ResumeResponse\x12M\n\x08Shutdown\x12\x1f.intentserve.v1.ShutdownRequest\x1a .intentserve.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aintentserve/v1/admin.proto\x12\x0eintentserve.v1\x1a\x1bintentserve/v1/common.proto\"\x0f\n\rStatusRequest\"\xf8\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12/\n\x0b\x64\x65vice_kind\x18\x04 \x01(\x0e\x32\x1a.intentserve.v1.DeviceKind\x12+\n\tdecisions\x18\x05 \x03(\x0b\x32\x18.intentserve.v1.Decision\x12/\n\x08realized\x18\x06 \x01(\x0b\x32\x1d.intentserve.v1.RealizedState\x12\'\n\x07reasons\x18\x07 \x03(\x0b\x32\x16.intentserve.v1.Reason\x12\x17\n\x0fnum_outstanding\x18\x08 \x01(\r\x12\x13\n\x0bnum_kv_used\x18\t \x01(\r\x12\x14\n\x0cnum_kv_total\x18\n \x01(\r\x12\x1c\n\x14last_heartbeat_age_s\x18\x0b \x01(\x01\"\xca\x03\n\x0eStatusResponse\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12.\n\x05state\x18\x02 \x01(\x0e\x32\x1f.intentserve.v1.DeploymentState\x12&\n\x06reason\x18\x03 \x01(\x0b\x32\x16.intentserve.v1.Reason\x12\x34\n\x06policy\x18\x04 \x01(\x0b\x32$.intentserve.v1.PagedAttentionPolicy\x12\x11\n\tmin_ready\x18\x05 \x01(\r\x12\x14\n\x0cnum_verified\x18\x06 \x01(\r\x12-\n\x07workers\x18\x07 \x03(\x0b\x32\x1c.intentserve.v1.WorkerStatus\x12+\n\tkv_budget\x18\x08 \x01(\x0b\x32\x18.intentserve.v1.KvBudget\x12-\n\x07weights\x18\t \x01(\x0e\x32\x1c.intentserve.v1.WeightFormat\x12\x34\n\tscheduler\x18\n \x01(\x0b\x32!.intentserve.v1.SchedulerSettings\x12,\n\x06router\x18\x0b \x01(\x0b\x32\x1c.intentserve.v1.RouterStatus\"\x91\x01\n\x0cRouterStatus\x12\x12\n\ncontroller\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x31\n\tfreshness\x18\x03 \x01(\x0e\x32\x1e.intentserve.v1.TableFreshness\x12\x13\n\x0bstale_for_s\x18\x04 \x01(\x01\x12\x13\n\x0bmax_stale_s\x18\x05 \x01(\x01\"s\n\x11SchedulerSettings\x12\x1c\n\x0fstream_interval\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1a\n\rmax_model_len\x18\x02 \x01(\rH\x01\x88\x01\x01\x42\x12\n\x10_stream_intervalB\x10\n\x0e_max_model_len\"#\n\x0e\x45xplainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"a\n\x0f\x45xplainResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x03(\t\x12,\n\x06worker\x18\x03 \x01(\x0b\x32\x1c.intentserve.v1.WorkerStatus\"0\n\x0c\x44rainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"T\n\rDrainResponse\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12\x17\n\x0fnum_outstanding\x18\x02 \x01(\r\"\"\n\rResumeRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"U\n\x0eResumeResponse\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12\x17\n\x0fnum_outstanding\x18\x02 \x01(\r\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"(\n\x13WatchWorkersRequest\x12\x11\n\trouter_id\x18\x01 \x01(\t\"\x85\x01\n\x0bTableWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.intentserve.v1.WorkerState\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\r\x12\x10\n\x08revision\x18\x05 \x01(\x04\"\xfc\x01\n\x10WorkerTableEvent\x12\x10\n\x08revision\x18\x01 \x01(\x04\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12,\n\x07workers\x18\x03 \x03(\x0b\x32\x1b.intentserve.v1.TableWorker\x12\x1a\n\x12removed_worker_ids\x18\x04 \x03(\t\x12\r\n\x05ready\x18\x05 \x01(\x08\x12.\n\x05state\x18\x06 \x01(\x0e\x32\x1f.intentserve.v1.DeploymentState\x12&\n\x06reason\x18\x07 \x01(\x0b\x32\x16.intentserve.v1.Reason\x12\x13\n\x0bkeepalive_s\x18\x08 \x01(\x01*\xe1\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_LOADING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_REJECTED\x10\x03\x12\x15\n\x11WORKER_STATE_LOST\x10\x04\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x05\x12\x1b\n\x17WORKER_STATE_REGISTERED\x10\x06\x12\x18\n\x14WORKER_STATE_SUSPECT\x10\x07*\xa9\x01\n\x0f\x44\x65ploymentState\x12 \n\x1c\x44\x45PLOYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_PENDING\x10\x01\x12\x1a\n\x16\x44\x45PLOYMENT_STATE_READY\x10\x02\x12\x1b\n\x17\x44\x45PLOYMENT_STATE_FAILED\x10\x03\x12\x1d\n\x19\x44\x45PLOYMENT_STATE_DEGRADED\x10\x04*\x84\x01\n\x0eTableFreshness\x12\x1f\n\x1bTABLE_FRESHNESS_UNSPECIFIED\x10\x00\x12\x19\n\x15TABLE_FRESHNESS_FRESH\x10\x01\x12\x19\n\x15TABLE_FRESHNESS_STALE\x10\x02\x12\x1b\n\x17TABLE_FRESHNESS_EXPIRED\x10\x03\x32\xfa\x02\n\x05\x41\x64min\x12G\n\x06Status\x12\x1d.intentserve.v1.StatusRequest\x1a\x1e.intentserve.v1.StatusResponse\x12J\n\x07\x45xplain\x12\x1e.intentserve.v1.ExplainRequest\x1a\x1f.intentserve.v1.ExplainResponse\x12\x44\n\x05\x44rain\x12\x1c.intentserve.v1.DrainRequest\x1a\x1d.intentserve.v1.DrainResponse\x12G\n\x06Resume\x12\x1d.intentserve.v1.ResumeRequest\x1a\x1e.intentserve.v1.ResumeResponse\x12M\n\x08Shutdown\x12\x1f.intentserve.v1.ShutdownRequest\x1a .intentserve.v1.ShutdownResponse2_\n\x0bWorkerTable\x12P\n\x05Watch\x12#.intentserve.v1.WatchWorkersRequest\x1a .intentserve.v1.WorkerTableEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'intentserve.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATE']._serialized_start=1438
-  _globals['_WORKERSTATE']._serialized_end=1663
-  _globals['_DEPLOYMENTSTATE']._serialized_start=1666
-  _globals['_DEPLOYMENTSTATE']._serialized_end=1835
+  _globals['_WORKERSTATE']._serialized_start=2065
+  _globals['_WORKERSTATE']._serialized_end=2290
+  _globals['_DEPLOYMENTSTATE']._serialized_start=2293
+  _globals['_DEPLOYMENTSTATE']._serialized_end=2462
+  _globals['_TABLEFRESHNESS']._serialized_start=2465
+  _globals['_TABLEFRESHNESS']._serialized_end=2597
   _globals['_STATUSREQUEST']._serialized_start=75
   _globals['_STATUSREQUEST']._serialized_end=90
   _globals['_WORKERSTATUS']._serialized_start=93
   _globals['_WORKERSTATUS']._serialized_end=469
   _globals['_STATUSRESPONSE']._serialized_start=472
-  _globals['_STATUSRESPONSE']._serialized_end=884
-  _globals['_SCHEDULERSETTINGS']._serialized_start=886
-  _globals['_SCHEDULERSETTINGS']._serialized_end=1001
-  _globals['_EXPLAINREQUEST']._serialized_start=1003
-  _globals['_EXPLAINREQUEST']._serialized_end=1038
-  _globals['_EXPLAINRESPONSE']._serialized_start=1040
-  _globals['_EXPLAINRESPONSE']._serialized_end=1137
-  _globals['_DRAINREQUEST']._serialized_start=1139
-  _globals['_DRAINREQUEST']._serialized_end=1187
-  _globals['_DRAINRESPONSE']._serialized_start=1189
-  _globals['_DRAINRESPONSE']._serialized_end=1273
-  _globals['_RESUMEREQUEST']._serialized_start=1275
-  _globals['_RESUMEREQUEST']._serialized_end=1309
-  _globals['_RESUMERESPONSE']._serialized_start=1311
-  _globals['_RESUMERESPONSE']._serialized_end=1396
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1398
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1415
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1417
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1435
-  _globals['_ADMIN']._serialized_start=1838
-  _globals['_ADMIN']._serialized_end=2216
+  _globals['_STATUSRESPONSE']._serialized_end=930
+  _globals['_ROUTERSTATUS']._serialized_start=933
+  _globals['_ROUTERSTATUS']._serialized_end=1078
+  _globals['_SCHEDULERSETTINGS']._serialized_start=1080
+  _globals['_SCHEDULERSETTINGS']._serialized_end=1195
+  _globals['_EXPLAINREQUEST']._serialized_start=1197
+  _globals['_EXPLAINREQUEST']._serialized_end=1232
+  _globals['_EXPLAINRESPONSE']._serialized_start=1234
+  _globals['_EXPLAINRESPONSE']._serialized_end=1331
+  _globals['_DRAINREQUEST']._serialized_start=1333
+  _globals['_DRAINREQUEST']._serialized_end=1381
+  _globals['_DRAINRESPONSE']._serialized_start=1383
+  _globals['_DRAINRESPONSE']._serialized_end=1467
+  _globals['_RESUMEREQUEST']._serialized_start=1469
+  _globals['_RESUMEREQUEST']._serialized_end=1503
+  _globals['_RESUMERESPONSE']._serialized_start=1505
+  _globals['_RESUMERESPONSE']._serialized_end=1590
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1592
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1609
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1611
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1629
+  _globals['_WATCHWORKERSREQUEST']._serialized_start=1631
+  _globals['_WATCHWORKERSREQUEST']._serialized_end=1671
+  _globals['_TABLEWORKER']._serialized_start=1674
+  _globals['_TABLEWORKER']._serialized_end=1807
+  _globals['_WORKERTABLEEVENT']._serialized_start=1810
+  _globals['_WORKERTABLEEVENT']._serialized_end=2062
+  _globals['_ADMIN']._serialized_start=2600
+  _globals['_ADMIN']._serialized_end=2978
+  _globals['_WORKERTABLE']._serialized_start=2980
+  _globals['_WORKERTABLE']._serialized_end=3075
 # @@protoc_insertion_point(module_scope)

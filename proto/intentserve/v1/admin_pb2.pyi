@@ -26,6 +26,13 @@ class DeploymentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEPLOYMENT_STATE_READY: _ClassVar[DeploymentState]
     DEPLOYMENT_STATE_FAILED: _ClassVar[DeploymentState]
     DEPLOYMENT_STATE_DEGRADED: _ClassVar[DeploymentState]
+
+class TableFreshness(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TABLE_FRESHNESS_UNSPECIFIED: _ClassVar[TableFreshness]
+    TABLE_FRESHNESS_FRESH: _ClassVar[TableFreshness]
+    TABLE_FRESHNESS_STALE: _ClassVar[TableFreshness]
+    TABLE_FRESHNESS_EXPIRED: _ClassVar[TableFreshness]
 WORKER_STATE_UNSPECIFIED: WorkerState
 WORKER_STATE_LOADING: WorkerState
 WORKER_STATE_READY: WorkerState
@@ -39,6 +46,10 @@ DEPLOYMENT_STATE_PENDING: DeploymentState
 DEPLOYMENT_STATE_READY: DeploymentState
 DEPLOYMENT_STATE_FAILED: DeploymentState
 DEPLOYMENT_STATE_DEGRADED: DeploymentState
+TABLE_FRESHNESS_UNSPECIFIED: TableFreshness
+TABLE_FRESHNESS_FRESH: TableFreshness
+TABLE_FRESHNESS_STALE: TableFreshness
+TABLE_FRESHNESS_EXPIRED: TableFreshness
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -71,7 +82,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., device_kind: _Optional[_Union[_common_pb2.DeviceKind, str]] = ..., decisions: _Optional[_Iterable[_Union[_common_pb2.Decision, _Mapping]]] = ..., realized: _Optional[_Union[_common_pb2.RealizedState, _Mapping]] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., num_outstanding: _Optional[int] = ..., num_kv_used: _Optional[int] = ..., num_kv_total: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("deployment", "state", "reason", "policy", "min_ready", "num_verified", "workers", "kv_budget", "weights", "scheduler")
+    __slots__ = ("deployment", "state", "reason", "policy", "min_ready", "num_verified", "workers", "kv_budget", "weights", "scheduler", "router")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +93,7 @@ class StatusResponse(_message.Message):
     KV_BUDGET_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     state: DeploymentState
     reason: _common_pb2.Reason
@@ -92,7 +104,22 @@ class StatusResponse(_message.Message):
     kv_budget: _common_pb2.KvBudget
     weights: _common_pb2.WeightFormat
     scheduler: SchedulerSettings
-    def __init__(self, deployment: _Optional[str] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., policy: _Optional[_Union[_common_pb2.PagedAttentionPolicy, _Mapping]] = ..., min_ready: _Optional[int] = ..., num_verified: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., kv_budget: _Optional[_Union[_common_pb2.KvBudget, _Mapping]] = ..., weights: _Optional[_Union[_common_pb2.WeightFormat, str]] = ..., scheduler: _Optional[_Union[SchedulerSettings, _Mapping]] = ...) -> None: ...
+    router: RouterStatus
+    def __init__(self, deployment: _Optional[str] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., policy: _Optional[_Union[_common_pb2.PagedAttentionPolicy, _Mapping]] = ..., min_ready: _Optional[int] = ..., num_verified: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., kv_budget: _Optional[_Union[_common_pb2.KvBudget, _Mapping]] = ..., weights: _Optional[_Union[_common_pb2.WeightFormat, str]] = ..., scheduler: _Optional[_Union[SchedulerSettings, _Mapping]] = ..., router: _Optional[_Union[RouterStatus, _Mapping]] = ...) -> None: ...
+
+class RouterStatus(_message.Message):
+    __slots__ = ("controller", "revision", "freshness", "stale_for_s", "max_stale_s")
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    FRESHNESS_FIELD_NUMBER: _ClassVar[int]
+    STALE_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALE_S_FIELD_NUMBER: _ClassVar[int]
+    controller: str
+    revision: int
+    freshness: TableFreshness
+    stale_for_s: float
+    max_stale_s: float
+    def __init__(self, controller: _Optional[str] = ..., revision: _Optional[int] = ..., freshness: _Optional[_Union[TableFreshness, str]] = ..., stale_for_s: _Optional[float] = ..., max_stale_s: _Optional[float] = ...) -> None: ...
 
 class SchedulerSettings(_message.Message):
     __slots__ = ("stream_interval", "max_model_len")
@@ -155,3 +182,43 @@ class ShutdownRequest(_message.Message):
 class ShutdownResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WatchWorkersRequest(_message.Message):
+    __slots__ = ("router_id",)
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    router_id: str
+    def __init__(self, router_id: _Optional[str] = ...) -> None: ...
+
+class TableWorker(_message.Message):
+    __slots__ = ("worker_id", "address", "state", "max_num_seqs", "revision")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    state: WorkerState
+    max_num_seqs: int
+    revision: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_num_seqs: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class WorkerTableEvent(_message.Message):
+    __slots__ = ("revision", "snapshot", "workers", "removed_worker_ids", "ready", "state", "reason", "keepalive_s")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    snapshot: bool
+    workers: _containers.RepeatedCompositeFieldContainer[TableWorker]
+    removed_worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    ready: bool
+    state: DeploymentState
+    reason: _common_pb2.Reason
+    keepalive_s: float
+    def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[TableWorker, _Mapping]]] = ..., removed_worker_ids: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., keepalive_s: _Optional[float] = ...) -> None: ...

@@ -277,3 +277,83 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorkerTableStub:
+    """Served by the controller to routers only (a certificate of the deployment's CA with the
+    router role, or the admin token): the table of verified workers they route to.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Watch = channel.unary_stream(
+                '/intentserve.v1.WorkerTable/Watch',
+                request_serializer=intentserve_dot_v1_dot_admin__pb2.WatchWorkersRequest.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_admin__pb2.WorkerTableEvent.FromString,
+                _registered_method=True)
+
+
+class WorkerTableServicer:
+    """Served by the controller to routers only (a certificate of the deployment's CA with the
+    router role, or the admin token): the table of verified workers they route to.
+    """
+
+    def Watch(self, request, context):
+        """A snapshot of the table, then its changes as they happen, and keepalives; the stream stays
+        open until the controller stops.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkerTableServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=intentserve_dot_v1_dot_admin__pb2.WatchWorkersRequest.FromString,
+                    response_serializer=intentserve_dot_v1_dot_admin__pb2.WorkerTableEvent.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'intentserve.v1.WorkerTable', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('intentserve.v1.WorkerTable', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkerTable:
+    """Served by the controller to routers only (a certificate of the deployment's CA with the
+    router role, or the admin token): the table of verified workers they route to.
+    """
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/intentserve.v1.WorkerTable/Watch',
+            intentserve_dot_v1_dot_admin__pb2.WatchWorkersRequest.SerializeToString,
+            intentserve_dot_v1_dot_admin__pb2.WorkerTableEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from intentserve.controller.service.explain import describe_realized
+from intentserve.controller.control.explain import describe_realized
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.reference_attention import reference_logits

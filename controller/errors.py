@@ -1,0 +1,81 @@
+"""Errors the controller raises; `intentserve.controller.status_codes` maps each kind to a
+gRPC status code.
+
+Messages are written for the operator or client who reads the status detail.
+"""
+
+from __future__ import annotations
+
+from intentserve.policy import Reason
+
+
+class WrongState(Exception):
+    """The call does not fit the worker's state, e.g. a realized report from a lost worker."""
+
+
+class NotThisRegistration(WrongState):
+    """A report or heartbeat whose registration token is not the worker's current one: another
+    process (an earlier incarnation, or one holding the same certificate) speaks for it."""
+
+
+class WorkerAlive(Exception):
+    """A registration for an id whose worker is alive (monitored, heartbeating, not suspect):
+    it cannot take that worker's place until the worker is gone."""
+
+
+class DrainRefused(WrongState):
+    """A drain would leave fewer verified replicas than min_ready (it can be forced)."""
+
+
+class UnknownWorker(KeyError):
+    """No worker with this id has registered."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(worker_id)
+        self.worker_id = worker_id
+
+    def __str__(self) -> str:
+        return f"unknown worker {self.worker_id!r}"
+
+
+class NotReady(Exception):
+    """No inference is routed: the deployment is not ready (the verdict's reason says why)."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(f"deployment is not ready: {reason}")
+        self.reason = reason
+
+
+class WorkerUnavailable(Exception):
+    """The worker serving a stream went away (lost, stopped, unreachable)."""
+
+
+class Overloaded(Exception):
+    """More load than the deployment takes (RESOURCE_EXHAUSTED)."""
+
+
+class QueueFull(Overloaded):
+    """Every worker slot is taken and the admission queue holds as many requests as it may."""
+
+
+class QueueTimeout(Exception):
+    """A request's deadline, or the longest wait the manifest allows, passed while it waited in
+    the admission queue (DEADLINE_EXCEEDED)."""
+
+
+class UpstreamError(Exception):
+    """A worker ended a stream with an error status; it passes through with the same code."""
+
+    def __init__(self, code, message: str) -> None:  # code: grpc.StatusCode
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def grpc_code(self):
+        """Read by the shared interceptor: the worker's status passes through unchanged."""
+        return self.code
+
+
+class RequestTooLarge(ValueError):
+    """A request over the size the controller forwards (streaming.MAX_REQUEST_BYTES); refused
+    alone, INVALID_ARGUMENT, before it reaches a worker's multiplexed call."""

@@ -1,0 +1,297 @@
+"""The OpenAI-compatible HTTP API, `/health` and `/metrics`, served from a router's parts: the
+same readiness as its gRPC health, the same (metered) router and its admission, the same API
+keys.
+
+    GET  /v1/models             the deployment's model, by its served name, with its
+                                max_model_len and what each worker realized
+    GET  /version               intentserve's version
+    POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
+    POST /v1/chat/completions   OpenAI's chat completions; the worker templates every turn
+    GET  /health                200 when gRPC health says SERVING, else 503 with the reason
+    GET  /metrics               Prometheus text format
+
+`/v1/*` needs an API key (`Authorization: Bearer ...`) when keys are set; `/health` and
+`/metrics` are open, like gRPC health. Every request gets a request id and an access-log line
+(access.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from intentserve import __version__
+from intentserve.controller.auth import Security
+from intentserve.controller.router.http import openai_convert
+from intentserve.controller.router.http.access import (
+    AccessLog,
+    mark_routed,
+    refused_requests,
+    request_id_of,
+)
+from intentserve.controller.router.http.bridge import HttpCall, RoutedResponses
+from intentserve.controller.router.http.cors import allow_origins
+from intentserve.controller.router.http.errors import (
+    OpenAIError,
+    from_routing,
+    from_unsupported,
+    from_validation,
+)
+from intentserve.controller.router.http.openai_convert import Reply
+from intentserve.controller.router.http.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from intentserve.controller.router.request_metrics import MeteredRouter
+from intentserve.controller.router.view import DeploymentView
+from intentserve.streaming import MAX_REQUEST_BYTES
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import ValidationError
+
+# The largest request body read: twice the largest request the controller forwards, room for
+# JSON's escapes (streaming.MAX_REQUEST_BYTES). A larger one is refused (413) before it is read,
+# so that no client's body can take the memory every other client is served from.
+MAX_BODY_BYTES = 2 * MAX_REQUEST_BYTES
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What the HTTP API serves from: the controller's own parts."""
+
+    router: MeteredRouter
+    view: DeploymentView  # readiness as gRPC health says it, and what the workers realized
+    security: Security
+    # What a request's `model` may be: the served name (listed), then the exact reference.
+    model_names: tuple[str, ...]
+    metrics: CollectorRegistry
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else _json(data)}\n\n"
+
+
+def build_app(frontend: Frontend) -> FastAPI:
+    app = FastAPI(title="intentserve", docs_url=None, redoc_url=None, openapi_url=None)
+    allow_origins(app, frontend.cors_origins)
+    # Added last, so outermost: every request gets its access-log line, CORS preflights too.
+    app.add_middleware(AccessLog, refused=refused_requests(frontend.metrics))
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    def authorize(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+        if not frontend.security.admits_client(token):
+            raise OpenAIError(401, "a valid API key is required", code="invalid_api_key")
+
+    async def parse(request: Request, schema):
+        authorize(request)
+        try:
+            body = schema.model_validate_json(await _read_body(request))
+        except ValidationError as error:
+            raise from_validation(error) from None
+        unsupported = body.unsupported()
+        if unsupported is not None:
+            raise from_unsupported(unsupported)
+        if body.model not in frontend.model_names:
+            raise OpenAIError(
+                404,
+                f"model {body.model!r} is not served here; this deployment serves "
+                + " or ".join(repr(name) for name in frontend.model_names),
+                param="model",
+                code="model_not_found",
+            )
+        return body
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        authorize(request)
+        realized = frontend.view.realized()
+        model = {
+            "id": frontend.model_names[0],
+            "object": "model",
+            "created": 0,
+            "owned_by": "intentserve",
+            # The smallest of the workers' (a request must fit whichever serves it); None
+            # until one has realized its cache.
+            "max_model_len": min((r.max_model_len for r in realized), default=None),
+            "realized": [r.labels for r in realized],
+        }
+        return {"object": "list", "data": [model]}
+
+    @app.get("/version")
+    async def version(request: Request) -> dict:
+        authorize(request)
+        return {"version": __version__}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await parse(request, CompletionRequest)
+        return await generate(request, body, openai_convert.completion_request_to_pb(body))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await parse(request, ChatCompletionRequest)
+        return await generate(request, body, openai_convert.chat_request_to_pb(body))
+
+    async def generate(request: Request, body, pb) -> Response:
+        pb.request_id = request_id_of(request.scope)
+        mark_routed(request.scope)
+        call = HttpCall()
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
+        requests = openai_convert.choice_requests(pb, body.n or 1)
+        streams = [RoutedResponses(frontend.router, r, call) for r in requests]
+        chat, with_logprobs = (
+            isinstance(body, ChatCompletionRequest),
+            pb.sampling.HasField("logprobs"),
+        )
+        replies = [
+            Reply(
+                chat,
+                body.model,
+                pb.request_id,
+                index=i,
+                with_logprobs=with_logprobs,
+                echo=bool(getattr(body, "echo", False)),
+                echo_text=getattr(body, "prompt_text", None),
+            )
+            for i in range(len(requests))
+        ]
+        try:
+            # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,
+            # so a stream is refused with its HTTP status too, not inside the stream.
+            firsts = [await _first(responses) for responses in streams]
+        except Exception as error:
+            _end(call, watcher)
+            raise from_routing(error, body) from None
+        merged = _merged(firsts, streams)
+        if body.stream:
+            events = _events(replies, merged, body.include_usage, body, call, watcher)
+            return StreamingResponse(events, media_type="text/event-stream")
+        try:
+            async for i, response in merged:
+                replies[i].add(response)
+        except Exception as error:
+            raise from_routing(error, body) from None
+        finally:
+            _end(call, watcher)
+        return JSONResponse(openai_convert.merged_response(replies))
+
+    @app.get("/health")
+    async def health() -> Response:
+        health = frontend.view.health()
+        reason = health.reason
+        data = {
+            "status": "serving" if health.serving else "not_serving",
+            "state": health.state,
+            "reason": {"code": reason.code.value, "message": reason.message},
+        }
+        return JSONResponse(data, status_code=200 if health.serving else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(frontend.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _first(responses: RoutedResponses):
+    """The first response, or None when the client went away before anything came."""
+    try:
+        return await anext(responses)
+    except StopAsyncIteration:
+        return None
+
+
+async def _merged(firsts: list, streams: list[RoutedResponses]) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, response) from every choice's stream as each comes; each stream's order
+    kept, its first (already read) first. One stream is read straight through."""
+    for i, first in enumerate(firsts):
+        if first is not None:
+            yield i, first
+    if len(streams) == 1:
+        async for response in streams[0]:
+            yield 0, response
+        return
+    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    response = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(streams[i]))] = i
+                yield i, response
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def _events(
+    replies: list[Reply], merged, include_usage: bool, body, call, watcher
+) -> AsyncIterator[str]:
+    """OpenAI's chunks as server-sent events, then `data: [DONE]`. A failure after the first
+    chunk can only be told inside the stream: an `error` event, as vLLM sends."""
+    extra = {"usage": None} if include_usage else {}
+    try:
+        for reply in replies:
+            if reply.chat:
+                yield _sse(reply.chunk("", None, first=True, **extra))
+        async for i, response in merged:
+            reply = replies[i]
+            text, finish = reply.add(response)
+            if text or finish is not None or reply.logprobs:
+                yield _sse(reply.chunk(text, finish, **extra))
+        if include_usage:
+            yield _sse({**replies[0].usage_chunk(), "usage": openai_convert.merged_usage(replies)})
+    except Exception as error:
+        yield _sse(from_routing(error, body).body())
+    finally:
+        _end(call, watcher)  # NOTE: also when the client went away mid-stream
+    yield _sse("[DONE]")
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, up to MAX_BODY_BYTES; a larger one is 413, refused by its content-length before
+    anything is read, or, sent without one, as soon as what came is over."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(f"{int(declared)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large(f"over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(what: str) -> OpenAIError:
+    message = f"request body: {what}; allowed: at most {MAX_BODY_BYTES}"
+    return OpenAIError(413, message, code="request_too_large")
+
+
+async def _cancel_on_disconnect(request: Request, call: HttpCall) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    call.cancel()
+
+
+def _end(call: HttpCall, watcher: asyncio.Task) -> None:
+    watcher.cancel()
+    call.cancel()

@@ -1,0 +1,281 @@
+"""OpenAI's request bodies -> `GenerateRequest`, the worker's field paths -> OpenAI's parameter
+names, and `GenerateResponse`s -> OpenAI's response and chunk objects. The HTTP side's one
+protobuf boundary: the request then goes through the same router (and the same worker checks) as
+a gRPC one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from intentserve.controller.router.http.openai_schema import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from intentserve.controller.router.request_metrics import FINISH_REASONS
+from intentserve.ids import new_request_id
+from intentserve.v1 import inference_pb2
+
+# The worker names a bad field by its GenerateRequest path; the client named it this way.
+PARAMS = {
+    "prompt": "prompt",
+    "prompt_token_ids": "prompt",
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.top_k": "top_k",
+    "sampling.seed": "seed",
+    "stop.max_tokens": "max_tokens",
+    "stop.stop": "stop",
+    "stop.ignore_eos": "ignore_eos",
+    "stop.stop_token_ids": "stop_token_ids",
+    "stop.min_tokens": "min_tokens",
+    "sampling.presence_penalty": "presence_penalty",
+    "sampling.frequency_penalty": "frequency_penalty",
+    "sampling.repetition_penalty": "repetition_penalty",
+    "sampling.min_p": "min_p",
+    "sampling.logit_bias": "logit_bias",
+    "sampling.logprobs": "logprobs",
+    "chat_template_kwargs": "chat_template_kwargs",
+}
+# OpenAI's newer name for the system turn.
+ROLE_ALIASES = {"developer": "system"}
+
+
+def _generate_request(
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, logprobs: int | None
+):
+    sampling = inference_pb2.SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+        top_k=max(body.top_k or 0, 0),  # -1 (vLLM's "off") is 0 here
+        top_p=body.top_p or 0.0,  # 0 on the wire means "not set"
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty or 0.0,  # 0 on the wire means "not set"
+        min_p=body.min_p,
+        logit_bias=body.token_bias,
+    )
+    if body.seed is not None:
+        sampling.seed = body.seed
+    if logprobs is not None:
+        sampling.logprobs = logprobs
+    stop = inference_pb2.StopConditions(
+        stop=body.stop_strings,
+        ignore_eos=body.ignore_eos,
+        stop_token_ids=body.stop_token_ids or [],
+        min_tokens=body.min_tokens,
+    )
+    if max_tokens is not None:
+        stop.max_tokens = max_tokens
+    return inference_pb2.GenerateRequest(request_id=new_request_id(), sampling=sampling, stop=stop)
+
+
+def completion_request_to_pb(body: CompletionRequest) -> inference_pb2.GenerateRequest:
+    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    request = _generate_request(body, max_tokens, body.logprobs)
+    if body.echo and (body.logprobs is not None or body.prompt_text is None):
+        # NOTE: the prompt's tokens (and their scores) come from the worker.
+        request.sampling.prompt_logprobs = body.logprobs or 0
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.prompt_token_ids.extend(prompt)
+    return request
+
+
+def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
+    """Without a limit, the reply may fill what the model length leaves (as OpenAI's)."""
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else None
+    limit = body.max_tokens if limit is None else limit
+    request = _generate_request(body, limit, body.num_logprobs)
+    request.messages.extend(
+        inference_pb2.ChatMessage(role=ROLE_ALIASES.get(m.role, m.role), content=m.text)
+        for m in body.messages
+    )
+    if body.chat_template_kwargs is not None:
+        request.chat_template_kwargs.update(body.chat_template_kwargs)
+    return request
+
+
+def choice_requests(
+    request: inference_pb2.GenerateRequest, n: int
+) -> list[inference_pb2.GenerateRequest]:
+    """`n` choices as `n` requests: the first is `request`; the others have their own ids and,
+    when seeded, seeds 1, 2, ... after it (mod 2**64), so that seeded choices differ and choice 0
+    is what the same request with n=1 gives. With the prefix cache on, they share the prompt's
+    full KV blocks."""
+    requests = [request]
+    for i in range(1, n):
+        choice = inference_pb2.GenerateRequest()
+        choice.CopyFrom(request)
+        choice.request_id = f"{request.request_id}-{i}"
+        if request.sampling.HasField("seed"):
+            choice.sampling.seed = (request.sampling.seed + i) % 2**64
+        requests.append(choice)
+    return requests
+
+
+def merged_usage(replies: list[Reply]) -> dict[str, int]:
+    """One prompt, every choice's tokens (as OpenAI counts n choices)."""
+    prompt = replies[0].num_prompt_tokens
+    completion = sum(r.num_output_tokens for r in replies)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def merged_response(replies: list[Reply]) -> dict[str, Any]:
+    """The whole reply of every choice (`stream: false`), in order of index."""
+    responses = [r.response() for r in replies]
+    body = responses[0]
+    body["choices"] = [response["choices"][0] for response in responses]
+    body["usage"] = merged_usage(replies)
+    return body
+
+
+def param_of(field_path: str, body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The request parameter a worker's field path names; None when it names none."""
+    if isinstance(body, ChatCompletionRequest):
+        if field_path in ("prompt", "prompt_token_ids", "chat") or field_path.startswith(
+            "messages"
+        ):
+            return field_path if field_path.startswith("messages[") else "messages"
+        if field_path == "stop.max_tokens":
+            return body.max_tokens_param
+        if field_path == "sampling.logprobs":
+            return "top_logprobs"
+    return PARAMS.get(field_path)
+
+
+@dataclass
+class Reply:
+    """One choice's streamed responses, collected into OpenAI's objects."""
+
+    chat: bool
+    model: str
+    request_id: str
+    index: int = 0  # the choice's (n > 1)
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    with_logprobs: bool = False  # the request asked for them
+    logprobs: list[inference_pb2.TokenLogprobs] = field(default_factory=list)
+    echo: bool = False  # completions: the prompt goes before the completion
+    echo_text: str | None = None  # the prompt's text; None: joined from its tokens
+    num_logprob_chars: int = 0  # completions' text_offset of the next token
+
+    @property
+    def id(self) -> str:
+        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.request_id}"
+
+    def add(self, response: inference_pb2.GenerateResponse) -> tuple[str, str | None]:
+        """Take one response in; its text and (on the last) finish reason."""
+        text = self._echoed(response) + response.text
+        self.text.append(text)
+        self.logprobs.extend(response.logprobs)
+        self.num_output_tokens = response.num_output_tokens
+        finish = FINISH_REASONS.get(response.finish_reason) or None
+        if finish is not None:
+            self.finish_reason, self.num_prompt_tokens = finish, response.num_prompt_tokens
+        return text, finish
+
+    def _echoed(self, response: inference_pb2.GenerateResponse) -> str:
+        """With echo, on the first response: the prompt (its tokens' scores go first too)."""
+        if not self.echo:
+            return ""
+        self.echo = False
+        self.logprobs.extend(response.prompt_logprobs)
+        if self.echo_text is not None:
+            return self.echo_text
+        return "".join(e.chosen.token for e in response.prompt_logprobs)
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": self.num_output_tokens,
+            "total_tokens": self.num_prompt_tokens + self.num_output_tokens,
+        }
+
+    def _logprobs(self, entries) -> dict[str, Any] | None:
+        """OpenAI's logprobs object for `entries` (chat's or completions' shape)."""
+        if not self.with_logprobs:
+            return None
+        if self.chat:
+
+            def entry(e: inference_pb2.LogprobEntry) -> dict[str, Any]:
+                return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode())}
+
+            content = [
+                {**entry(t.chosen), "top_logprobs": [entry(e) for e in t.top]} for t in entries
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for t in entries:
+            offsets.append(self.num_logprob_chars)
+            self.num_logprob_chars += len(t.chosen.token)
+        # NOTE: a prompt's first token (echo) has no score: null, as OpenAI's.
+        scored = [t if t.chosen.HasField("logprob") else None for t in entries]
+        return {
+            "tokens": [t.chosen.token for t in entries],
+            "token_logprobs": [t and t.chosen.logprob for t in scored],
+            "top_logprobs": [t and {e.token: e.logprob for e in t.top} for t in scored],
+            "text_offset": offsets,
+        }
+
+    def _object(
+        self, kind: str, choice: dict[str, Any], logprobs=(), **extra: Any
+    ) -> dict[str, Any]:
+        choice = {"index": self.index, **choice, "logprobs": self._logprobs(logprobs)}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            **extra,
+        }
+
+    def response(self) -> dict[str, Any]:
+        """The whole reply (`stream: false`)."""
+        text = "".join(self.text)
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            choice = {"message": message, "finish_reason": self.finish_reason}
+            return self._object("chat.completion", choice, self.logprobs, usage=self.usage())
+        choice = {"text": text, "finish_reason": self.finish_reason}
+        return self._object("text_completion", choice, self.logprobs, usage=self.usage())
+
+    def chunk(self, text: str, finish: str | None, *, first: bool = False, **extra: Any):
+        """One `stream: true` chunk; the chat stream's first says who speaks. It carries the
+        logprobs of the tokens taken in since the previous chunk."""
+        logprobs, self.logprobs = self.logprobs, []
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            if finish is not None and not text:
+                delta = {}
+            choice = {"delta": delta, "finish_reason": finish}
+            return self._object("chat.completion.chunk", choice, logprobs, **extra)
+        choice = {"text": text, "finish_reason": finish}
+        return self._object("text_completion", choice, logprobs, **extra)
+
+    def usage_chunk(self) -> dict[str, Any]:
+        """`stream_options.include_usage`: the last chunk, with no choice and the usage."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage(),
+        }

@@ -1,0 +1,259 @@
+"""What every routed request costs and how it ended, measured where the router hands its responses
+to a front end, so that gRPC and HTTP requests are measured by the same code.
+
+    metered = MeteredRouter(router, RequestMetrics(registry, deployment="local", model="smollm2"))
+    async for response in metered.agenerate(request, context): ...   # as Router.agenerate
+
+Names and buckets follow vLLM's (`vllm:time_to_first_token_seconds` is
+`intentserve_time_to_first_token_seconds` here). A request's final status is the gRPC status code
+its client saw (the controller's one exception -> status table), in lower case: `ok`,
+`invalid_argument`, `unavailable`, `resource_exhausted`, `cancelled` (the client went away), ...
+The router's admission queue reports here too: its length at each scrape, and each request's time
+in it (`intentserve_request_queue_time_seconds`, vLLM's `request_queue_time_seconds`).
+
+A request's time is split as vLLM splits it, measured here: queue (waiting for a worker slot),
+prefill (from taking a slot to the first token: the worker's own wait, if any, and the prompt's
+forward pass) and decode (first token to last); its prompt and generated token counts go to
+histograms too, for finished requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+import grpc
+from intentserve.controller.router.admission import AdmissionQueue
+from intentserve.controller.router.routing import Router, deadline_passed
+from intentserve.controller.status_codes import STATUS_CODES
+from intentserve.status import lookup
+from intentserve.v1 import inference_pb2
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LABELS = ("deployment", "model_name")
+# vLLM's buckets.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75)
+TTFT_BUCKETS_S += (1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+ITL_BUCKETS_S += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
+E2E_BUCKETS_S += (60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# 1-2-5 steps, as vLLM's token histograms, to past the longest model length.
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
+FINISH_REASONS = {
+    inference_pb2.FINISH_REASON_UNSPECIFIED: "",
+    inference_pb2.FINISH_REASON_STOP: "stop",
+    inference_pb2.FINISH_REASON_LENGTH: "length",
+    inference_pb2.FINISH_REASON_ABORT: "abort",
+}
+
+# NOTE: the admission queue observes a request's wait in the task that routes it, which is the
+# task `aobserve` runs in (an async generator runs in its consumer's context): the wait is read
+# back here to split the time to the first token into queue and prefill.
+_QUEUE_WAIT_S: contextvars.ContextVar[float] = contextvars.ContextVar("queue_wait_s", default=0.0)
+
+_CANCELLED = grpc.StatusCode.CANCELLED.name.lower()  # the client went away
+_DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED.name.lower()  # its deadline passed
+
+
+def _status_of(error: Exception) -> str:
+    """The `status` label of a request that ended with `error` (the code a client gets)."""
+    return lookup(STATUS_CODES, error)[0].name.lower()
+
+
+class RequestMetrics:
+    def __init__(self, registry: CollectorRegistry, *, deployment: str, model: str) -> None:
+        self._labels = (deployment, model)
+        self.requests = Counter(
+            "intentserve_requests",
+            "Routed requests by final status (the gRPC code, lower case) and finish reason",
+            (*LABELS, "status", "finish_reason"),
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "intentserve_prompt_tokens",
+            "Prompt tokens of finished requests",
+            LABELS,
+            registry=registry,
+        )
+        self.generation_tokens = Counter(
+            "intentserve_generation_tokens",
+            "Tokens generated, however the request ended",
+            LABELS,
+            registry=registry,
+        )
+        self.ttft_s = Histogram(
+            "intentserve_time_to_first_token_seconds",
+            "From routing to the first token",
+            LABELS,
+            registry=registry,
+            buckets=TTFT_BUCKETS_S,
+        )
+        self.itl_s = Histogram(
+            "intentserve_inter_token_latency_seconds",
+            "Between consecutive tokens of a stream",
+            LABELS,
+            registry=registry,
+            buckets=ITL_BUCKETS_S,
+        )
+        self.e2e_s = Histogram(
+            "intentserve_e2e_request_latency_seconds",
+            "From routing to the last token (ok only)",
+            LABELS,
+            registry=registry,
+            buckets=E2E_BUCKETS_S,
+        )
+        self.queue_time_s = Histogram(
+            "intentserve_request_queue_time_seconds",
+            "Time in the controller's admission queue waiting for a worker slot, however the "
+            "wait ended (0: a slot was free)",
+            LABELS,
+            registry=registry,
+            buckets=E2E_BUCKETS_S,
+        )
+        self.prefill_time_s = self._histogram(
+            registry, "request_prefill_time_seconds", "From a worker slot to the first token"
+        )
+        self.decode_time_s = self._histogram(
+            registry, "request_decode_time_seconds", "From the first token to the last (ok only)"
+        )
+        self.prompt_tokens_per_request = self._histogram(
+            registry, "request_prompt_tokens", "Prompt tokens per finished request", TOKEN_BUCKETS
+        )
+        self.generation_tokens_per_request = self._histogram(
+            registry,
+            "request_generation_tokens",
+            "Generated tokens per finished request",
+            TOKEN_BUCKETS,
+        )
+        self.num_queued = Gauge(
+            "intentserve_num_requests_queued",
+            "Requests waiting in the controller's admission queue for a worker slot",
+            LABELS,
+            registry=registry,
+        )
+        self.queue_wait_times = _QueueWaits(self.queue_time_s.labels(*self._labels))
+        # NOTE: the per-token series, looked up once: `labels()` takes a lock and a dict lookup,
+        # and runs for every streamed token otherwise.
+        self._ttft_s = self.ttft_s.labels(*self._labels)
+        self._itl_s = self.itl_s.labels(*self._labels)
+
+    @staticmethod
+    def _histogram(registry, name, doc, buckets=E2E_BUCKETS_S) -> Histogram:
+        return Histogram(f"intentserve_{name}", doc, LABELS, registry=registry, buckets=buckets)
+
+    def watch_queue(self, queue: AdmissionQueue) -> None:
+        """The queue's length, read at each scrape."""
+        self.num_queued.labels(*self._labels).set_function(lambda: queue.num_waiting)
+
+    async def aobserve(
+        self, responses: AsyncGenerator[inference_pb2.GenerateResponse, None], call=None
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Pass `responses` through, timing each token and counting how the request ended. A
+        client that went away is `CancelledError` (the handler's task was cancelled) or a close
+        of this generator; so is a deadline, counted as `deadline_exceeded` (the code its client
+        got) when `call` (what has `time_remaining()`: the request's context) says it passed."""
+        _QUEUE_WAIT_S.set(0.0)
+        seen = _Seen()
+        status = "ok"
+        try:
+            async for response in responses:
+                seen.add(response, self)
+                yield response
+            if not seen.finish:
+                status = _CANCELLED
+        except (GeneratorExit, asyncio.CancelledError):
+            status = _CANCELLED
+            raise
+        except Exception as error:
+            status = _status_of(error)
+            raise
+        finally:
+            await responses.aclose()  # NOTE: ends the routed call now (the worker's cancel)
+            if status == _CANCELLED and call is not None and deadline_passed(call):
+                status = _DEADLINE_EXCEEDED
+            self._finished(status, seen)
+
+    def _token(self, num_tokens: int, first_s: float | None, gap_s: float) -> None:
+        """`first_s`: time to the first token (None after it); `gap_s`: per token since the
+        last."""
+        if first_s is not None:
+            self._ttft_s.observe(first_s)
+            prefill_s = max(first_s - _QUEUE_WAIT_S.get(), 0.0)
+            self.prefill_time_s.labels(*self._labels).observe(prefill_s)
+            return
+        for _ in range(num_tokens):
+            self._itl_s.observe(gap_s)
+
+    def _finished(self, status: str, seen: _Seen) -> None:
+        finish = FINISH_REASONS.get(seen.finish, "")
+        self.requests.labels(*self._labels, status, finish).inc()
+        self.prompt_tokens.labels(*self._labels).inc(seen.num_prompt_tokens)
+        self.generation_tokens.labels(*self._labels).inc(seen.num_output_tokens)
+        if seen.finish:
+            self.prompt_tokens_per_request.labels(*self._labels).observe(seen.num_prompt_tokens)
+            n = seen.num_output_tokens
+            self.generation_tokens_per_request.labels(*self._labels).observe(n)
+        if status == "ok":
+            self.e2e_s.labels(*self._labels).observe(time.perf_counter() - seen.started_s)
+            if seen.first_token_s is not None:
+                decode_s = seen.last_token_s - seen.first_token_s
+                self.decode_time_s.labels(*self._labels).observe(decode_s)
+
+
+class _QueueWaits:
+    """The queue's wait times (admission.WaitTimes): to the histogram, and kept for the request
+    whose task observed it (`_QUEUE_WAIT_S`)."""
+
+    def __init__(self, histogram) -> None:
+        self._histogram = histogram
+
+    def observe(self, amount: float) -> None:
+        self._histogram.observe(amount)
+        _QUEUE_WAIT_S.set(amount)
+
+
+class _Seen:
+    """What one request's responses have shown so far."""
+
+    def __init__(self) -> None:
+        self.started_s = time.perf_counter()
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.finish = inference_pb2.FINISH_REASON_UNSPECIFIED
+        self.num_prompt_tokens = self.num_output_tokens = 0
+
+    def add(self, response: inference_pb2.GenerateResponse, metrics: RequestMetrics) -> None:
+        now_s = time.perf_counter()
+        num_tokens = len(response.token_ids)
+        if num_tokens and self.last_token_s is None:
+            self.first_token_s = now_s
+            metrics._token(num_tokens, now_s - self.started_s, 0.0)
+        elif num_tokens:
+            metrics._token(num_tokens, None, (now_s - self.last_token_s) / num_tokens)
+        if num_tokens:
+            self.last_token_s = now_s
+        self.num_output_tokens = max(self.num_output_tokens, response.num_output_tokens)
+        if response.finish_reason:
+            self.finish = response.finish_reason
+            self.num_prompt_tokens = response.num_prompt_tokens
+
+
+class MeteredRouter:
+    """`Router.agenerate`, measured: what the front ends (gRPC Inference, HTTP) route through."""
+
+    def __init__(self, router: Router, metrics: RequestMetrics) -> None:
+        self._router = router
+        self._metrics = metrics
+
+    async def agenerate(
+        self, request: inference_pb2.GenerateRequest, context
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """`Router.agenerate`, measured."""
+        observed = self._metrics.aobserve(self._router.agenerate(request, context), context)
+        async with contextlib.aclosing(observed) as responses:
+            async for response in responses:
+                yield response

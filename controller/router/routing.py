@@ -1,0 +1,295 @@
+"""Inference routing: pick the READY worker with the fewest outstanding requests that has a free
+slot (as many as the sequence slots it realized, or `max_outstanding_per_worker` when the
+operator set it), and forward `Generate` on that worker's multiplexed call with the client's
+remaining deadline and cancellation. While every slot is taken, a request waits in the
+admission queue (admission.py), in arrival order, until one frees. The request's content is
+checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) passes through.
+A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
+stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
+
+Both front ends route on an event loop with `agenerate` (the gRPC server's, uvicorn's for the
+HTTP API): a client's cancel or deadline arrives as `asyncio.CancelledError` in the handler and
+the worker's request is cancelled on the way out.
+
+The router is a proxy: the request and response messages pass through unchanged (save the ids
+it fills in), so it handles `inference_pb2` messages directly and nothing else does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from intentserve.controller.errors import (
+    NotReady,
+    Overloaded,
+    RequestTooLarge,
+    UpstreamError,
+    WorkerUnavailable,
+)
+from intentserve.controller.router.admission import (
+    DEFAULT_QUEUE_LIMITS,
+    AdmissionQueue,
+    QueueLimits,
+    WaitTimes,
+)
+from intentserve.controller.router.channels import WorkerChannels
+from intentserve.controller.router.table import Route, WorkerTable
+from intentserve.controller.router.worker_mux import Stream
+from intentserve.ids import new_request_id
+from intentserve.policy import Reason, ReasonCode
+from intentserve.streaming import MAX_REQUEST_BYTES
+from intentserve.v1 import inference_pb2
+
+log = logging.getLogger(__name__)
+
+# NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
+_NO_DEADLINE_S = 1e9
+_NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
+
+
+class _TryAnother(Exception):
+    """The chosen worker refused before streaming anything (queue full, unreachable)."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__(str(failure))
+        self.failure = failure  # what the client gets when no other worker is left
+
+
+class _Stream:
+    """One forwarded call, so that a lost worker's streams can be ended from the outside."""
+
+    def __init__(self) -> None:
+        self.call: Stream | None = None
+        self.abort_reason: Reason | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        table: WorkerTable,
+        *,
+        max_outstanding_per_worker: int | None = None,
+        queue_limits: QueueLimits = DEFAULT_QUEUE_LIMITS,
+        queue_wait_times: WaitTimes,
+        channel_factory: Callable[[str, str], grpc.Channel] = lambda address, worker_id: (
+            grpc.insecure_channel(address)
+        ),
+        aio_channel_factory: Callable[[str, str], grpc.aio.Channel] | None = None,
+    ) -> None:
+        """`table`: the verified workers and the deployment's readiness (table.py).
+        `aio_channel_factory`: channels for the multiplexed calls of requests served on an
+        event loop, made on that loop (worker_mux.py); None: those use `channel_factory`'s too,
+        read by a thread. `max_outstanding_per_worker`: requests sent to each worker at once;
+        None: its realized sequence slots."""
+        self._table = table
+        self._max_per_worker = max_outstanding_per_worker
+        self.queue: AdmissionQueue[Route] = AdmissionQueue(
+            queue_limits, num_slots=self._num_slots, wait_times=queue_wait_times
+        )
+        self.channels = WorkerChannels(table, channel_factory, aio_channel_factory)
+        self._lock = threading.Lock()
+        self._streams: dict[str, set[_Stream]] = {}
+        self._turn = itertools.count()  # breaks ties between equally loaded workers
+
+    async def agenerate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Admit the request, pick a worker (the next one when a worker refuses before
+        streaming), and pass its responses through; `context` is the front end's call
+        (`time_remaining`, `cancelled`)."""
+        self._admit(request)
+        tried: dict[str, Exception] = {}
+        while True:
+            route = await self.queue.take(lambda: self._acquire(tried), _timeout_s(context))
+            try:
+                forwarded = self._aforward(route, request, context)
+                async with contextlib.aclosing(forwarded) as responses:
+                    async for response in responses:
+                        yield response
+                return
+            except _TryAnother as refusal:
+                tried[route.worker_id] = refusal.failure
+            finally:
+                self._table.release(route.worker_id)
+                self.queue.wake()
+
+    def abort_streams(self, worker_id: str, reason: Reason) -> int:
+        """End every stream to a worker (it was lost); each ends with UNAVAILABLE."""
+        with self._lock:
+            streams = list(self._streams.get(worker_id, ()))
+        for stream in streams:
+            stream.abort_reason = reason
+            if stream.call is not None:
+                stream.call.cancel()
+        return len(streams)
+
+    def close(self) -> None:
+        self.channels.close()
+
+    def workers_changed(self) -> None:
+        """A worker's state changed (more slots may be free, or none left to wait for): the
+        head of the queue tries again."""
+        self.queue.wake()
+
+    def _admit(self, request: inference_pb2.GenerateRequest) -> None:
+        """Give the request an id; refuse it unless the deployment is ready."""
+        if not request.request_id:
+            request.request_id = new_request_id()
+        check_size(request)
+        readiness = self._table.readiness()
+        if not readiness.ready:
+            raise NotReady(readiness.reason)
+
+    def _limit(self, route: Route) -> int:
+        """Requests a READY worker is sent at once: the operator's number, else its slots."""
+        if self._max_per_worker is not None:
+            return self._max_per_worker
+        return route.max_num_seqs
+
+    def _num_slots(self) -> int:
+        """The slots of the READY workers (what the queue's default bound is a multiple of)."""
+        return sum(self._limit(r) for r in self._table.routes())
+
+    def _acquire(self, tried: dict[str, Exception]) -> Route | None:
+        """The READY worker with the fewest outstanding requests that has room for one more;
+        None when every READY worker not yet tried is full (the request waits)."""
+        ready = [r for r in self._table.routes() if r.worker_id not in tried]
+        if ready:  # rotate, so that equally loaded workers take turns (the sort is stable)
+            shift = next(self._turn) % len(ready)
+            ready = ready[shift:] + ready[:shift]
+        for route in sorted(ready, key=lambda r: r.num_outstanding):
+            if self._table.try_acquire(route.worker_id, self._limit(route)):
+                return route
+        if ready:
+            return None
+        if tried:
+            failures = list(tried.values())
+            if all(isinstance(f, Overloaded) for f in failures):
+                raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
+            raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
+        readiness = self._table.readiness()
+        reason = readiness.reason if not readiness.ready else _NO_READY_WORKER
+        raise NotReady(reason)
+
+    async def _aforward(
+        self,
+        route: Route,
+        request: inference_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """One worker's responses, on its multiplexed call (a step's tokens for all its requests
+        in one message; the worker enforces the deadline too). The client's cancel or deadline
+        cancels the handler's task (asyncio.CancelledError, here while awaiting the next item or
+        the write of one), and the `finally` sends the worker the cancel."""
+        timeout_s = _timeout_s(context)
+        stream = _Stream()
+        self._track(route.worker_id, stream, add=True)
+        started = False
+        try:
+            loop = asyncio.get_running_loop()
+            mux = self.channels.mux(route.address, route.worker_id, loop=loop)
+            stream.call = call = mux.open(request, timeout_s, loop=loop)
+            if stream.abort_reason is not None:  # an abort asked before the call existed
+                call.cancel()
+            async for response in call:
+                started = True
+                if not response.worker_id:
+                    response.worker_id = route.worker_id
+                yield response
+        except grpc.RpcError as error:
+            if stream.abort_reason is None and _client_gone(context):
+                return  # the client cancelled or its deadline passed: nobody to tell
+            if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
+                self._suspect(route, error, started)
+            raise _failure(route.worker_id, error, started, stream.abort_reason) from None
+        finally:
+            if stream.call is not None:
+                stream.call.cancel()  # a no-op once it ended; else the client went away
+            self._track(route.worker_id, stream, add=False)
+
+    def _suspect(self, route: Route, error: grpc.RpcError, started: bool) -> None:
+        where = "mid-stream" if started else "before streaming"
+        reason = Reason(
+            ReasonCode.WORKER_NOT_SERVING, f"suspect: a stream broke {where}: {error.details()}"
+        )
+        if self._table.suspect(route.worker_id, route.address, reason):
+            log.warning("worker %s is suspect: %s", route.worker_id, reason.message)
+
+    def _track(self, worker_id: str, stream: _Stream, *, add: bool) -> None:
+        with self._lock:
+            streams = self._streams.setdefault(worker_id, set())
+            if add:
+                streams.add(stream)
+            else:
+                streams.discard(stream)
+
+
+def check_size(request: inference_pb2.GenerateRequest) -> None:
+    """RequestTooLarge, naming the request's largest field, when it is over MAX_REQUEST_BYTES:
+    on a worker's multiplexed call a message over its receive limit would end the call, and
+    every other request on it with it."""
+    size = request.ByteSize()
+    if size > MAX_REQUEST_BYTES:
+        raise RequestTooLarge(
+            f"{_largest_field(request)}: the request is {size} bytes; allowed: at most "
+            f"{MAX_REQUEST_BYTES} bytes in all (prompt, messages, stop strings and the rest)"
+        )
+
+
+def _largest_field(message, prefix: str = "") -> str:
+    """The dotted name of the set field that takes the most bytes (into singular messages)."""
+    sizes = []
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else [value]
+        if field.message_type is not None:
+            size = sum(v.ByteSize() for v in values)
+        else:  # text by its length (no copy of a 50 MB prompt to rank it); a number up to 10
+            size = sum(len(v) if isinstance(v, str | bytes) else 10 for v in values)
+        inner = value if field.message_type is not None and not field.is_repeated else None
+        sizes.append((size, field, inner))
+    _, field, inner = max(sizes, key=lambda s: s[0])
+    name = prefix + field.name
+    return _largest_field(inner, name + ".") if inner is not None and inner.ListFields() else name
+
+
+def _timeout_s(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's remaining deadline, to forward; None when it set none."""
+    remaining_s = context.time_remaining()
+    return None if remaining_s is None or remaining_s > _NO_DEADLINE_S else remaining_s
+
+
+def deadline_passed(context) -> bool:
+    """Whether the call's deadline has passed (`context`: anything with `time_remaining()`)."""
+    remaining_s = context.time_remaining()
+    return remaining_s is not None and remaining_s <= 0
+
+
+def _client_gone(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the client cancelled or its deadline passed (the worker, which holds the same
+    deadline, may report it before the task is cancelled)."""
+    return context.cancelled() or deadline_passed(context)
+
+
+def _failure(
+    worker_id: str, error: grpc.RpcError, started: bool, abort_reason: Reason | None
+) -> Exception:
+    """The exception a failed upstream call becomes for the client."""
+    code, details = error.code(), error.details()
+    where = "mid-stream" if started else "before streaming"
+    if abort_reason is not None:
+        return WorkerUnavailable(f"worker {worker_id} was lost {where}: {abort_reason.message}")
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and not started:
+        return _TryAnother(Overloaded(f"worker {worker_id}: {details}"))
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        failure = WorkerUnavailable(f"worker {worker_id} became unavailable {where}: {details}")
+        return failure if started else _TryAnother(failure)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        # The engine's check of the request, naming the field first: relayed word for word.
+        return UpstreamError(code, details)
+    return UpstreamError(code, f"worker {worker_id}: {details}")

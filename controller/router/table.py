@@ -1,0 +1,54 @@
+"""What the router routes by: the verified worker table, as narrow values.
+
+The router never reads the control plane's registry. It asks a `WorkerTable` for the deployment's
+readiness, the workers it may route to (READY per the controller's verdict) and their load, and
+tells it when a stream to a worker broke. Two tables serve it: the embedded router's, read from
+the controller in the same process (controller/embedded.py), and a separate router's, fed by the
+controller's watch stream (router/watched.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from intentserve.policy import Reason
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether requests are routed at all, and why (the controller's verdict, or the router's
+    own reason when it can no longer trust its table)."""
+
+    ready: bool
+    reason: Reason
+
+
+@dataclass(frozen=True)
+class Route:
+    """One worker the controller verified READY, as the router sends to it."""
+
+    worker_id: str
+    address: str  # host:port of its WorkerStreams server
+    max_num_seqs: int  # the sequence slots it realized
+    num_outstanding: int = 0  # requests this router has in flight on it
+
+
+class WorkerTable(Protocol):
+    def readiness(self) -> Readiness: ...
+
+    def routes(self) -> tuple[Route, ...]:
+        """The workers requests may go to now, by worker id."""
+        ...
+
+    def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
+        """Count one more request on the worker unless it has `max_outstanding` or is no longer
+        routable."""
+        ...
+
+    def release(self, worker_id: str) -> None: ...
+
+    def suspect(self, worker_id: str, address: str, reason: Reason) -> bool:
+        """A stream to the worker at `address`, or its connection, broke: route nothing to it
+        until it is known to serve again. Whether it became suspect now."""
+        ...

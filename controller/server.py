@@ -1,0 +1,351 @@
+"""The controller process: one gRPC server with the worker registry, inference router, admin API,
+`grpc.health.v1` (the readiness gate) and reflection, plus the reconcile loop.
+
+The gRPC server is a `grpc.aio` one on an event loop in a thread of its own: every streamed
+response is written from that one thread, where a sync server spends a thread (and its wake-ups)
+per stream; on a small machine the controller's CPU per token is what serving costs beyond the
+engine. `ControllerServer`'s own API stays synchronous. The HTTP API routes on uvicorn's loop
+(controller/router/http/bridge.py), with channels of its own to the workers made there.
+
+Run one by hand with `python -m intentserve.controller.server` (configured by
+`INTENTSERVE_*` env vars).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import _async as async_health
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
+from intentserve.controller.auth import AuthInterceptor, SecurityError
+from intentserve.controller.control.deployment import Deployment, deployment_state
+from intentserve.controller.control.metrics import DeploymentCollector
+from intentserve.controller.control.reconcile import Reconciler
+from intentserve.controller.control.servicers import (
+    AdminServicer,
+    WorkerRegistryServicer,
+    WorkerTableServicer,
+)
+from intentserve.controller.control.state import DeploymentState
+from intentserve.controller.control.table_feed import TableFeed
+from intentserve.controller.embedded import EmbeddedTable, EmbeddedView
+from intentserve.controller.router.http.server import HttpServer
+from intentserve.controller.router.request_path import RequestPath
+from intentserve.controller.router.servicer import InferenceServicer
+from intentserve.controller.settings import (
+    ControllerConfig,
+    ControllerSettings,
+    describe_errors,
+)
+from intentserve.controller.status_codes import STATUS_CODES
+from intentserve.policy import Reason, ReasonCode, Verdict
+from intentserve.status import AsyncErrorInterceptor
+from intentserve.streaming import MAX_COMMAND_BYTES
+from intentserve.tls import (
+    server_credentials,
+)
+from intentserve.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+log = logging.getLogger(__name__)
+
+END_WAIT_S = 1.0  # after the grace: for ended streams to send their status, before a cancel
+STOPPING = Reason(
+    ReasonCode.WORKER_NOT_SERVING,
+    "the controller is stopping (intentserve down, SIGTERM or Ctrl-C); the stream was ended",
+)
+SERVICE_NAMES = (
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
+    inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["WorkerTable"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+
+
+class ControllerServer:
+    """`start()`, then `wait_until_settled()` / `wait()`, then `stop()`; or use it as a context."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self._shutdown = threading.Event()
+        # Every registry transition wakes the loop, so health follows a report at once, and
+        # the admission queue, whose head may find a slot (or learn there is none to wait for).
+        self.deployment = Deployment(
+            config.desired,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            on_change=self._workers_changed,
+        )
+        # Requests are measured where both front ends (gRPC, HTTP) take the router's responses,
+        # and while they wait in the router's admission queue.
+        self.metrics = CollectorRegistry()
+        desired = config.desired
+        path = RequestPath.build(
+            EmbeddedTable(self.deployment),
+            self.metrics,
+            deployment=desired.deployment,
+            model=desired.model_names[0],
+            tls=config.security.tls,
+            max_outstanding_per_worker=config.max_outstanding_per_worker,
+            admission=config.admission,
+        )
+        self._request_path = path
+        self.router, self.metered_router = path.router, path.metered
+        # The loop first: health is published to it from the reconciler's construction on.
+        self._loop = EventLoopThread("controller-rpc")
+        self._probe_health = None if config.health_port is None else health.HealthServicer()
+        self._health = HealthPublisher(
+            self._loop, async_health.HealthServicer(), self._probe_health
+        )
+        # What routers watch (the WorkerTable service): published by the reconcile loop.
+        self.table_feed = TableFeed()
+        self.reconciler = Reconciler(
+            self.deployment,
+            self.router.channels,
+            self.router,
+            self._health,
+            self.table_feed,
+            interval_s=config.reconcile_interval_s,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+        )
+        self.metrics.register(
+            DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
+        )
+        try:
+            self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
+            self._health_server, self.health_port = self._probe_server()
+            self._http = self._http_api()
+        except BaseException:
+            self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
+            raise
+
+    def _workers_changed(self) -> None:
+        self.reconciler.wake()
+        self.router.workers_changed()
+
+    def _probe_server(self) -> tuple[grpc.Server | None, int | None]:
+        """Probes that speak no TLS get a port of their own, with nothing on it but health."""
+        if self._probe_health is None:
+            return None, None
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        health_pb2_grpc.add_HealthServicer_to_server(self._probe_health, server)
+        return server, server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
+
+    def _http_api(self) -> HttpServer | None:
+        config = self.config
+        if config.http_port is None:
+            return None
+        return self._request_path.http_server(
+            EmbeddedView(self.deployment, self.reconciler),
+            self.metrics,
+            security=config.security,
+            model_names=config.desired.model_names,
+            host=config.host,
+            port=config.http_port,
+            tls=None if config.http_plaintext else config.security.tls,
+            cors_origins=config.cors_origins,
+        )
+
+    async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
+        """The gRPC server, made on the loop that runs it; its public and registry ports."""
+        config = self.config
+        server = grpc.aio.server(
+            # NOTE: authorization first: a refused call never reaches the error mapping.
+            interceptors=[
+                AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
+                AsyncErrorInterceptor(STATUS_CODES),
+            ],
+            options=[
+                ("grpc.so_reuseport", 0),  # a second controller on the port is an error
+                # a GenerateMany command: a request up to MAX_REQUEST_BYTES, its key and timeout
+                ("grpc.max_receive_message_length", MAX_COMMAND_BYTES),
+            ],
+        )
+        worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
+            WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), server
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.metered_router), server
+        )
+        admin_pb2_grpc.add_WorkerTableServicer_to_server(
+            WorkerTableServicer(self.table_feed), server
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.deployment, self.request_shutdown), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
+        reflection.enable_server_reflection(SERVICE_NAMES, server)
+        tls = config.security.tls
+        if tls is None:
+            port = server.add_insecure_port(f"{config.host}:{config.port}")
+            return server, port, port
+        # Two ports: clients and probes need no certificate on the public one; workers
+        # register on the other, where TLS itself requires a certificate of the CA.
+        # NOTE: grpc's Python API cannot request an optional client certificate.
+        public = server_credentials(tls, require_client_auth=False)
+        mutual = server_credentials(tls, require_client_auth=True)
+        port = server.add_secure_port(f"{config.host}:{config.port}", public)
+        registry_port = server.add_secure_port(f"{config.host}:{config.registry_port}", mutual)
+        return server, port, registry_port
+
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP API's base URL on this machine (`https://127.0.0.1:8000`); None: none."""
+        if self._http is None:
+            return None
+        return f"{self._http.scheme}://{self._local_host}:{self._http.port}"
+
+    @property
+    def address(self) -> str:
+        """Where clients reach it on this machine (loopback when bound to every interface)."""
+        return f"{self._local_host}:{self.bound_port}"
+
+    @property
+    def registry_address(self) -> str:
+        """Where workers on this machine register (the mutual-TLS port; with no TLS, the
+        same port as clients)."""
+        return f"{self._local_host}:{self.registry_port}"
+
+    @property
+    def _local_host(self) -> str:
+        host = self.config.host
+        return "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
+
+    def start(self) -> ControllerServer:
+        self._loop.run(self._server.start())
+        if self._health_server is not None:
+            self._health_server.start()
+        if self._http is not None:
+            self._http.start()
+        self.reconciler.start()
+        log.info(
+            "controller %s listening on %s:%d%s",
+            self.config.desired.deployment,
+            self.config.host,
+            self.bound_port,
+            f"; HTTP API on {self.http_url}" if self._http is not None else "",
+        )
+        return self
+
+    def stop(self, grace_s: float | None = 1.0) -> None:
+        """Health goes NOT_SERVING and no new call is taken; streams in flight on either front
+        end get `grace_s` to finish, then end with UNAVAILABLE naming the stop; then the HTTP
+        server's loop and the gRPC server's stop, each closing the channels made on it."""
+        if self._loop.closed:
+            return  # stopped already
+        grace = grace_s or 0.0
+        self._health.enter_graceful_shutdown()
+        self.request_shutdown()
+        self.reconciler.stop()
+        if self._health_server is not None:
+            self._health_server.stop(0)
+        # NOTE: both servers' own cancels come END_WAIT_S after the grace: by then every stream
+        # has ended with its reason (a cancel reads "Cancelling all calls"; uvicorn logs its
+        # cancels as errors). Calls that are no streams (health watches, idle shared calls) are
+        # cancelled then.
+        if self._http is not None:
+            self._http.begin_stop(grace + END_WAIT_S)
+        stopping = self._loop.future(self._server.stop(grace + END_WAIT_S))
+        if not self._wait_idle(grace):
+            for record in self.deployment.workers():
+                self.router.abort_streams(record.worker_id, STOPPING)
+        stopping.result()
+        if self._http is not None:
+            self._http.join()  # its loop closes what was made on it as it ends
+        self._loop.run(self.router.channels.aclose_loop())
+        self.router.close()
+        self._loop.close()
+
+    def _wait_idle(self, timeout_s: float) -> bool:
+        """Whether every request through the controller ended within `timeout_s`."""
+        deadline_s = time.monotonic() + timeout_s
+        while any(r.num_outstanding for r in self.deployment.workers()) or (
+            self._http is not None and self._http.num_requests
+        ):
+            if time.monotonic() >= deadline_s:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def request_shutdown(self) -> None:
+        """What Admin.Shutdown does: `wait()` returns; the owner then calls `stop()`."""
+        self._shutdown.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until Admin.Shutdown (or `stop()`) is called; False when the timeout passed."""
+        return self._shutdown.wait(timeout_s)
+
+    def verdict(self) -> Verdict:
+        """The readiness verdict as published to health (ready, failed, reason, per worker)."""
+        return self.reconciler.verdict
+
+    def deployment_state(self) -> DeploymentState:
+        return deployment_state(self.verdict())
+
+    def wait_until_settled(self, timeout_s: float | None) -> Verdict:
+        """Block until the deployment is READY or FAILED (or the timeout passes) and say which.
+
+        The launcher exits non-zero with `verdict.reason` when `verdict.failed`.
+        """
+        return self.reconciler.wait_until(lambda v: v.ready or v.failed, timeout_s)
+
+    def __enter__(self) -> ControllerServer:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop(grace_s=0)
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = ControllerSettings()
+    except ValidationError as error:
+        print(f"invalid controller settings:\n{describe_errors(error)}", file=sys.stderr)
+        return 2
+    try:
+        config = settings.config()
+    except SecurityError as error:
+        print(f"invalid controller settings:\n{error}", file=sys.stderr)
+        return 2
+    try:
+        server = ControllerServer(config).start()
+    except RuntimeError as error:  # the port is taken or the host is not ours
+        print(
+            f"cannot start the controller on {settings.host}:{settings.port}: {error}",
+            file=sys.stderr,
+        )
+        return 1
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: server.request_shutdown())
+    print(
+        f"controller {settings.deployment} listening on {settings.host}:{server.bound_port}",
+        flush=True,
+    )
+    server.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""A separate router on loopback: a real controller with scripted workers, and a RouterServer
+that learns the verified table from the controller's watch and streams from the workers itself.
+READY keeps its meaning (a drained worker is dropped), and while the controller is gone the
+router serves its last table, reports it stale, then stops serving naming why."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from intentserve.client import to_data
+from intentserve.controller.cli.render import status_text
+from intentserve.controller.router.server import RouterServer
+from intentserve.controller.router.settings import RouterConfig
+from intentserve.controller.router.table import Readiness
+from intentserve.controller.router.watched import TableEntry, TableUpdate
+from intentserve.policy import Reason, ReasonCode, examples
+from intentserve.v1 import admin_pb2
+
+from tests.controller.conftest import DEPLOYMENT, Client, eventually
+from tests.controller.scripted_worker import Behaviour, ScriptedWorker
+
+pytestmark = pytest.mark.integration
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture
+def deployment(start_controller, make_worker):
+    """A controller with two verified workers, and a router watching it."""
+    # NOTE: a heartbeat timeout well above FAST's: on a loaded machine a scripted worker's
+    # heartbeats can lapse for a second, and a lost worker is not what these tests are about.
+    server, _ = start_controller(
+        paged_attention="on",
+        replicas=2,
+        min_ready=1,
+        max_outstanding_per_worker=8,
+        heartbeat_timeout_s=10.0,
+    )
+    workers = [make_worker(server, f"w{i}", examples.cpu()) for i in range(2)]
+    for worker in workers:
+        assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    config = RouterConfig(
+        DEPLOYMENT, controller=server.address, port=0, http_port=0, max_stale_s=2.0, model="m"
+    )
+    router = RouterServer(config).start()
+    client = Client(router.address)
+    eventually(lambda: client.serving(), what="the router SERVING")
+    yield server, workers, router, client
+    client.channel.close()
+    router.stop(grace_s=0)
+
+
+def served_by(client, n: int = 6) -> set[str]:
+    return {r.worker_id for _ in range(n) for r in client.generate(timeout=5) if r.worker_id}
+
+
+def test_the_router_streams_from_the_workers_the_controller_verified(deployment):
+    server, workers, router, client = deployment
+    assert served_by(client) == {"w0", "w1"}
+    assert sum(w.num_serve_calls for w in workers) == 2  # the router's own calls, one each
+    status = client.status()
+    assert status.router.freshness == admin_pb2.TABLE_FRESHNESS_FRESH
+    assert status.router.revision == server.table_feed.revision
+    assert {w.worker_id for w in status.workers} == {"w0", "w1"}
+    text = status_text(to_data(status)).splitlines()
+    assert text[0] == f"router of deployment {DEPLOYMENT}: READY (2 workers routed to)"
+    assert text[2] == (
+        f"table: revision {status.router.revision} from the controller at {server.address}, fresh"
+    )
+
+
+def test_a_drained_worker_is_dropped_with_the_next_watch_event(deployment):
+    server, _, router, client = deployment
+    before = router.table.status().revision
+    server.deployment.drain("w0")
+    eventually(lambda: router.table.status().revision > before, what="the next event")
+    assert [r.worker_id for r in router.table.routes()] == ["w1"]
+    assert served_by(client) == {"w1"}
+
+
+def test_without_the_controller_it_serves_its_last_table_stale_then_stops(deployment):
+    server, _, router, client = deployment
+    server.stop(grace_s=0)
+    status = eventually(
+        lambda: (s := client.status()).router.freshness == admin_pb2.TABLE_FRESHNESS_STALE and s,
+        what="stale",
+    )
+    assert status.router.max_stale_s == 2.0 and status.router.controller == server.address
+    text = status_text(to_data(status))
+    assert "STALE: the controller silent for" in text
+    assert "(a stale table is served for 2 s at most)" in text
+    assert client.serving() and served_by(client) == {"w0", "w1"}
+    scraped = get(router, "/metrics")[1]
+    stale = f'intentserve_router_table_freshness{{deployment="{DEPLOYMENT}",freshness="stale"}} 1.0'
+    assert stale in scraped
+    code, body = get(router, "/health")
+    assert code == 200 and json.loads(body)["state"] == "stale"
+    eventually(lambda: client.health_status() == NOT_SERVING, timeout_s=6.0, what="NOT_SERVING")
+    with pytest.raises(grpc.RpcError) as refused:
+        list(client.generate(timeout=5))
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "controller_unreachable" in refused.value.details()
+    assert f"the controller at {server.address} has not been heard from" in refused.value.details()
+    assert client.status().router.freshness == admin_pb2.TABLE_FRESHNESS_EXPIRED
+    code, body = get(router, "/health")
+    health = json.loads(body)
+    assert code == 503 and health["state"] == "expired"
+    assert health["reason"]["code"] == "controller_unreachable"
+
+
+def get(router, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(router.http_url + path, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_router_refuses_the_controllers_admin_commands_naming_where_they_go(deployment):
+    server, _, _, client = deployment
+    with pytest.raises(grpc.RpcError) as refused:
+        client.admin.Drain(admin_pb2.DrainRequest(worker_id="w0"), timeout=5)
+    assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert refused.value.details() == (
+        f"this is a router: it answers status only; drain goes to the controller at "
+        f"{server.address}"
+    )
+
+
+def test_a_router_fed_by_hand_needs_no_controller():
+    """What a benchmark does: the table comes from the caller, not a watch."""
+    config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
+    worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu())  # never registers
+    try:
+        with RouterServer(config, watch=False) as router:
+            client = Client(router.address)
+            assert client.health_status() == NOT_SERVING
+            ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
+            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
+            eventually(lambda: client.serving(), what="SERVING")
+            assert served_by(client, 2) == {"w0"}
+            client.channel.close()
+    finally:
+        worker.stop()
+
+
+def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(caplog):
+    """The break is this router's alone (the controller is not asked): the worker is skipped
+    until the health watch this router then opens to it is answered."""
+    caplog.set_level(logging.INFO, logger="intentserve.controller.router.server")
+    config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
+    worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), behaviour=Behaviour.BREAK)
+    try:
+        with RouterServer(config, watch=False) as router:
+            client = Client(router.address)
+            ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
+            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
+            with pytest.raises(grpc.RpcError) as broken:
+                list(client.generate(timeout=5))
+            assert broken.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "worker w0 is suspect: suspect: a stream broke mid-stream" in caplog.text
+            eventually(lambda: [r.worker_id for r in router.table.routes()] == ["w0"], what="back")
+            assert "worker w0 answers again: routed to again" in caplog.text
+            client.channel.close()
+    finally:
+        worker.stop()

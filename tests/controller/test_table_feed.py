@@ -1,0 +1,70 @@
+"""The routers' watch of the worker table, on the controller's side (no gRPC): a snapshot first,
+then each change with its revision, keepalives while nothing changes, and no new revision for
+what routers do not route by (a worker's load)."""
+
+import asyncio
+
+from intentserve.controller.control.registry import WorkerLoad
+from intentserve.controller.control.state import DeploymentState, WorkerState
+from intentserve.controller.control.table_feed import TableFeed
+
+from tests.controller.test_deployment import make, up
+
+
+def publish(feed, deployment):
+    return feed.publish(deployment.workers(), deployment.verdict())
+
+
+async def take(events, n):
+    return [await anext(events) for _ in range(n)]
+
+
+def test_a_snapshot_then_each_change_then_keepalives():
+    deployment, _, _ = make("on", min_ready=1, replicas=2)
+    feed = TableFeed(keepalive_s=0.05)
+    up(deployment, "w0")
+    assert publish(feed, deployment) == 1
+
+    async def watch():
+        events = feed.watch()
+        (snapshot,) = await take(events, 1)
+        assert snapshot.snapshot and snapshot.revision == 1
+        assert [(w.worker_id, w.state, w.revision) for w in snapshot.workers] == [
+            ("w0", WorkerState.READY, 1)
+        ]
+        assert snapshot.readiness.ready and snapshot.readiness.state is DeploymentState.READY
+        # The verdict on w0 flips: the next message says so, at the next revision.
+        deployment.drain("w0", force=True)
+        assert publish(feed, deployment) == 2
+        (change,) = await take(events, 1)
+        assert not change.snapshot and change.revision == 2
+        assert [(w.worker_id, w.state, w.revision) for w in change.workers] == [
+            ("w0", WorkerState.DRAINING, 2)
+        ]
+        assert not change.readiness.ready
+        # Nothing changes: a keepalive at the same revision, with nothing in it.
+        (keepalive,) = await take(events, 1)
+        assert (keepalive.revision, keepalive.workers, keepalive.removed_worker_ids) == (2, (), ())
+        await events.aclose()
+
+    asyncio.run(watch())
+
+
+def test_a_workers_load_is_no_change_and_an_unchanged_worker_keeps_its_revision():
+    deployment, _, _ = make("on", min_ready=1, replicas=2)
+    feed = TableFeed()
+    up(deployment, "w0")
+    assert publish(feed, deployment) == 1
+    deployment.heartbeat("w0", WorkerLoad(num_running=3))
+    assert deployment.registry.try_acquire("w0", 10)
+    assert publish(feed, deployment) == 1  # load and outstanding requests are not routed by
+    up(deployment, "w1")
+    assert publish(feed, deployment) == 2
+
+    async def watch():
+        events = feed.watch()
+        (snapshot,) = await take(events, 1)
+        await events.aclose()
+        return {w.worker_id: w.revision for w in snapshot.workers}
+
+    assert asyncio.run(watch()) == {"w0": 1, "w1": 2}
