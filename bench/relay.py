@@ -148,7 +148,9 @@ def main() -> None:
     parser.add_argument("--ca-dir", help="--front's CA: ca.crt and ca.key")
     parser.add_argument("--out", type=Path, default=default_out("relay.json"))
     args = parser.parse_args()
-    if args.front and (args.relays != 1 or None in (args.pid, args.registry, args.deployment)):
+    if args.front and (
+        args.relays != 1 or None in (args.pid, args.registry, args.deployment, args.ca_dir)
+    ):
         parser.error("--front needs --pid, --registry, --deployment and --ca-dir, one relay")
     args.tokens = max(1, round(args.seconds * 1000 / args.step_ms)) * args.tokens_per_step
     cases = args.case or list(DEFAULT_CASES)
