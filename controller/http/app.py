@@ -257,7 +257,7 @@ async def _events(
         async for i, response in merged:
             reply = replies[i]
             text, finish = reply.add(response)
-            if text or finish is not None or reply.logprobs:
+            if text or finish is not None or reply.logprobs or reply.has_unsent_calls:
                 yield _sse(reply.chunk(text, finish, **extra))
         if include_usage:
             yield _sse({**replies[0].usage_chunk(), "usage": openai_convert.merged_usage(replies)})

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import tokenizers
 from intentserve.worker.model.token_bound import token_bound
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -65,6 +66,13 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
         self._template = None if chat_template is None else compile_chat_template(chat_template)
+        self._template_variables = (
+            frozenset()
+            if chat_template is None
+            else jinja2.meta.find_undeclared_variables(
+                self._template.environment.parse(chat_template)
+            )
+        )
         self._bound = token_bound(backend)
 
     def min_num_tokens(self, utf8: bytes) -> int:
@@ -93,6 +101,10 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
+
+    def template_reads(self, variable: str) -> bool:
+        """Whether the chat template reads `variable` (`tools`) from what it is given."""
+        return variable in self._template_variables
 
     def apply_chat_template(
         self,

@@ -16,10 +16,11 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
-from intentserve.worker.engine.chat import ChatMessage, Conversation
+from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool, ToolChoice
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import LogprobEntry, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.engine.tool_calls import ToolCall
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.engine_loop import EngineLoad
 
@@ -48,6 +49,12 @@ FINISH_REASONS = {
     FinishReason.STOP: inference_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: inference_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: inference_pb2.FINISH_REASON_ABORT,
+    FinishReason.TOOL_CALLS: inference_pb2.FINISH_REASON_TOOL_CALLS,
+}
+TOOL_CHOICES = {
+    inference_pb2.TOOL_CHOICE_UNSPECIFIED: ToolChoice.AUTO,
+    inference_pb2.TOOL_CHOICE_AUTO: ToolChoice.AUTO,
+    inference_pb2.TOOL_CHOICE_NONE: ToolChoice.NONE,
 }
 
 
@@ -106,14 +113,33 @@ def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...]
             raise InvalidRequestError(
                 "messages", "give a conversation or a prompt (prompt, prompt_token_ids), not both"
             )
+        if msg.tool_choice not in TOOL_CHOICES:
+            raise InvalidRequestError(
+                "tool_choice", f"{msg.tool_choice} is not a ToolChoice; allowed: AUTO, NONE"
+            )
         return Conversation(
-            tuple(ChatMessage(m.role, m.content) for m in msg.messages),
+            tuple(
+                ChatMessage(
+                    m.role,
+                    m.content,
+                    tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                    m.tool_call_id,
+                )
+                for m in msg.messages
+            ),
             json_format.MessageToDict(msg.chat_template_kwargs),
+            tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
+            TOOL_CHOICES[msg.tool_choice],
         )
-    if msg.HasField("chat_template_kwargs"):
-        raise InvalidRequestError(
-            "chat_template_kwargs", "applies to a conversation (messages), which was not given"
-        )
+    for name, given in (
+        ("chat_template_kwargs", msg.HasField("chat_template_kwargs")),
+        ("tools", bool(msg.tools)),
+        ("tool_choice", msg.tool_choice != inference_pb2.TOOL_CHOICE_UNSPECIFIED),
+    ):
+        if given:
+            raise InvalidRequestError(
+                name, "applies to a conversation (messages), which was not given"
+            )
     return tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
 
 
@@ -155,6 +181,8 @@ def fill_generate_response(
         msg.num_prompt_tokens = output.num_prompt_tokens
     msg.num_output_tokens = output.num_output_tokens
     msg.worker_id = worker_id
+    for call in output.tool_calls:
+        msg.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     for field, entries in (
         (msg.logprobs, output.logprobs),
         (msg.prompt_logprobs, output.prompt_logprobs),

@@ -72,7 +72,7 @@ def test_chat_still_renders_the_prompt_as_one_user_turn():
 @pytest.mark.parametrize(
     ("fields", "field_path"),
     [
-        ({"messages": turns(("user", "Hi"), ("tool", "x"))}, "messages[1].role"),
+        ({"messages": turns(("user", "Hi"), ("robot", "x"))}, "messages[1].role"),
         ({"messages": turns(("user", "refused"))}, "messages"),
         ({"messages": turns(("user", "Hi")), "prompt": "also"}, "messages"),
         ({"messages": turns(("user", "Hi")), "prompt_token_ids": [1]}, "messages"),
