@@ -70,13 +70,15 @@ class LLM:
         max_model_len: int | None = None,
         max_num_batched_tokens: int | None = None,
         weights: WeightFormat | str = "auto",
+        chat_template: str | None = None,
         **paged_attention_options,
     ) -> None:
         """`kv_cache_memory`: bytes (268435456, "256Mi", "1Gi") or a share of free device memory
         ("10%"); default: the engine's share. `weights`: auto, dequantized, int8 or int4 (an
-        explicit format this machine cannot hold is an error). `paged_attention_options`:
-        block_size, prefix_caching, backend, kv_cache_dtype. Errors name the argument at
-        fault."""
+        explicit format this machine cannot hold is an error). `chat_template`: a Jinja chat
+        template's text, in place of the checkpoint's (for one with none).
+        `paged_attention_options`: block_size, prefix_caching, backend, kv_cache_dtype. Errors
+        name the argument at fault."""
         budget = parse_kv_memory(kv_cache_memory)
         builder = (
             EngineBuilder()
@@ -84,6 +86,7 @@ class LLM:
             .dtype(dtype)
             .device(device)
             .weights(weights)
+            .chat_template(chat_template)
             .paged_attention(paged_attention, **paged_attention_options)
             .kv_cache_memory(bytes=budget.num_bytes, fraction=budget.fraction)
             .scheduler(
