@@ -166,7 +166,8 @@ class Conversation:
         """The prompt text the model was trained on for this conversation, ending where the
         assistant's reply begins; a template that refuses it is an error naming `field`."""
         messages, tools = self._template_messages(), self._template_tools()
-        if tools and not tokenizer.template_reads("tools"):
+        # NOTE: a model with no template at all is refused below, naming `field`.
+        if tools and tokenizer.chat_template is not None and not tokenizer.template_reads("tools"):
             raise InvalidRequestError(
                 "tools",
                 "this model's chat template never reads `tools`, so the model would not see "

@@ -37,6 +37,8 @@ ROUND_TRIP = [
 class Recording:
     """A tokenizer whose template records what it was given."""
 
+    chat_template = "(recording)"
+
     def __init__(self, reads_tools: bool = True) -> None:
         self.reads_tools = reads_tools
         self.given: dict = {}
