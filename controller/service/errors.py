@@ -6,6 +6,7 @@ Messages are written for the operator or client who reads the status detail.
 
 from __future__ import annotations
 
+from intentserve.field_errors import FieldViolation
 from intentserve.policy import Reason
 
 
@@ -64,11 +65,13 @@ class QueueTimeout(Exception):
 
 
 class UpstreamError(Exception):
-    """A worker ended a stream with an error status; it passes through with the same code."""
+    """A worker ended a stream with an error status; it passes through with the same code (and,
+    for a refused field, the same google.rpc.BadRequest detail)."""
 
-    def __init__(self, code, message: str) -> None:  # code: grpc.StatusCode
-        super().__init__(message)
+    def __init__(self, code, message: str, field_violation: FieldViolation | None = None) -> None:
+        super().__init__(message)  # code: grpc.StatusCode
         self.code = code
+        self.field_violation = field_violation
 
     @property
     def grpc_code(self):

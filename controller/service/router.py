@@ -43,6 +43,7 @@ from intentserve.controller.service.errors import (
 from intentserve.controller.service.registry import WorkerRecord
 from intentserve.controller.service.state import WorkerState
 from intentserve.controller.service.worker_mux import Stream
+from intentserve.field_errors import violation_of
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
 from intentserve.streaming import MAX_REQUEST_BYTES
@@ -296,6 +297,7 @@ def _failure(
         failure = WorkerUnavailable(f"worker {worker_id} became unavailable {where}: {details}")
         return failure if started else _TryAnother(failure)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
-        # The engine's check of the request, naming the field first: relayed word for word.
-        return UpstreamError(code, details)
+        # The engine's check of the request, naming the field: relayed word for word, with its
+        # BadRequest detail.
+        return UpstreamError(code, details, violation_of(error))
     return UpstreamError(code, f"worker {worker_id}: {details}")

@@ -3,6 +3,9 @@
 Each side passes its own table (first match wins); handlers stay free of try/except. The
 interceptor wraps only our services (`/intentserve.` methods): health and reflection abort alone.
 
+A refused field (an error carrying a `field_violation`, intentserve.field_errors) ends its call
+with the violation as a `google.rpc.BadRequest` detail beside the message.
+
 Two kinds of bad input never reach a handler as an exception of its own, so the interceptor
 answers them itself:
 - a request that does not parse (invalid UTF-8 in a string, a truncated field) is
@@ -26,13 +29,18 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
+from grpc_status import rpc_status
 
+from intentserve.field_errors import FieldViolation, details_of, violation_of
 from intentserve.malformed import describe_parse_error
 
 log = logging.getLogger(__name__)
 
 StatusTable = Sequence[tuple[type[BaseException], grpc.StatusCode]]
 MAX_STATUS_MESSAGE_BYTES = 1024
+MAX_FIELD_PATH_BYTES = 256
 
 
 class MalformedRequestError(ValueError):
@@ -61,6 +69,31 @@ def fit_status_message(message: str, limit_bytes: int = MAX_STATUS_MESSAGE_BYTES
     note = f" [... cut: {len(data)} bytes in all]"
     head = data[: limit_bytes - len(note)].decode("utf-8", "ignore")
     return head + note
+
+
+def status_details(error: BaseException) -> list[any_pb2.Any]:
+    """`error`'s field violation as google.rpc.Status details (none without one), cut as status
+    messages are: a value a client sent is never echoed whole."""
+    violation = violation_of(error)
+    if violation is None:
+        return []
+    return details_of(
+        FieldViolation(
+            fit_status_message(violation.field, MAX_FIELD_PATH_BYTES),
+            fit_status_message(violation.description),
+        )
+    )
+
+
+def rich_status(code: grpc.StatusCode, message: str, error: BaseException) -> grpc.Status | None:
+    """The status `error` ends its call with, its field violation as a BadRequest detail (in the
+    grpc-status-details-bin trailer); None when it carries none."""
+    details = status_details(error)
+    if not details:
+        return None
+    return rpc_status.to_status(
+        status_pb2.Status(code=code.value[0], message=message, details=details)
+    )
 
 
 class _Malformed:
@@ -127,7 +160,11 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return _wrapped(handler, method, self._unary, self._streaming, self._bidi)
 
     def _abort(self, context: grpc.ServicerContext, error: Exception, method: str) -> None:
-        context.abort(*_status(self._table, error, method))
+        code, message = _status(self._table, error, method)
+        rich = rich_status(code, message, error)
+        if rich is not None:
+            context.abort_with_status(rich)
+        context.abort(code, message)
 
     def _unary(self, behavior, method: str):
         def guarded(request, context):
@@ -172,7 +209,11 @@ class AsyncErrorInterceptor(grpc.aio.ServerInterceptor):
         return _wrapped(handler, method, self._unary, self._streaming, self._bidi)
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Exception, method: str):
-        await context.abort(*_status(self._table, error, method))
+        code, message = _status(self._table, error, method)
+        rich = rich_status(code, message, error)
+        if rich is not None:
+            await context.abort(code, message, rich.trailing_metadata)
+        await context.abort(code, message)
 
     def _unary(self, behavior, method: str):
         async def guarded(request, context):

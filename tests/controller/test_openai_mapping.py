@@ -22,6 +22,7 @@ from intentserve.controller.service.errors import (
     UpstreamError,
     WorkerUnavailable,
 )
+from intentserve.field_errors import FieldViolation
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from pydantic import ValidationError
@@ -183,9 +184,18 @@ def test_a_body_of_the_wrong_shape_names_the_parameter(schema, fields, param):
     ],
 )
 def test_the_workers_invalid_argument_names_the_openai_parameter(details, body, param):
-    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details), body)
+    field, _, description = details.partition(": ")
+    violation = FieldViolation(field, description)
+    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details, violation), body)
     assert (error.status, error.param, error.code) == (400, param, "invalid_argument")
-    assert error.message == f"{param}: {details.partition(': ')[2]}"
+    assert error.message == f"{param}: {description}"
+
+
+def test_a_message_without_a_field_detail_is_not_read_for_a_field():
+    """The field comes from the worker's BadRequest detail, never from the message's text."""
+    details = "stop.max_tokens: 900 does not fit"
+    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details), completion())
+    assert (error.status, error.param, error.message) == (400, None, details)
 
 
 def test_an_unknown_field_path_is_relayed_without_a_param():

@@ -67,8 +67,7 @@ def proto_field_names() -> Iterator[None]:
         path = PROTO_FIELDS.get(error.field, error.field)
         if path == error.field:
             raise
-        message = str(error).removeprefix(f"{error.field}: ")
-        raise InvalidRequestError(path, message) from None
+        raise InvalidRequestError(path, error.field_violation.description) from None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from intentserve.status import fit_status_message, lookup
+from intentserve.status import fit_status_message, lookup, status_details
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
 from intentserve.worker.service import convert
 from intentserve.worker.service.engine_loop import EngineLoop
@@ -186,6 +186,7 @@ class _Session:
                 code, details = lookup(STATUS_CODES, item)
                 event.error.code = code.value[0]
                 event.error.details = fit_status_message(details)
+                event.error.status_details.extend(status_details(item))
                 self._release(key)
             else:
                 convert.fill_generate_response(event.output, item, self._worker_id)

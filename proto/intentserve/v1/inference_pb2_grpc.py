@@ -53,7 +53,8 @@ class InferenceServicer:
 
     def Generate(self, request, context):
         """Generate text for one prompt, streaming tokens as they are produced. Errors:
-        INVALID_ARGUMENT (a field out of range, named), UNAVAILABLE (not ready, or the worker was
+        INVALID_ARGUMENT (a field out of range, named in the message and in a google.rpc.BadRequest
+        detail), UNAVAILABLE (not ready, or the worker was
         lost mid-stream), RESOURCE_EXHAUSTED (every queue full), CANCELLED (client cancel).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
