@@ -7,12 +7,13 @@ the same API keys.
     GET  /version               intentserve's version
     POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
     POST /v1/chat/completions   OpenAI's chat completions; the worker templates every turn
+    POST /tokenize, /detokenize vLLM's: a READY worker's tokenizer (tokenize.py)
     GET  /health                200 when gRPC health says SERVING, else 503 with the reason
     GET  /metrics               Prometheus text format
 
-`/v1/*` needs an API key (`Authorization: Bearer ...`) when keys are set; `/health` and
-`/metrics` are open, like gRPC health. Every request gets a request id and an access-log line
-(access.py).
+`/v1/*`, `/tokenize` and `/detokenize` need an API key (`Authorization: Bearer ...`) when keys
+are set; `/health` and `/metrics` are open, like gRPC health. Every request gets a request id and
+an access-log line (access.py).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ from intentserve.controller.http.errors import (
 from intentserve.controller.http.metrics import realized_labels
 from intentserve.controller.http.openai_convert import Reply
 from intentserve.controller.http.openai_schema import ChatCompletionRequest, CompletionRequest
+from intentserve.controller.http.tokenize import add_tokenize_routes
 from intentserve.controller.service.auth import Security
 from intentserve.controller.service.deployment import Deployment, deployment_state
 from intentserve.controller.service.reconcile import Reconciler
 from intentserve.controller.service.request_metrics import MeteredRouter
 from intentserve.controller.service.state import DeploymentState
+from intentserve.controller.service.tokenize_route import TokenizeRoute
 from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
@@ -70,6 +73,7 @@ class Frontend:
     model_names: tuple[str, ...]
     metrics: CollectorRegistry
     deployment: Deployment  # its workers' realized reports
+    tokenizing: TokenizeRoute  # /tokenize, /detokenize on a READY worker
     cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
 
 
@@ -115,6 +119,8 @@ def build_app(frontend: Frontend) -> FastAPI:
                 code="model_not_found",
             )
         return body
+
+    add_tokenize_routes(app, frontend.tokenizing, parse)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:

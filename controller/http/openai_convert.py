@@ -15,7 +15,9 @@ from intentserve.controller.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
+    ToolDefinition,
 )
 from intentserve.controller.service.request_metrics import FINISH_REASONS
 from intentserve.ids import new_request_id
@@ -43,6 +45,7 @@ PARAMS = {
     "chat_template_kwargs": "chat_template_kwargs",
     "tools": "tools",
     "tool_choice": "tool_choice",
+    "tokens": "tokens",  # /detokenize
 }
 TOOL_CHOICES = {
     None: inference_pb2.TOOL_CHOICE_UNSPECIFIED,
@@ -102,6 +105,18 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else None
     limit = body.max_tokens if limit is None else limit
     request = _generate_request(body, limit, body.num_logprobs)
+    fill_conversation(request, body.messages, body.chat_template_kwargs, body.tools)
+    request.tool_choice = TOOL_CHOICES[body.tool_choice]
+    return request
+
+
+def fill_conversation(
+    request: inference_pb2.GenerateRequest | inference_pb2.TokenizeRequest,
+    messages: list[ChatMessage],
+    template_kwargs: dict[str, Any] | None,
+    tools: list[ToolDefinition] | None,
+) -> None:
+    """A conversation's turns, template variables and tools, set on `request`."""
     request.messages.extend(
         inference_pb2.ChatMessage(
             role=ROLE_ALIASES.get(m.role, m.role),
@@ -114,20 +129,18 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
             ],
             tool_call_id=m.tool_call_id or "",
         )
-        for m in body.messages
+        for m in messages
     )
-    if body.chat_template_kwargs is not None:
-        request.chat_template_kwargs.update(body.chat_template_kwargs)
+    if template_kwargs is not None:
+        request.chat_template_kwargs.update(template_kwargs)
     request.tools.extend(
         inference_pb2.Tool(
             name=t.function.name,
             description=t.function.description,
             parameters="" if t.function.parameters is None else json.dumps(t.function.parameters),
         )
-        for t in body.tools or []
+        for t in tools or []
     )
-    request.tool_choice = TOOL_CHOICES[body.tool_choice]
-    return request
 
 
 def choice_requests(
@@ -168,9 +181,10 @@ def merged_response(replies: list[Reply]) -> dict[str, Any]:
     return body
 
 
-def param_of(field_path: str, body: CompletionRequest | ChatCompletionRequest) -> str | None:
-    """The request parameter a worker's field path names; None when it names none."""
-    if isinstance(body, ChatCompletionRequest):
+def param_of(field_path: str, body) -> str | None:
+    """The request parameter a worker's field path names; None when it names none. `body`: a
+    completions, chat or /tokenize body (one with `messages` is read as a chat's)."""
+    if getattr(body, "messages", None) is not None:
         if field_path in ("prompt", "prompt_token_ids", "chat") or field_path.startswith(
             "messages"
         ):

@@ -252,6 +252,24 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+def conversation_unsupported(
+    messages: list[ChatMessage], tools: list[ToolDefinition] | None
+) -> UnsupportedField | None:
+    """The first field of a conversation's turns or tools that asks for what is not done (chat
+    completions and /tokenize alike)."""
+    for i, message in enumerate(messages):
+        asked = _first_asked(message, ChatMessage.refusals)
+        if asked is not None:
+            return UnsupportedField(f"messages[{i}].{asked[0]}", asked[1])
+    for i, tool in enumerate(tools or []):
+        if tool.function.strict:
+            return UnsupportedField(
+                f"tools[{i}].function.strict",
+                "the arguments are not constrained to the schema; allowed: false",
+            )
+    return None
+
+
 class ChatCompletionRequest(_Request):
     refusals: ClassVar = {
         **REFUSALS,
@@ -282,17 +300,7 @@ class ChatCompletionRequest(_Request):
     service_tier: str | None = None
 
     def unsupported(self) -> UnsupportedField | None:
-        for i, message in enumerate(self.messages):
-            asked = _first_asked(message, ChatMessage.refusals)
-            if asked is not None:
-                return UnsupportedField(f"messages[{i}].{asked[0]}", asked[1])
-        for i, tool in enumerate(self.tools or []):
-            if tool.function.strict:
-                return UnsupportedField(
-                    f"tools[{i}].function.strict",
-                    "the arguments are not constrained to the schema; allowed: false",
-                )
-        return super().unsupported()
+        return conversation_unsupported(self.messages, self.tools) or super().unsupported()
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
         return {

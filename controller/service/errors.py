@@ -6,7 +6,7 @@ Messages are written for the operator or client who reads the status detail.
 
 from __future__ import annotations
 
-from intentserve.field_errors import FieldViolation
+from intentserve.field_errors import FieldError, FieldViolation
 from intentserve.policy import Reason
 
 
@@ -79,6 +79,7 @@ class UpstreamError(Exception):
         return self.code
 
 
-class RequestTooLarge(ValueError):
+class RequestTooLarge(FieldError):
     """A request over the size the controller forwards (streaming.MAX_REQUEST_BYTES); refused
-    alone, INVALID_ARGUMENT, before it reaches a worker's multiplexed call."""
+    alone, INVALID_ARGUMENT naming its largest field, before it reaches a worker's multiplexed
+    call."""

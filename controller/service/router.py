@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 # NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
 _NO_DEADLINE_S = 1e9
-_NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
+NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
 
 
 class _TryAnother(Exception):
@@ -181,7 +181,7 @@ class Router:
                 raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
             raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
         verdict = self._deployment.verdict()
-        reason = verdict.reason if not verdict.ready else _NO_READY_WORKER
+        reason = verdict.reason if not verdict.ready else NO_READY_WORKER
         raise NotReady(reason)
 
     async def _aforward(
@@ -214,7 +214,7 @@ class Router:
                 return  # the client cancelled or its deadline passed: nobody to tell
             if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
                 self._suspect(record, error, started)
-            raise _failure(record.worker_id, error, started, stream.abort_reason) from None
+            raise upstream_failure(record.worker_id, error, started, stream.abort_reason) from None
         finally:
             if stream.call is not None:
                 stream.call.cancel()  # a no-op once it ended; else the client went away
@@ -244,8 +244,9 @@ def check_size(request: inference_pb2.GenerateRequest) -> None:
     size = request.ByteSize()
     if size > MAX_REQUEST_BYTES:
         raise RequestTooLarge(
-            f"{_largest_field(request)}: the request is {size} bytes; allowed: at most "
-            f"{MAX_REQUEST_BYTES} bytes in all (prompt, messages, stop strings and the rest)"
+            _largest_field(request),
+            f"the request is {size} bytes; allowed: at most {MAX_REQUEST_BYTES} bytes in all "
+            "(prompt, messages, stop strings and the rest)",
         )
 
 
@@ -283,7 +284,7 @@ def _client_gone(context: grpc.aio.ServicerContext) -> bool:
     return context.cancelled() or deadline_passed(context)
 
 
-def _failure(
+def upstream_failure(
     worker_id: str, error: grpc.RpcError, started: bool, abort_reason: Reason | None
 ) -> Exception:
     """The exception a failed upstream call becomes for the client."""

@@ -48,6 +48,7 @@ from intentserve.controller.service.settings import (
     describe_errors,
 )
 from intentserve.controller.service.state import DeploymentState
+from intentserve.controller.service.tokenize_route import TokenizeRoute
 from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES, STREAM_READER_OPTIONS
@@ -131,6 +132,7 @@ class ControllerServer:
             DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
         )
         self.metered_router = MeteredRouter(self.router, request_metrics)
+        self.tokenizing = TokenizeRoute(self.deployment, self.router.channels)
         try:
             self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
             self._health_server, self.health_port = self._probe_server()
@@ -162,6 +164,7 @@ class ControllerServer:
             config.desired.model_names,
             self.metrics,
             self.deployment,
+            self.tokenizing,
             config.cors_origins,
         )
         app = build_app(frontend)
@@ -193,7 +196,7 @@ class ControllerServer:
             WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), server
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.metered_router), server
+            InferenceServicer(self.metered_router, self.tokenizing), server
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.deployment, self.request_shutdown), server

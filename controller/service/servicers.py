@@ -17,6 +17,7 @@ from intentserve.controller.service.deployment import Deployment, deployment_sta
 from intentserve.controller.service.explain import explain
 from intentserve.controller.service.request_metrics import MeteredRouter
 from intentserve.controller.service.router import Router
+from intentserve.controller.service.tokenize_route import TokenizeRoute
 from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc, worker_pb2_grpc
 
@@ -50,9 +51,16 @@ class WorkerRegistryServicer(worker_pb2_grpc.WorkerRegistryServicer):
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, router: Router | MeteredRouter) -> None:
+    def __init__(self, router: Router | MeteredRouter, tokenizing: TokenizeRoute) -> None:
         """`router`: anything with `agenerate` (the server passes the metered one)."""
         self._router = router
+        self._tokenizing = tokenizing
+
+    async def Tokenize(self, request, context):
+        return await self._tokenizing.tokenize(request, context.time_remaining())
+
+    async def Detokenize(self, request, context):
+        return await self._tokenizing.detokenize(request, context.time_remaining())
 
     async def Generate(self, request, context) -> AsyncIterator:
         async with contextlib.aclosing(self._router.agenerate(request, context)) as responses:

@@ -60,6 +60,7 @@ class Behaviour(enum.Enum):
 # What the engine's check sends: the message, and the field as a BadRequest detail.
 INVALID_FIELD = FieldViolation("stop.max_tokens", "must be a positive integer, got 0")
 INVALID_DETAILS = f"{INVALID_FIELD.field}: {INVALID_FIELD.description}"
+TOKENIZE_REFUSAL = FieldViolation("prompt", "makes no tokens")
 BREAK_DETAILS = "the engine loop is closed"
 PLAY_THREAD = "scripted-play"  # a thread per request the worker plays
 MAX_STREAMS = 40  # a thread per stream: 32 concurrent streams reach one worker in load tests
@@ -104,6 +105,19 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
                 num_output_tokens=i + 1,
                 finish_reason=inference_pb2.FINISH_REASON_LENGTH if last else 0,
             )
+
+    def Tokenize(self, request, context):
+        """One token a character (its code point); INVALID: the prompt is refused by name."""
+        if self._worker.behaviour is Behaviour.INVALID:
+            refusal = FieldError(TOKENIZE_REFUSAL.field, TOKENIZE_REFUSAL.description)
+            context.abort_with_status(
+                rich_status(grpc.StatusCode.INVALID_ARGUMENT, str(refusal), refusal)
+            )
+        text = request.prompt or "".join(m.content for m in request.messages)
+        return inference_pb2.TokenizeResponse(tokens=[ord(c) for c in text], max_model_len=64)
+
+    def Detokenize(self, request, context):
+        return inference_pb2.DetokenizeResponse(prompt="".join(chr(t) for t in request.tokens))
 
 
 class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):

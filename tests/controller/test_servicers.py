@@ -22,6 +22,7 @@ from intentserve.controller.service.servicers import (
     WorkerRegistryServicer,
 )
 from intentserve.controller.service.state import DeploymentState, DesiredState, WorkerState
+from intentserve.controller.service.tokenize_route import TokenizeRoute
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     KvBudget,
@@ -74,7 +75,9 @@ class Harness:
             REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
             ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
         }
-        self.inference = InferenceServicer(self.router)
+        self.inference = InferenceServicer(
+            self.router, TokenizeRoute(self.deployment, self.router.channels)
+        )
         self.tokens: dict[str, bytes] = {}  # each worker's registration token
 
     def call(self, service, method, request):

@@ -5,6 +5,9 @@ a new city: the worker parses the call out of its text, and the client gets it a
 with `finish_reason: "tool_calls"`, whole and streamed; the call and its result sent back give a
 text reply. gRPC (the controller's Inference.Generate) gets the same call.
 
+The same server's `/tokenize` and `/detokenize` (vLLM's shapes) give the ids the chat is computed
+from, as the controller's gRPC Tokenize does, behind the same key.
+
 One CPU worker with small limits (flags), so it is quick.
 """
 
@@ -14,6 +17,7 @@ import importlib.util
 import json
 import re
 
+import httpx2 as httpx
 import openai
 import pytest
 from intentserve.controller.cli.client import open_channel
@@ -200,3 +204,52 @@ def test_grpc_gets_the_same_call(serve):
     ]
     assert responses[-1].finish_reason == inference_pb2.FINISH_REASON_TOOL_CALLS
     assert "".join(r.text for r in responses) == ""
+
+
+def _grpc(serve, method: str, request):
+    credentials = load_credentials(serve.address)
+    token = credentials.api_key or credentials.admin_token
+    with open_channel(serve.address, credentials) as channel:
+        call = getattr(inference_pb2_grpc.InferenceStub(channel), method)
+        return call(request, timeout=60, metadata=(("authorization", f"Bearer {token}"),))
+
+
+def _post(serve, client, path: str, body: dict) -> httpx.Response:
+    return httpx.post(
+        f"http://127.0.0.1:{serve.http_port}{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {client.api_key}"},
+        timeout=60,
+    )
+
+
+def test_tokenize_gives_the_ids_of_the_chat_and_detokenize_its_text(serve, client):
+    body = {"model": MODEL, "messages": CONVERSATION, "tools": [WEATHER]}
+    reply = _post(serve, client, "/tokenize", body | {"return_token_strs": True})
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    assert data["count"] == len(data["tokens"]) == len(data["token_strs"])
+    assert data["max_model_len"] == 1024
+    # The ids a chat completion of the same conversation is computed from.
+    done = client.chat.completions.create(
+        model=MODEL, messages=CONVERSATION, tools=[WEATHER], max_tokens=1
+    )
+    assert done.usage.prompt_tokens == data["count"]
+    text = _post(serve, client, "/detokenize", {"model": MODEL, "tokens": data["tokens"]})
+    prompt = text.json()["prompt"]
+    assert "<tools>" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    prompt = "The capital of France is"
+    tokenized = _grpc(serve, "Tokenize", inference_pb2.TokenizeRequest(prompt=prompt))
+    plain = _post(serve, client, "/tokenize", {"model": MODEL, "prompt": prompt})
+    assert list(tokenized.tokens) == plain.json()["tokens"]
+    assert plain.json()["token_strs"] is None
+
+
+def test_the_tokenizer_endpoints_need_the_key_and_name_a_bad_field(serve, client):
+    url = f"http://127.0.0.1:{serve.http_port}/tokenize"
+    refused = httpx.post(url, json={"model": MODEL, "prompt": "x"}, timeout=30)
+    assert refused.status_code == 401
+    bad = _post(serve, client, "/detokenize", {"model": MODEL, "tokens": [1, 10**9]})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "tokens")
+    unknown = _post(serve, client, "/tokenize", {"model": MODEL, "prompt": "x", "add_bos": True})
+    assert (unknown.status_code, unknown.json()["error"]["param"]) == (400, "add_bos")

@@ -93,6 +93,25 @@ class Engine:
         parses = isinstance(prompt, Conversation) and prompt.parses_tool_calls
         return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params, parses)
 
+    def tokenize(self, prompt: str | Conversation, add_bos: bool | None = None) -> list[int]:
+        """The ids `prepare` computes for `prompt` (add_bos None: the checkpoint's own choice),
+        with no limit on their number; any thread may call it."""
+        if isinstance(prompt, Conversation):
+            prompt = prompt.render(self.tokenizer)
+        elif not prompt:
+            raise InvalidRequestError("prompt", "must not be empty (or give messages)")
+        return self.tokenizer.encode(prompt, add_bos)
+
+    def detokenize(self, token_ids: Seq[int]) -> str:
+        """The text of `token_ids`, special tokens rendered; any thread may call it."""
+        vocab = self.runner.model.config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                "tokens", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
+            )
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
     def add(self, request: PreparedRequest) -> str:
         """Queue a prepared request; its id must not be in flight already."""
         request_id = request.request_id

@@ -106,39 +106,81 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
     return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
 
 
+@dataclass(frozen=True)
+class TokenizeCall:
+    """A TokenizeRequest as the engine takes it."""
+
+    prompt: str | Conversation
+    add_bos: bool | None  # None: the checkpoint's own choice
+    return_token_strs: bool
+
+
+def tokenize_request_from_pb(msg: inference_pb2.TokenizeRequest) -> TokenizeCall:
+    _refuse_unknown_fields(msg)
+    if msg.messages:
+        if msg.prompt:
+            raise InvalidRequestError("messages", "give a conversation or a prompt, not both")
+        prompt = _conversation_from_pb(msg, inference_pb2.TOOL_CHOICE_AUTO)
+    else:
+        _refuse_without_messages(msg, ("chat_template_kwargs", "tools"))
+        prompt = msg.prompt
+    add_bos = msg.add_special_tokens if msg.HasField("add_special_tokens") else None
+    return TokenizeCall(prompt, add_bos, msg.return_token_strs)
+
+
+def tokenize_response_to_pb(
+    token_ids: list[int], token_strs: list[str], max_model_len: int
+) -> inference_pb2.TokenizeResponse:
+    return inference_pb2.TokenizeResponse(
+        tokens=token_ids, token_strs=token_strs, max_model_len=max_model_len
+    )
+
+
+def detokenize_request_from_pb(msg: inference_pb2.DetokenizeRequest) -> tuple[int, ...]:
+    _refuse_unknown_fields(msg)
+    return tuple(msg.tokens)
+
+
+def _conversation_from_pb(msg, tool_choice: int) -> Conversation:
+    """A GenerateRequest's or TokenizeRequest's conversation (messages, chat_template_kwargs,
+    tools) and `tool_choice`."""
+    if tool_choice not in TOOL_CHOICES:
+        raise InvalidRequestError(
+            "tool_choice", f"{tool_choice} is not a ToolChoice; allowed: AUTO, NONE"
+        )
+    return Conversation(
+        tuple(
+            ChatMessage(
+                m.role,
+                m.content,
+                tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                m.tool_call_id,
+            )
+            for m in msg.messages
+        ),
+        json_format.MessageToDict(msg.chat_template_kwargs),
+        tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
+        TOOL_CHOICES[tool_choice],
+    )
+
+
+def _refuse_without_messages(msg, names: tuple[str, ...]) -> None:
+    """The conversation's fields `names` of `msg`, set with no messages, are refused."""
+    for name in names:
+        if msg.HasField(name) if name == "chat_template_kwargs" else bool(getattr(msg, name)):
+            raise InvalidRequestError(
+                name, "applies to a conversation (messages), which was not given"
+            )
+
+
 def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...] | Conversation:
     if msg.messages:
         if msg.prompt or msg.prompt_token_ids:
             raise InvalidRequestError(
                 "messages", "give a conversation or a prompt (prompt, prompt_token_ids), not both"
             )
-        if msg.tool_choice not in TOOL_CHOICES:
-            raise InvalidRequestError(
-                "tool_choice", f"{msg.tool_choice} is not a ToolChoice; allowed: AUTO, NONE"
-            )
-        return Conversation(
-            tuple(
-                ChatMessage(
-                    m.role,
-                    m.content,
-                    tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
-                    m.tool_call_id,
-                )
-                for m in msg.messages
-            ),
-            json_format.MessageToDict(msg.chat_template_kwargs),
-            tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
-            TOOL_CHOICES[msg.tool_choice],
-        )
-    for name, given in (
-        ("chat_template_kwargs", msg.HasField("chat_template_kwargs")),
-        ("tools", bool(msg.tools)),
-        ("tool_choice", msg.tool_choice != inference_pb2.TOOL_CHOICE_UNSPECIFIED),
-    ):
-        if given:
-            raise InvalidRequestError(
-                name, "applies to a conversation (messages), which was not given"
-            )
+        return _conversation_from_pb(msg, msg.tool_choice)
+    _refuse_without_messages(msg, ("chat_template_kwargs", "tools", "tool_choice"))
     return tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
 
 
