@@ -33,7 +33,7 @@ from google.protobuf import any_pb2
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from intentserve.field_errors import FieldViolation, details_of, violation_of
+from intentserve.field_errors import FieldError, FieldViolation, details_of, violation_of
 from intentserve.malformed import describe_parse_error
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,9 @@ MAX_STATUS_MESSAGE_BYTES = 1024
 MAX_FIELD_PATH_BYTES = 256
 
 
-class MalformedRequestError(ValueError):
-    """The request's bytes do not parse; the message names the field (INVALID_ARGUMENT)."""
+class MalformedRequestError(FieldError):
+    """The request's bytes do not parse; names the field (INVALID_ARGUMENT, with its
+    BadRequest detail)."""
 
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -99,7 +100,7 @@ def rich_status(code: grpc.StatusCode, message: str, error: BaseException) -> gr
 class _Malformed:
     """What the tolerant deserializer hands the handler instead of raising."""
 
-    def __init__(self, problem: str) -> None:
+    def __init__(self, problem: FieldViolation) -> None:
         self.problem = problem
 
 
@@ -272,5 +273,5 @@ async def _aparsed(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
 
 def _parsed(request: Any) -> Any:
     if isinstance(request, _Malformed):
-        raise MalformedRequestError(request.problem)
+        raise MalformedRequestError(request.problem.field, request.problem.description)
     return request

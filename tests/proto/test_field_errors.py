@@ -39,16 +39,23 @@ class AsyncRefusing(inference_pb2_grpc.InferenceServicer):
         yield  # a streaming handler
 
 
-def _call_sync(error: Exception) -> grpc.RpcError:
+def _call_sync(error: Exception, raw: bytes | None = None) -> grpc.RpcError:
+    """Generate on a server whose handler raises `error`; `raw`: these bytes sent as the
+    request instead of a GenerateRequest."""
     server = grpc.server(futures.ThreadPoolExecutor(2), interceptors=[ErrorInterceptor(TABLE)])
     inference_pb2_grpc.add_InferenceServicer_to_server(Refusing(error), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = inference_pb2_grpc.InferenceStub(channel)
+            generate = channel.unary_stream(
+                "/intentserve.v1.Inference/Generate",
+                request_serializer=None,
+                response_deserializer=inference_pb2.GenerateResponse.FromString,
+            )
+            data = inference_pb2.GenerateRequest(prompt="x").SerializeToString()
             with pytest.raises(grpc.RpcError) as info:
-                list(stub.Generate(inference_pb2.GenerateRequest(prompt="x"), timeout=10))
+                list(generate(data if raw is None else raw, timeout=10))
     finally:
         server.stop(0)
     return info.value
@@ -106,3 +113,10 @@ def test_a_long_description_is_cut_in_the_detail_too():
     assert violation.field == "prompt"
     assert len(violation.description.encode()) <= MAX_STATUS_MESSAGE_BYTES
     assert "cut" in violation.description
+
+
+def test_bytes_that_do_not_parse_name_the_field_in_the_detail_too():
+    error = _call_sync(REFUSED, raw=b"\x2a\x05\x1a\x03\xc3\x28!")  # stop.stop: not UTF-8
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("stop.stop: is not valid UTF-8")
+    assert violation_of(error).field == "stop.stop"
