@@ -45,7 +45,7 @@ def _first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], boo
     return None
 
 
-TOOLS = "tool calling is not supported by this server"
+TOOLS = "completions take no tools (tool calling is chat's)"
 # NOTE: `required` and a named function need the reply constrained to a call (structured outputs).
 TOOL_CHOICES = ("auto", "none")
 CHAT_TOOL_CHOICE = (

@@ -148,15 +148,28 @@ class Conversation:
         return {"tools": tools}
 
     @classmethod
-    def of(cls, messages: Sequence[Mapping[str, Any]]) -> Conversation:
-        """From `{"role": ..., "content": ...}` dicts (the SDK's `LLM.chat`)."""
+    def of(cls, messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool] = ()) -> Conversation:
+        """From `{"role": ..., "content": ...}` dicts (the SDK's `LLM.chat`); an assistant turn
+        may carry `tool_calls` (ToolCall values, as a reply gives them), a tool turn its
+        `tool_call_id`; content None is empty."""
         if not messages or not all(
             isinstance(m, Mapping) and {"role", "content"} <= m.keys() for m in messages
         ):
             raise InvalidRequestError(
                 "messages", 'must be a non-empty list of {"role": ..., "content": ...} dicts'
             )
-        return cls(tuple(ChatMessage(str(m["role"]), str(m["content"])) for m in messages))
+        return cls(
+            tuple(
+                ChatMessage(
+                    str(m["role"]),
+                    "" if m["content"] is None else str(m["content"]),
+                    tuple(m.get("tool_calls") or ()),
+                    str(m.get("tool_call_id") or ""),
+                )
+                for m in messages
+            ),
+            tools=tuple(tools),
+        )
 
     @classmethod
     def user(cls, prompt: str) -> Conversation:

@@ -87,3 +87,28 @@ def test_without_a_template_that_reads_tools_the_request_is_refused_by_name(mode
     assert info.value.field == REFUSED[name], info.value
     if name == "gemma3-270m":  # the base GGUF has no template at all
         assert "no chat template" in str(info.value)
+
+
+def test_the_call_and_its_result_sent_back_reach_the_template(model):
+    """The parsed call, sent back as the assistant's turn with the tool's result, renders as the
+    model wrote it; what the model then does is its own (base Gemma may call again)."""
+    engine = _engine(model[1], TEMPLATE)
+    (first,) = engine.generate([CONVERSATION], GREEDY)
+    (call,) = first.tool_calls
+    turns = [
+        *(
+            {"role": m.role, "content": m.content, "tool_calls": m.tool_calls}
+            for m in CONVERSATION.messages
+        ),
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "9 C and raining", "tool_call_id": call.id},
+    ]
+    conversation = Conversation.of(turns, [WEATHER])
+    prepared = engine.prepare(conversation, GREEDY)
+    prompt = engine.tokenizer.decode(prepared.prompt_ids, skip_special_tokens=False)
+    assert '{"name": "get_weather", "arguments": {"city": "Berlin"}}' in prompt
+    assert prompt.endswith(
+        "<tool_response>\n9 C and raining\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    (reply,) = engine.generate([conversation], GREEDY)
+    assert reply.new_text.strip() or reply.tool_calls
