@@ -13,10 +13,10 @@ rm -rf .whl && mkdir -p .whl
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d .whl \
-  "protobuf>=7.35.1,<8" "grpcio>=1.85" "grpcio-health-checking>=1.85" "grpcio-reflection>=1.85" \
+  "protobuf>=7.35.1,<8" "grpcio>=1.85" "grpcio-health-checking>=1.85" "grpcio-reflection>=1.85" "grpcio-status>=1.85" \
   pydantic pydantic-core pydantic-settings typing-inspection annotated-types python-dotenv \
   cryptography cffi pycparser gguf fastapi starlette uvicorn httptools typing-extensions \
-  opentelemetry-api importlib-metadata
+  opentelemetry-api importlib-metadata googleapis-common-protos
 # Only the newest of each: two versions of one package stop the install there.
 ls .whl
 du -sh .whl

@@ -6,6 +6,7 @@ Messages are written for the operator or client who reads the status detail.
 
 from __future__ import annotations
 
+from intentserve.field_errors import FieldError, FieldViolation
 from intentserve.policy import Reason
 
 
@@ -64,11 +65,13 @@ class QueueTimeout(Exception):
 
 
 class UpstreamError(Exception):
-    """A worker ended a stream with an error status; it passes through with the same code."""
+    """A worker ended a stream with an error status; it passes through with the same code (and,
+    for a refused field, the same google.rpc.BadRequest detail)."""
 
-    def __init__(self, code, message: str) -> None:  # code: grpc.StatusCode
-        super().__init__(message)
+    def __init__(self, code, message: str, field_violation: FieldViolation | None = None) -> None:
+        super().__init__(message)  # code: grpc.StatusCode
         self.code = code
+        self.field_violation = field_violation
 
     @property
     def grpc_code(self):
@@ -76,6 +79,7 @@ class UpstreamError(Exception):
         return self.code
 
 
-class RequestTooLarge(ValueError):
+class RequestTooLarge(FieldError):
     """A request over the size the controller forwards (streaming.MAX_REQUEST_BYTES); refused
-    alone, INVALID_ARGUMENT, before it reaches a worker's multiplexed call."""
+    alone, INVALID_ARGUMENT naming its largest field, before it reaches a worker's multiplexed
+    call."""

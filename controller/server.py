@@ -183,7 +183,7 @@ class ControllerServer:
             WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), server
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.metered_router), server
+            InferenceServicer(self.metered_router, self._request_path.tokenizing), server
         )
         admin_pb2_grpc.add_WorkerTableServicer_to_server(
             WorkerTableServicer(self.table_feed), server

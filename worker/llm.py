@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from intentserve.policy import PagedAttentionMode, WeightFormat, parse_kv_memory
 from intentserve.worker.engine.builder import EngineBuilder
-from intentserve.worker.engine.chat import Conversation
+from intentserve.worker.engine.chat import Conversation, Tool
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import RequestOutput
 from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.engine.tool_calls import ToolCall
 from intentserve.worker.sched.sequence import FinishReason
 
 Prompt = str | Sequence[int] | Conversation
@@ -41,6 +43,7 @@ class Completion:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str = ""  # why it failed, when finish_reason is ERROR (its batch mates are unaffected)
+    tool_calls: tuple[ToolCall, ...] = ()  # a chat with tools: the calls parsed out of the text
 
     @classmethod
     def of(cls, out: RequestOutput) -> Completion:
@@ -52,6 +55,7 @@ class Completion:
             num_prompt_tokens=out.num_prompt_tokens,
             num_output_tokens=out.num_output_tokens,
             error=out.error,
+            tool_calls=out.tool_calls,
         )
 
 
@@ -70,13 +74,15 @@ class LLM:
         max_model_len: int | None = None,
         max_num_batched_tokens: int | None = None,
         weights: WeightFormat | str = "auto",
+        chat_template: str | None = None,
         **paged_attention_options,
     ) -> None:
         """`kv_cache_memory`: bytes (268435456, "256Mi", "1Gi") or a share of free device memory
         ("10%"); default: the engine's share. `weights`: auto, dequantized, int8 or int4 (an
-        explicit format this machine cannot hold is an error). `paged_attention_options`:
-        block_size, prefix_caching, backend, kv_cache_dtype. Errors name the argument at
-        fault."""
+        explicit format this machine cannot hold is an error). `chat_template`: a Jinja chat
+        template's text, in place of the checkpoint's (for one with none).
+        `paged_attention_options`: block_size, prefix_caching, backend, kv_cache_dtype. Errors
+        name the argument at fault."""
         budget = parse_kv_memory(kv_cache_memory)
         builder = (
             EngineBuilder()
@@ -84,6 +90,7 @@ class LLM:
             .dtype(dtype)
             .device(device)
             .weights(weights)
+            .chat_template(chat_template)
             .paged_attention(paged_attention, **paged_attention_options)
             .kv_cache_memory(bytes=budget.num_bytes, fraction=budget.fraction)
             .scheduler(
@@ -110,8 +117,13 @@ class LLM:
         return [Completion.of(out) for out in self.engine.generate(prompts, params)]
 
     def chat(
-        self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        tools: Sequence[Tool] = (),
     ) -> Completion:
         """The assistant's reply to one conversation ({"role", "content"} dicts; roles system,
-        user and assistant), rendered through the model's chat template."""
-        return self.generate([Conversation.of(messages)], params)[0]
+        user, assistant and tool: see `Conversation.of`), rendered through the model's chat
+        template; with `tools` the template lists them and the reply's calls are parsed
+        (`Completion.tool_calls`, finish_reason TOOL_CALLS)."""
+        return self.generate([Conversation.of(messages, tools)], params)[0]

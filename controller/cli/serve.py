@@ -33,6 +33,11 @@ FIELDS: dict[str, tuple[str, type, str]] = {
     "--served-name": ("spec.model.servedName", str, "the name clients give as `model`"),
     "--dtype": ("spec.model.dtype", str, "auto, float32, bfloat16 or float16"),
     "--weights": ("spec.model.weights", str, "auto, dequantized, int8, int4 or w8a8"),
+    "--chat-template": (
+        "spec.model.chatTemplate",
+        str,
+        "a chat template, or its file (for a checkpoint with none)",
+    ),
     "--replicas": ("spec.replicas", int, "worker replicas"),
     "--device": ("spec.resources.device", str, "cpu or cuda"),
     "--num-cpus": ("spec.resources.numCpus", float, "CPUs per worker (also its threads)"),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from intentserve.chat_template import ChatTemplate
 from intentserve.controller.control.state import (
     DEFAULT_MODEL,
     DesiredState,
@@ -111,6 +112,11 @@ class ModelSpec(_Section):
     )
     dtype: str = "auto"
     weights: WeightFormat = WeightFormat.AUTO
+    # For a checkpoint with no chat template (or the wrong one): the template's text, or the
+    # path of a file holding it. Read and compiled at load; afterwards always the text.
+    chat_template: str | None = Field(
+        None, min_length=1, description="a Jinja chat template, or a file's path"
+    )
 
     def served(self) -> str:
         return self.served_name or served_name_of(self.name)
@@ -119,6 +125,23 @@ class ModelSpec(_Section):
     @classmethod
     def _weights(cls, value: object) -> WeightFormat:
         return _choice(WeightFormat, value)
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str | None) -> str | None:
+        """Text with a Jinja delimiter is the template; anything else names a file."""
+        if value is None:
+            return None
+        if not any(mark in value for mark in ("{{", "{%")):
+            try:
+                value = Path(value).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ValueError(
+                    "is neither a template (no {{ or {%) nor a readable file: "
+                    f"{type(error).__name__}: {error}"
+                ) from None
+        ChatTemplate(value)  # ValueError: "chat template does not compile: ..."
+        return value
 
     @field_validator("dtype")
     @classmethod
@@ -508,6 +531,7 @@ class Manifest(BaseSettings):
             "controller_address": controller_address,
             "model": s.model.name,
             "dtype": s.model.dtype,
+            "chat_template": s.model.chat_template,
             "device": s.resources.device.value,
             "device_map": list(s.resources.device_map),
             "no_kv_cache": s.resources.no_kv_cache,

@@ -22,8 +22,9 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf import any_pb2
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.status import fit_status_message, lookup
+from intentserve.status import fit_status_message, lookup, status_details
 from intentserve.v1 import inference_pb2
 
 log = logging.getLogger(__name__)
@@ -145,15 +146,25 @@ class ClientStreams:
             code, details = lookup(STATUS_CODES, error)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("request %s on a multiplexed call failed", request.request_id)
-            self._fail(key, code, details)
+            self._fail(key, code, details, status_details(error))
         finally:
             if self._tasks.get(key, (None,))[0] is asyncio.current_task():
                 del self._tasks[key]
             self._check_room()
             self._news.set()
 
-    def _fail(self, key: int, code: grpc.StatusCode, details: str) -> None:
-        error = inference_pb2.GenerateError(code=code.value[0], details=fit_status_message(details))
+    def _fail(
+        self,
+        key: int,
+        code: grpc.StatusCode,
+        details: str,
+        rich_details: list[any_pb2.Any] | None = None,
+    ) -> None:
+        error = inference_pb2.GenerateError(
+            code=code.value[0],
+            details=fit_status_message(details),
+            status_details=rich_details or [],
+        )
         self._emit(inference_pb2.GenerateEvent(stream=key, error=error))
 
     def _emit(self, event: inference_pb2.GenerateEvent) -> None:

@@ -48,6 +48,7 @@ FINISH_REASONS = {
     inference_pb2.FINISH_REASON_STOP: "stop",
     inference_pb2.FINISH_REASON_LENGTH: "length",
     inference_pb2.FINISH_REASON_ABORT: "abort",
+    inference_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 # NOTE: the admission queue observes a request's wait in the task that routes it, which is the

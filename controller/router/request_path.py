@@ -14,6 +14,7 @@ from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
 from intentserve.controller.router.routing import Router
 from intentserve.controller.router.table import WorkerTable
+from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.view import DeploymentView
 from intentserve.tls import TlsIdentity
 from prometheus_client import CollectorRegistry
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 class RequestPath:
     router: Router
     metered: MeteredRouter  # what both front ends call: requests measured where they answer
+    tokenizing: TokenizeRoute  # Tokenize / Detokenize, asked of a READY worker
 
     @classmethod
     def build(
@@ -47,7 +49,8 @@ class RequestPath:
             aio_channel_factory=worker_aio_channels(tls, deployment),
         )
         request_metrics.watch_queue(router.queue)
-        return cls(router, MeteredRouter(router, request_metrics))
+        tokenizing = TokenizeRoute(table, router.channels)
+        return cls(router, MeteredRouter(router, request_metrics), tokenizing)
 
     def http_server(
         self,
@@ -62,7 +65,9 @@ class RequestPath:
         cors_origins: tuple[str, ...] = (),
     ) -> HttpServer:
         """The OpenAI HTTP API, /health and /metrics on `host:port` (HTTPS with `tls`)."""
-        frontend = Frontend(self.metered, view, security, model_names, metrics, cors_origins)
+        frontend = Frontend(
+            self.metered, view, security, model_names, metrics, self.tokenizing, cors_origins
+        )
         return HttpServer(
             build_app(frontend), host, port, tls, on_stopped=self.router.channels.aclose_loop
         )

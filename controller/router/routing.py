@@ -41,6 +41,7 @@ from intentserve.controller.router.admission import (
 from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.table import Route, WorkerTable
 from intentserve.controller.router.worker_mux import Stream
+from intentserve.field_errors import violation_of
 from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
 from intentserve.streaming import MAX_REQUEST_BYTES
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 # NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
 _NO_DEADLINE_S = 1e9
-_NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
+NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
 
 
 class _TryAnother(Exception):
@@ -174,7 +175,7 @@ class Router:
                 raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
             raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
         readiness = self._table.readiness()
-        reason = readiness.reason if not readiness.ready else _NO_READY_WORKER
+        reason = readiness.reason if not readiness.ready else NO_READY_WORKER
         raise NotReady(reason)
 
     async def _aforward(
@@ -207,7 +208,7 @@ class Router:
                 return  # the client cancelled or its deadline passed: nobody to tell
             if stream.abort_reason is None and error.code() is grpc.StatusCode.UNAVAILABLE:
                 self._suspect(route, error, started)
-            raise _failure(route.worker_id, error, started, stream.abort_reason) from None
+            raise upstream_failure(route.worker_id, error, started, stream.abort_reason) from None
         finally:
             if stream.call is not None:
                 stream.call.cancel()  # a no-op once it ended; else the client went away
@@ -237,8 +238,9 @@ def check_size(request: inference_pb2.GenerateRequest) -> None:
     size = request.ByteSize()
     if size > MAX_REQUEST_BYTES:
         raise RequestTooLarge(
-            f"{_largest_field(request)}: the request is {size} bytes; allowed: at most "
-            f"{MAX_REQUEST_BYTES} bytes in all (prompt, messages, stop strings and the rest)"
+            _largest_field(request),
+            f"the request is {size} bytes; allowed: at most {MAX_REQUEST_BYTES} bytes in all "
+            "(prompt, messages, stop strings and the rest)",
         )
 
 
@@ -276,7 +278,7 @@ def _client_gone(context: grpc.aio.ServicerContext) -> bool:
     return context.cancelled() or deadline_passed(context)
 
 
-def _failure(
+def upstream_failure(
     worker_id: str, error: grpc.RpcError, started: bool, abort_reason: Reason | None
 ) -> Exception:
     """The exception a failed upstream call becomes for the client."""
@@ -290,6 +292,7 @@ def _failure(
         failure = WorkerUnavailable(f"worker {worker_id} became unavailable {where}: {details}")
         return failure if started else _TryAnother(failure)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
-        # The engine's check of the request, naming the field first: relayed word for word.
-        return UpstreamError(code, details)
+        # The engine's check of the request, naming the field: relayed word for word, with its
+        # BadRequest detail.
+        return UpstreamError(code, details, violation_of(error))
     return UpstreamError(code, f"worker {worker_id}: {details}")

@@ -218,7 +218,7 @@ class RouterServer:
             ],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.metered_router), server
+            InferenceServicer(self.metered_router, self._request_path.tokenizing), server
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
             RouterAdminServicer(config.deployment, self.table), server

@@ -14,15 +14,23 @@ from intentserve.controller.router import convert
 from intentserve.controller.router.client_mux import ClientStreams
 from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.controller.router.routing import Router
+from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.watched import WatchedTable
 from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import admin_pb2_grpc, inference_pb2_grpc
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, router: Router | MeteredRouter) -> None:
+    def __init__(self, router: Router | MeteredRouter, tokenizing: TokenizeRoute) -> None:
         """`router`: anything with `agenerate` (the server passes the metered one)."""
         self._router = router
+        self._tokenizing = tokenizing
+
+    async def Tokenize(self, request, context):
+        return await self._tokenizing.tokenize(request, context.time_remaining())
+
+    async def Detokenize(self, request, context):
+        return await self._tokenizing.detokenize(request, context.time_remaining())
 
     async def Generate(self, request, context) -> AsyncIterator:
         async with contextlib.aclosing(self._router.agenerate(request, context)) as responses:

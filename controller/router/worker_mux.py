@@ -42,6 +42,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 import grpc
+from intentserve.field_errors import FieldViolation, violation_in
 from intentserve.streaming import END, HandOver
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
@@ -53,10 +54,13 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 class StreamFailed(grpc.RpcError):
     """One request's end on the multiplexed call, read as its own call's error would be."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str, field_violation: FieldViolation | None = None
+    ) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self.field_violation = field_violation  # a refused field, from the worker's detail
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -334,5 +338,7 @@ class WorkerMux:
                 else:
                     del streams[event.stream]
                     code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)
-                    deliveries.append((stream, StreamFailed(code, event.error.details)))
+                    violation = violation_in(event.error.status_details)
+                    failure = StreamFailed(code, event.error.details, violation)
+                    deliveries.append((stream, failure))
         _hand_over(deliveries)

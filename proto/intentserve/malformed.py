@@ -10,21 +10,27 @@ from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from intentserve.field_errors import FieldViolation
+
 _MAX_DEPTH = 32  # our messages nest two deep; a bound keeps a hostile one from recursing far
 
 
 class _Problem(Exception):
-    pass
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(why)
+        self.violation = FieldViolation(field, why)
 
 
-def describe_parse_error(descriptor: Descriptor, data: bytes) -> str:
-    """Why `data` is not a valid message of `descriptor`'s type, as `field.path: why`, or
-    `MessageName: why` when no field can be named."""
+def describe_parse_error(descriptor: Descriptor, data: bytes) -> FieldViolation:
+    """Why `data` is not a valid message of `descriptor`'s type: the field at fault (its path,
+    `stop.stop`) or, when no field can be named, the message's name (`GenerateRequest`)."""
     try:
         _walk(descriptor, data, "", 0)
     except _Problem as problem:
-        return str(problem)
-    return f"{descriptor.name}: the request is not a valid {descriptor.full_name} message"
+        return problem.violation
+    return FieldViolation(
+        descriptor.name, f"the request is not a valid {descriptor.full_name} message"
+    )
 
 
 def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int) -> None:
@@ -33,7 +39,7 @@ def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int) -> None:
         key, pos = _varint(data, pos, descriptor.name)
         number, wire_type = key >> 3, key & 7
         if number == 0:
-            raise _Problem(f"{descriptor.name}: field number 0 is not valid")
+            raise _Problem(descriptor.name, "field number 0 is not valid")
         field = descriptor.fields_by_number.get(number)
         name = path + (field.name if field is not None else f"field {number}")
         if wire_type == 0:
@@ -41,15 +47,15 @@ def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int) -> None:
         elif wire_type in (1, 5):
             pos += 8 if wire_type == 1 else 4
             if pos > len(data):
-                raise _Problem(f"{name}: the message ends inside this field")
+                raise _Problem(name, "the message ends inside this field")
         elif wire_type == 2:
             length, pos = _varint(data, pos, name)
             if pos + length > len(data):
-                raise _Problem(f"{name}: its length ({length} bytes) runs past the end")
+                raise _Problem(name, f"its length ({length} bytes) runs past the end")
             _check_value(field, data[pos : pos + length], name, depth)
             pos += length
         else:
-            raise _Problem(f"{name}: wire type {wire_type} is not valid here")
+            raise _Problem(name, f"wire type {wire_type} is not valid here")
 
 
 def _check_value(field: FieldDescriptor | None, value: bytes, name: str, depth: int) -> None:
@@ -59,8 +65,8 @@ def _check_value(field: FieldDescriptor | None, value: bytes, name: str, depth: 
         try:
             value.decode("utf-8")
         except UnicodeDecodeError as error:
-            problem = f"{name}: is not valid UTF-8 (byte {error.start} of the value)"
-            raise _Problem(problem) from None
+            problem = f"is not valid UTF-8 (byte {error.start} of the value)"
+            raise _Problem(name, problem) from None
     elif field.type == FieldDescriptor.TYPE_MESSAGE and depth < _MAX_DEPTH:
         _walk(field.message_type, value, f"{name}.", depth + 1)
 
@@ -69,10 +75,10 @@ def _varint(data: bytes, pos: int, name: str) -> tuple[int, int]:
     value = 0
     for shift in range(0, 70, 7):
         if pos >= len(data):
-            raise _Problem(f"{name}: the message ends inside a varint")
+            raise _Problem(name, "the message ends inside a varint")
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
             return value, pos
-    raise _Problem(f"{name}: a varint longer than 10 bytes")
+    raise _Problem(name, "a varint longer than 10 bytes")

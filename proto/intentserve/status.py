@@ -3,6 +3,9 @@
 Each side passes its own table (first match wins); handlers stay free of try/except. The
 interceptor wraps only our services (`/intentserve.` methods): health and reflection abort alone.
 
+A refused field (an error carrying a `field_violation`, intentserve.field_errors) ends its call
+with the violation as a `google.rpc.BadRequest` detail beside the message.
+
 Two kinds of bad input never reach a handler as an exception of its own, so the interceptor
 answers them itself:
 - a request that does not parse (invalid UTF-8 in a string, a truncated field) is
@@ -26,17 +29,23 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
+from grpc_status import rpc_status
 
+from intentserve.field_errors import FieldError, FieldViolation, details_of, violation_of
 from intentserve.malformed import describe_parse_error
 
 log = logging.getLogger(__name__)
 
 StatusTable = Sequence[tuple[type[BaseException], grpc.StatusCode]]
 MAX_STATUS_MESSAGE_BYTES = 1024
+MAX_FIELD_PATH_BYTES = 256
 
 
-class MalformedRequestError(ValueError):
-    """The request's bytes do not parse; the message names the field (INVALID_ARGUMENT)."""
+class MalformedRequestError(FieldError):
+    """The request's bytes do not parse; names the field (INVALID_ARGUMENT, with its
+    BadRequest detail)."""
 
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -63,10 +72,35 @@ def fit_status_message(message: str, limit_bytes: int = MAX_STATUS_MESSAGE_BYTES
     return head + note
 
 
+def status_details(error: BaseException) -> list[any_pb2.Any]:
+    """`error`'s field violation as google.rpc.Status details (none without one), cut as status
+    messages are: a value a client sent is never echoed whole."""
+    violation = violation_of(error)
+    if violation is None:
+        return []
+    return details_of(
+        FieldViolation(
+            fit_status_message(violation.field, MAX_FIELD_PATH_BYTES),
+            fit_status_message(violation.description),
+        )
+    )
+
+
+def rich_status(code: grpc.StatusCode, message: str, error: BaseException) -> grpc.Status | None:
+    """The status `error` ends its call with, its field violation as a BadRequest detail (in the
+    grpc-status-details-bin trailer); None when it carries none."""
+    details = status_details(error)
+    if not details:
+        return None
+    return rpc_status.to_status(
+        status_pb2.Status(code=code.value[0], message=message, details=details)
+    )
+
+
 class _Malformed:
     """What the tolerant deserializer hands the handler instead of raising."""
 
-    def __init__(self, problem: str) -> None:
+    def __init__(self, problem: FieldViolation) -> None:
         self.problem = problem
 
 
@@ -127,7 +161,11 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return _wrapped(handler, method, self._unary, self._streaming, self._bidi)
 
     def _abort(self, context: grpc.ServicerContext, error: Exception, method: str) -> None:
-        context.abort(*_status(self._table, error, method))
+        code, message = _status(self._table, error, method)
+        rich = rich_status(code, message, error)
+        if rich is not None:
+            context.abort_with_status(rich)
+        context.abort(code, message)
 
     def _unary(self, behavior, method: str):
         def guarded(request, context):
@@ -172,7 +210,11 @@ class AsyncErrorInterceptor(grpc.aio.ServerInterceptor):
         return _wrapped(handler, method, self._unary, self._streaming, self._bidi)
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: Exception, method: str):
-        await context.abort(*_status(self._table, error, method))
+        code, message = _status(self._table, error, method)
+        rich = rich_status(code, message, error)
+        if rich is not None:
+            await context.abort(code, message, rich.trailing_metadata)
+        await context.abort(code, message)
 
     def _unary(self, behavior, method: str):
         async def guarded(request, context):
@@ -231,5 +273,5 @@ async def _aparsed(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
 
 def _parsed(request: Any) -> Any:
     if isinstance(request, _Malformed):
-        raise MalformedRequestError(request.problem)
+        raise MalformedRequestError(request.problem.field, request.problem.description)
     return request

@@ -20,6 +20,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from intentserve import convert
+from intentserve.field_errors import FieldError, FieldViolation, details_of
 from intentserve.policy import (
     BackendKind,
     CacheKind,
@@ -32,6 +33,7 @@ from intentserve.policy import (
     SchedulerKind,
 )
 from intentserve.policy.examples import LLAMA, kv_bytes_per_token
+from intentserve.status import rich_status
 from intentserve.tls import (
     CONTROLLER,
     TlsIdentity,
@@ -55,7 +57,10 @@ class Behaviour(enum.Enum):
     BREAK = "break"  # one chunk, then UNAVAILABLE; the server and its connection stay up
 
 
-INVALID_DETAILS = "stop.max_tokens: must be a positive integer, got 0"
+# What the engine's check sends: the message, and the field as a BadRequest detail.
+INVALID_FIELD = FieldViolation("stop.max_tokens", "must be a positive integer, got 0")
+INVALID_DETAILS = f"{INVALID_FIELD.field}: {INVALID_FIELD.description}"
+TOKENIZE_REFUSAL = FieldViolation("prompt", "makes no tokens")
 BREAK_DETAILS = "the engine loop is closed"
 PLAY_THREAD = "scripted-play"  # a thread per request the worker plays
 MAX_STREAMS = 40  # a thread per stream: 32 concurrent streams reach one worker in load tests
@@ -73,7 +78,13 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
         if w.behaviour is Behaviour.BUSY:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
         if w.behaviour is Behaviour.INVALID:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS)
+            context.abort_with_status(
+                rich_status(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    INVALID_DETAILS,
+                    FieldError(INVALID_FIELD.field, INVALID_FIELD.description),
+                )
+            )
         if w.behaviour is Behaviour.BREAK:
             yield inference_pb2.GenerateResponse(request_id=request.request_id, token_ids=[1])
             context.abort(grpc.StatusCode.UNAVAILABLE, BREAK_DETAILS)
@@ -94,6 +105,19 @@ class _FakeInference(inference_pb2_grpc.InferenceServicer):
                 num_output_tokens=i + 1,
                 finish_reason=inference_pb2.FINISH_REASON_LENGTH if last else 0,
             )
+
+    def Tokenize(self, request, context):
+        """One token a character (its code point); INVALID: the prompt is refused by name."""
+        if self._worker.behaviour is Behaviour.INVALID:
+            refusal = FieldError(TOKENIZE_REFUSAL.field, TOKENIZE_REFUSAL.description)
+            context.abort_with_status(
+                rich_status(grpc.StatusCode.INVALID_ARGUMENT, str(refusal), refusal)
+            )
+        text = request.prompt or "".join(m.content for m in request.messages)
+        return inference_pb2.TokenizeResponse(tokens=[ord(c) for c in text], max_model_len=64)
+
+    def Detokenize(self, request, context):
+        return inference_pb2.DetokenizeResponse(prompt="".join(chr(t) for t in request.tokens))
 
 
 class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
@@ -143,14 +167,18 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
             response = inference_pb2.GenerateResponse(request_id=request.request_id, **fields)
             events.put(worker_pb2.StreamEvent(stream=key, output=response))
 
-        def error(code: grpc.StatusCode, details: str) -> None:
-            failure = worker_pb2.StreamError(code=code.value[0], details=details)
+        def error(code: grpc.StatusCode, details: str, rich=()) -> None:
+            failure = worker_pb2.StreamError(
+                code=code.value[0], details=details, status_details=rich
+            )
             events.put(worker_pb2.StreamEvent(stream=key, error=failure))
 
         if w.behaviour is Behaviour.BUSY:
             return error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
         if w.behaviour is Behaviour.INVALID:
-            return error(grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS)
+            return error(
+                grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS, details_of(INVALID_FIELD)
+            )
         if w.behaviour is Behaviour.BREAK:
             output(token_ids=[1])
             return error(grpc.StatusCode.UNAVAILABLE, BREAK_DETAILS)

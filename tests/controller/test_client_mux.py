@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 
 import grpc
+from intentserve.controller.errors import UpstreamError
 from intentserve.controller.router.client_mux import ClientStreams
+from intentserve.field_errors import FieldViolation, violation_in
 from intentserve.v1 import inference_pb2
 
 
@@ -88,6 +90,35 @@ def test_a_deadline_fails_its_request_only_and_the_call_end_closes_the_rest():
     assert event.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert event.error.details == "deadline exceeded"
     assert sorted(closed) == ["r1", "r2"]
+
+
+class FieldRefusingRouter:
+    """Refuses every request as a worker refuses a field: INVALID_ARGUMENT with its violation."""
+
+    async def agenerate(self, request, context):
+        raise UpstreamError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "sampling.top_p: 1.5 is outside (0, 1]",
+            FieldViolation("sampling.top_p", "1.5 is outside (0, 1]"),
+        )
+        yield  # an async generator, as the router's is
+
+
+def test_a_refused_fields_error_event_carries_its_bad_request_detail():
+    async def main():
+        queue = asyncio.Queue()
+        queue.put_nowait(start(1))
+        served = ClientStreams(FieldRefusingRouter()).serve(commands(queue))
+        message = await anext(served)
+        await served.aclose()
+        return message
+
+    (event,) = asyncio.run(main()).events
+    assert event.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert event.error.details == "sampling.top_p: 1.5 is outside (0, 1]"
+    assert violation_in(event.error.status_details) == FieldViolation(
+        "sampling.top_p", "1.5 is outside (0, 1]"
+    )
 
 
 class RefusingRouter:

@@ -57,6 +57,10 @@ class FakeContext:
         self.code, self.details = code, details
         raise _Aborted
 
+    def abort_with_status(self, status):
+        self.trailing_metadata = status.trailing_metadata
+        self.abort(status.code, status.details)
+
 
 Details = collections.namedtuple("Details", "method invocation_metadata")
 
@@ -99,8 +103,8 @@ def test_other_services_are_left_alone():
 
 
 class AsyncContext:
-    async def abort(self, code, details):
-        self.code, self.details = code, details
+    async def abort(self, code, details, trailing_metadata=()):
+        self.code, self.details, self.trailing_metadata = code, details, trailing_metadata
         raise _Aborted
 
 

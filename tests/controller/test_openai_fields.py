@@ -14,6 +14,7 @@ from intentserve.controller.router.http.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from intentserve.v1 import inference_pb2
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from pydantic import ValidationError
@@ -93,7 +94,7 @@ CHAT = {
     "metadata": ({"k": "v"}, REFUSED),
     "modalities": (["text", "audio"], REFUSED),
     "moderation": ({"type": "auto"}, REFUSED),
-    "parallel_tool_calls": (True, REFUSED),
+    "parallel_tool_calls": (False, REFUSED),  # true (the default) passes, below
     "prediction": ({"type": "content", "content": "x"}, REFUSED),
     "prompt_cache_key": ("k", REFUSED),
     "prompt_cache_options": ({}, REFUSED),
@@ -103,8 +104,11 @@ CHAT = {
     "safety_identifier": ("me", lambda pb: True),  # a label, as `user`
     "service_tier": ("flex", REFUSED),
     "store": (True, REFUSED),
-    "tool_choice": ("required", REFUSED),
-    "tools": ([{"type": "function", "function": {"name": "f"}}], REFUSED),
+    "tool_choice": ("required", REFUSED),  # auto and none pass, below
+    "tools": (
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        lambda pb: [(t.name, t.parameters) for t in pb.tools] == [("f", '{"type": "object"}')],
+    ),
     "verbosity": ("low", REFUSED),
     "web_search_options": ({}, REFUSED),
     "chat_template_kwargs": (
@@ -177,6 +181,48 @@ def test_a_field_no_schema_knows_is_refused_naming_it(kind):
     assert "not honoured" in outcome.message
 
 
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [(None, "TOOL_CHOICE_UNSPECIFIED"), ("auto", "TOOL_CHOICE_AUTO"), ("none", "TOOL_CHOICE_NONE")],
+)
+def test_tool_choice_reaches_the_request(choice, expected):
+    body = _body("chat", "tools", CHAT["tools"][0]) | {"tool_choice": choice}
+    assert _outcome("chat", body).tool_choice == inference_pb2.ToolChoice.Value(expected)
+
+
+@pytest.mark.parametrize(
+    ("choice", "param"),
+    [
+        ("required", "tool_choice"),
+        ({"type": "function", "function": {"name": "f"}}, "tool_choice"),
+    ],
+)
+def test_tool_choices_that_need_a_constrained_reply_are_refused_naming_it(choice, param):
+    outcome = _outcome("chat", _body("chat", "tools", CHAT["tools"][0]) | {"tool_choice": choice})
+    assert (outcome.status, outcome.param) == (400, param)
+    assert "allowed: 'auto', 'none'" in outcome.message
+
+
+def test_a_strict_function_is_refused_naming_it():
+    tools = [{"type": "function", "function": {"name": "f", "strict": True}}]
+    outcome = _outcome("chat", _body("chat", "tools", tools))
+    assert (outcome.status, outcome.param) == (400, "tools[0].function.strict")
+
+
+def test_an_assistant_turns_calls_and_a_tool_turn_reach_the_request():
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+    ]
+    pb = _outcome("chat", {"model": MODEL, "messages": messages})
+    assert [(c.id, c.name, c.arguments) for c in pb.messages[1].tool_calls] == [
+        ("call_1", "f", "{}")
+    ]
+    assert (pb.messages[2].role, pb.messages[2].tool_call_id) == ("tool", "call_1")
+
+
 def test_chat_top_logprobs_with_logprobs_reaches_the_request():
     pb = _outcome("chat", _body("chat", "top_logprobs", 3) | {"logprobs": True})
     assert pb.sampling.logprobs == 3
@@ -184,7 +230,7 @@ def test_chat_top_logprobs_with_logprobs_reaches_the_request():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("name", "bob"), ("tool_calls", [{"id": "1"}]), ("tool_call_id", "1"), ("audio", {})],
+    [("name", "bob"), ("function_call", {"name": "f", "arguments": "{}"}), ("audio", {})],
 )
 def test_a_message_field_that_asks_for_something_is_refused_naming_it(field, value):
     messages = [{"role": "user", "content": "Hi", field: value}]
@@ -204,6 +250,8 @@ def test_a_reply_sent_back_as_a_message_passes_with_its_empty_fields():
     ("kind", "name", "value"),
     [
         ("chat", "tool_choice", "none"),
+        ("chat", "tool_choice", "auto"),
+        ("chat", "parallel_tool_calls", True),
         ("completions", "tool_choice", "none"),
         ("chat", "response_format", {"type": "text"}),
         ("completions", "response_format", {"type": "text"}),

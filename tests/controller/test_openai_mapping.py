@@ -25,6 +25,7 @@ from intentserve.controller.router.http.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from intentserve.field_errors import FieldViolation
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from pydantic import ValidationError
@@ -111,7 +112,7 @@ def test_a_chat_without_a_limit_may_fill_the_model_length():
         (lambda: completion(stream_options={"include_usage": True}), "stream_options"),
         (lambda: completion(repetition_penalty=0), "repetition_penalty"),
         (lambda: chat(top_logprobs=2), "top_logprobs"),
-        (lambda: chat(tools=[{"type": "function"}]), "tools"),
+        (lambda: chat(tool_choice="required"), "tool_choice"),
         (lambda: chat(response_format={"type": "json_object"}), "response_format"),
         (lambda: completion(top_p=0), "top_p"),
         (lambda: chat(top_p=0.0), "top_p"),
@@ -170,17 +171,34 @@ def test_a_body_of_the_wrong_shape_names_the_parameter(schema, fields, param):
         ("prompt: has 3000 tokens", completion(), "prompt"),
         ("prompt: has 3000 tokens", chat(), "messages"),
         (
-            "messages[1].role: 'tool' is not one of system, user, assistant",
+            "messages[1].role: 'robot' is not one of system, user, assistant, tool",
             chat(),
             "messages[1].role",
         ),
+        (
+            "messages[1].tool_calls[0].arguments: is not JSON",
+            chat(),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        ("tools[0].parameters: must be a JSON object", chat(), "tools[0].function.parameters"),
+        ("tools[2].name: must not be empty", chat(), "tools[2].function.name"),
+        ("tools: this model's chat template never reads `tools`", chat(), "tools"),
         ("prompt_token_ids: ids [99999] are outside the vocabulary", completion(), "prompt"),
     ],
 )
 def test_the_workers_invalid_argument_names_the_openai_parameter(details, body, param):
-    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details), body)
+    field, _, description = details.partition(": ")
+    violation = FieldViolation(field, description)
+    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details, violation), body)
     assert (error.status, error.param, error.code) == (400, param, "invalid_argument")
-    assert error.message == f"{param}: {details.partition(': ')[2]}"
+    assert error.message == f"{param}: {description}"
+
+
+def test_a_message_without_a_field_detail_is_not_read_for_a_field():
+    """The field comes from the worker's BadRequest detail, never from the message's text."""
+    details = "stop.max_tokens: 900 does not fit"
+    error = from_routing(UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, details), completion())
+    assert (error.status, error.param, error.message) == (400, None, details)
 
 
 def test_an_unknown_field_path_is_relayed_without_a_param():
@@ -404,3 +422,61 @@ def test_echo_of_a_text_prompt_without_logprobs_is_the_prompt_itself():
     text, finish = reply.add(inference_pb2.GenerateResponse(text="!", finish_reason=1))
     assert reply.chunk(text, finish)["choices"][0]["text"] == "Hi there!"
     assert reply.response()["choices"][0]["text"] == "Hi there!"
+
+
+def _calls(*names: str) -> list[inference_pb2.ToolCall]:
+    return [inference_pb2.ToolCall(id=f"call_{n}", name=n, arguments='{"x": 1}') for n in names]
+
+
+def test_a_reply_with_tool_calls_has_them_and_null_content():
+    reply = Reply(True, MODEL, "r")
+    reply.add(inference_pb2.GenerateResponse(tool_calls=_calls("a")))
+    reply.add(
+        inference_pb2.GenerateResponse(
+            tool_calls=_calls("b"), finish_reason=inference_pb2.FINISH_REASON_TOOL_CALLS
+        )
+    )
+    choice = reply.response()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": n, "arguments": '{"x": 1}'},
+            }
+            for n in ("a", "b")
+        ],
+    }
+
+
+def test_a_reply_with_text_and_calls_keeps_the_text():
+    reply = Reply(True, MODEL, "r")
+    reply.add(inference_pb2.GenerateResponse(text="Let me look.", tool_calls=_calls("a")))
+    message = reply.response()["choices"][0]["message"]
+    assert message["content"] == "Let me look." and len(message["tool_calls"]) == 1
+
+
+def test_streamed_calls_go_out_once_each_with_their_index():
+    reply = Reply(True, MODEL, "r")
+    deltas = []
+    for response in (
+        inference_pb2.GenerateResponse(text="Hm."),
+        inference_pb2.GenerateResponse(tool_calls=_calls("a", "b")),
+        inference_pb2.GenerateResponse(tool_calls=_calls("c")),
+        inference_pb2.GenerateResponse(finish_reason=inference_pb2.FINISH_REASON_TOOL_CALLS),
+    ):
+        text, finish = reply.add(response)
+        assert text or finish or reply.has_unsent_calls
+        deltas.append(reply.chunk(text, finish)["choices"][0])
+    assert deltas[0]["delta"] == {"content": "Hm."}
+    assert [(c["index"], c["function"]["name"]) for c in deltas[1]["delta"]["tool_calls"]] == [
+        (0, "a"),
+        (1, "b"),
+    ]
+    assert "content" not in deltas[1]["delta"]
+    assert [(c["index"], c["id"]) for c in deltas[2]["delta"]["tool_calls"]] == [(2, "call_c")]
+    assert (deltas[3]["delta"], deltas[3]["finish_reason"]) == ({}, "tool_calls")
+    assert not reply.has_unsent_calls

@@ -9,12 +9,13 @@ from intentserve.controller.control.convert import worker_state_from_pb
 from intentserve.controller.control.state import WorkerState
 from intentserve.controller.errors import RequestTooLarge
 from intentserve.controller.router.routing import check_size
+from intentserve.field_errors import violation_of
 from intentserve.policy import examples
 from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2
 
 from tests.controller.conftest import eventually
-from tests.controller.scripted_worker import INVALID_DETAILS, Behaviour
+from tests.controller.scripted_worker import INVALID_DETAILS, INVALID_FIELD, Behaviour
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +54,7 @@ def test_a_workers_invalid_argument_passes_through_naming_the_field(start_contro
         list(client.generate(timeout=5))
     assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details() == INVALID_DETAILS
+    assert violation_of(error.value) == INVALID_FIELD  # the worker's BadRequest detail
     assert worker.num_requests == 1
     assert outstanding(server, "w0") == 0
 

@@ -20,6 +20,7 @@ from intentserve.controller.control.state import DeploymentState, DesiredState, 
 from intentserve.controller.embedded import EmbeddedTable
 from intentserve.controller.router.routing import Router
 from intentserve.controller.router.servicer import InferenceServicer
+from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     KvBudget,
@@ -72,7 +73,9 @@ class Harness:
             REGISTRY: WorkerRegistryServicer(self.deployment, heartbeat_interval_s=0.25),
             ADMIN: AdminServicer(self.deployment, lambda: self.shutdowns.append(1)),
         }
-        self.inference = InferenceServicer(self.router)
+        self.inference = InferenceServicer(
+            self.router, TokenizeRoute(EmbeddedTable(self.deployment), self.router.channels)
+        )
         self.tokens: dict[str, bytes] = {}  # each worker's registration token
 
     def call(self, service, method, request):

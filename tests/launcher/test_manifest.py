@@ -457,3 +457,43 @@ def test_a_separate_routers_fields_default_and_travel_to_its_config(tmp_path):
         0,
         5.0,
     )
+
+
+TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+
+
+def _worker_template(path) -> str | None:
+    config = load_manifest(path).worker_config("w", "127.0.0.1:1", "127.0.0.1")
+    return WorkerSpec.from_dict(config).engine_config(None, KvBudget()).chat_template
+
+
+def test_no_chat_template_leaves_the_checkpoints():
+    assert _worker_template("deploy/local.yaml") is None
+
+
+def test_an_inline_chat_template_reaches_the_worker(tmp_path):
+    path = manifest_file(tmp_path, MINIMAL)
+    path.write_text(path.read_text() + "spec:\n  model:\n    chatTemplate: " + repr(TEMPLATE))
+    assert _worker_template(path) == TEMPLATE
+
+
+def test_a_chat_template_file_is_read_at_load(tmp_path, monkeypatch):
+    template = tmp_path / "chat.jinja"
+    template.write_text(TEMPLATE)
+    path = manifest_file(tmp_path, MINIMAL + f"spec: {{model: {{chatTemplate: '{template}'}}}}\n")
+    assert _worker_template(path) == TEMPLATE
+    monkeypatch.setenv("INTENTSERVE_SPEC__MODEL__CHATTEMPLATE", str(template))
+    assert load_manifest("deploy/local.yaml").spec.model.chat_template == TEMPLATE
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("'{% for m in messages %}'", "chat template does not compile"),
+        ("'{{ messages[0] '", "chat template does not compile"),
+        ("no-such-template.jinja", "is neither a template (no {{ or {%) nor a readable file"),
+    ],
+)
+def test_a_chat_template_that_cannot_be_used_is_named(tmp_path, value, expected):
+    found = problems(tmp_path, f"spec: {{model: {{chatTemplate: {value}}}}}")
+    assert any(p.startswith("spec.model.chatTemplate: ") and expected in p for p in found), found

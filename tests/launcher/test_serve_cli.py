@@ -53,6 +53,21 @@ def test_the_printed_manifest_is_one_up_takes_as_it_is(capsys, tmp_path):
     assert manifest.controller_config().http_plaintext
 
 
+def test_a_chat_template_file_given_is_read_when_the_manifest_loads(capsys, tmp_path):
+    template = "tests/data/hermes_tools.jinja"
+    document = printed(capsys, "gemma3-270m", "--chat-template", template)
+    assert document["spec"]["model"]["chatTemplate"] == template
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with open(template, encoding="utf-8") as source:
+        assert load_manifest(path).spec.model.chat_template == source.read()
+
+
+def test_a_chat_template_that_does_not_compile_exits_2_naming_the_field(capsys):
+    assert main(["serve", "gemma3-270m", "--chat-template", "{% if x %}", "--print-manifest"]) == 2
+    assert "spec.model.chatTemplate: " in capsys.readouterr().err
+
+
 def test_off_loopback_serve_keeps_https(capsys):
     document = printed(capsys, "smollm2-135m", "--host", "0.0.0.0")
     assert "security" not in document["spec"]

@@ -37,7 +37,8 @@ REQUEST = inference_pb2.GenerateRequest.DESCRIPTOR
 def test_a_parse_error_names_the_field(data, problem):
     with pytest.raises(DecodeError):
         inference_pb2.GenerateRequest.FromString(data)
-    assert describe_parse_error(REQUEST, data).startswith(problem)
+    violation = describe_parse_error(REQUEST, data)
+    assert f"{violation.field}: {violation.description}".startswith(problem)
 
 
 @pytest.mark.parametrize("size", [0, 10, MAX_STATUS_MESSAGE_BYTES])

@@ -5,6 +5,7 @@ import pytest
 from intentserve import LLM, SamplingParams
 from intentserve.policy import CacheKind, IntentError, PagedAttentionRequiredError, ReasonCode
 from intentserve.worker.engine.builder import EngineBuilder
+from intentserve.worker.engine.chat import Tool
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.sched.sequence import FinishReason
 
@@ -89,6 +90,9 @@ def test_chat_answers_through_the_template(llm):
     assert reply.text.strip() and reply.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     with pytest.raises(InvalidRequestError, match="^messages: "):
         llm.chat([{"content": "no role"}])
+    # SmolLM2's own template never reads `tools`: they are refused, not dropped.
+    with pytest.raises(InvalidRequestError, match="^tools: "):
+        llm.chat([{"role": "user", "content": "Weather?"}], tools=[Tool("get_weather")])
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
+from intentserve.chat_template import ChatTemplate
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     Capability,
@@ -86,6 +87,9 @@ class EngineConfig:
     auto_enabled_devices: frozenset[DeviceKind] = DEFAULT_AUTO_DEVICES
     cpu_prepack: bool = True  # oneDNN-packed projection weights on CPU (packed_linear.py)
     weights: WeightFormat = WeightFormat.AUTO  # how the projection weights are held
+    # The operator's chat template (`spec.model.chatTemplate`), in place of the checkpoint's;
+    # None: the checkpoint's own (if it has one).
+    chat_template: str | None = None
     # Decode steps replayed from CUDA graphs where the attention backend allows (cuda_graphs.py);
     # False: every step runs eagerly (the A/B the GPU check measures).
     cuda_graphs: bool = True
@@ -147,7 +151,11 @@ def build_engine(
         decode_layers=_compile_decode(loaded, kv.attention, device),
     )
     return Engine(
-        tokenizer=loaded.tokenizer,
+        tokenizer=(
+            loaded.tokenizer
+            if config.chat_template is None
+            else loaded.tokenizer.with_chat_template(config.chat_template)
+        ),
         scheduler=kv.scheduler,
         runner=runner,
         realized=realized,
@@ -303,6 +311,16 @@ class EngineBuilder:
 
     def dtype(self, dtype: str) -> EngineBuilder:
         return self._set(dtype=dtype)
+
+    def chat_template(self, source: str | None) -> EngineBuilder:
+        """The template conversations are rendered through, in place of the checkpoint's (for a
+        checkpoint with none); ValueError naming `chat_template` when it does not compile."""
+        if source is not None:
+            try:
+                ChatTemplate(source)
+            except ValueError as error:
+                raise ValueError(f"chat_template: {error}") from None
+        return self._set(chat_template=source)
 
     def device(self, device: str, device_map: tuple[str, ...] = ()) -> EngineBuilder:
         return self._set(device=device, device_map=tuple(device_map))

@@ -1,38 +1,82 @@
-"""A conversation as a prompt: system, user and assistant turns, rendered through the model's chat
-template so that the reply is the next assistant turn.
+"""A conversation as a prompt: system, user, assistant and tool turns, and the tools the model may
+call, rendered through the model's chat template so that the reply is the next assistant turn.
 
     Conversation.of([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     Conversation.user("Hi")  # what `chat=True` makes of a text prompt
 
-Errors name the field as a client sends it: `messages`, `messages[1].role`.
+The template gets what Hugging Face's templates read: each turn as `{"role", "content"}`, an
+assistant turn's calls as `tool_calls: [{"id", "type": "function", "function": {"name",
+"arguments": {...}}}]` (the arguments an object), a tool turn's `tool_call_id`, and, with
+tool_choice auto, `tools: [{"type": "function", "function": {"name", "description",
+"parameters"}}]`. A template that never reads `tools` is not given them: the request is refused.
+
+Errors name the field as a client sends it: `messages`, `messages[1].role`, `tools[0].parameters`.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from intentserve.worker.engine.sampling import InvalidRequestError
+from intentserve.worker.engine.tool_calls import ToolCall
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # What render() itself gives the template; chat_template_kwargs cannot replace them.
-RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
+RESERVED_TEMPLATE_VARIABLES = (
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "tools",
+)
+
+
+class ToolChoice(enum.Enum):
+    AUTO = "auto"  # the template is given the tools; the reply's calls are parsed
+    NONE = "none"  # the template is not given the tools; the reply is text
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call; `parameters` is a JSON Schema object as JSON text ("" for
+    none)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's
+    tool_call_id: str = ""  # a tool turn's: the call it answers
+
+
+def _json_object(text: str, field: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise InvalidRequestError(field, f"is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(field, f"must be a JSON object, not {type(value).__name__}")
+    return value
 
 
 @dataclass(frozen=True)
 class Conversation:
-    """A non-empty list of turns, each with a role of `ROLES`, and extra variables for the chat
-    template (`{"enable_thinking": False}` for Qwen3's)."""
+    """A non-empty list of turns, each with a role of `ROLES`, the tools the model may call, and
+    extra variables for the chat template (`{"enable_thinking": False}` for Qwen3's)."""
 
     messages: tuple[ChatMessage, ...]
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice.AUTO
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -49,17 +93,83 @@ class Conversation:
                     f"messages[{i}].role",
                     f"{message.role!r} is not one of {', '.join(ROLES)}",
                 )
+            if message.tool_calls and message.role != "assistant":
+                raise InvalidRequestError(
+                    f"messages[{i}].tool_calls",
+                    f"only an assistant turn calls tools, not a {message.role} turn",
+                )
+            if (message.role == "tool") != bool(message.tool_call_id):
+                raise InvalidRequestError(
+                    f"messages[{i}].tool_call_id",
+                    "a tool turn names the call it answers; only a tool turn has one",
+                )
+        for i, tool in enumerate(self.tools):
+            if not tool.name:
+                raise InvalidRequestError(f"tools[{i}].name", "must not be empty")
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the reply's tool calls are parsed out of its text."""
+        return bool(self.tools) and self.tool_choice is ToolChoice.AUTO
+
+    def _template_messages(self) -> list[dict[str, Any]]:
+        turns = []
+        for i, m in enumerate(self.messages):
+            turn: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.tool_calls:
+                turn["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.name,
+                            "arguments": _json_object(
+                                call.arguments, f"messages[{i}].tool_calls[{j}].arguments"
+                            ),
+                        },
+                    }
+                    for j, call in enumerate(m.tool_calls)
+                ]
+            if m.tool_call_id:
+                turn["tool_call_id"] = m.tool_call_id
+            turns.append(turn)
+        return turns
+
+    def _template_tools(self) -> dict[str, Any]:
+        """`{"tools": [...]}` when the template is given tools, else nothing."""
+        if not self.parses_tool_calls:
+            return {}
+        tools = []
+        for i, tool in enumerate(self.tools):
+            function: dict[str, Any] = {"name": tool.name, "description": tool.description}
+            if tool.parameters:
+                function["parameters"] = _json_object(tool.parameters, f"tools[{i}].parameters")
+            tools.append({"type": "function", "function": function})
+        return {"tools": tools}
 
     @classmethod
-    def of(cls, messages: Sequence[Mapping[str, Any]]) -> Conversation:
-        """From `{"role": ..., "content": ...}` dicts (the SDK's `LLM.chat`)."""
+    def of(cls, messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool] = ()) -> Conversation:
+        """From `{"role": ..., "content": ...}` dicts (the SDK's `LLM.chat`); an assistant turn
+        may carry `tool_calls` (ToolCall values, as a reply gives them), a tool turn its
+        `tool_call_id`; content None is empty."""
         if not messages or not all(
             isinstance(m, Mapping) and {"role", "content"} <= m.keys() for m in messages
         ):
             raise InvalidRequestError(
                 "messages", 'must be a non-empty list of {"role": ..., "content": ...} dicts'
             )
-        return cls(tuple(ChatMessage(str(m["role"]), str(m["content"])) for m in messages))
+        return cls(
+            tuple(
+                ChatMessage(
+                    str(m["role"]),
+                    "" if m["content"] is None else str(m["content"]),
+                    tuple(m.get("tool_calls") or ()),
+                    str(m.get("tool_call_id") or ""),
+                )
+                for m in messages
+            ),
+            tools=tuple(tools),
+        )
 
     @classmethod
     def user(cls, prompt: str) -> Conversation:
@@ -68,10 +178,16 @@ class Conversation:
     def render(self, tokenizer, field: str = "messages") -> str:
         """The prompt text the model was trained on for this conversation, ending where the
         assistant's reply begins; a template that refuses it is an error naming `field`."""
-        try:
-            return tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in self.messages],
-                **self.template_kwargs,
+        messages, tools = self._template_messages(), self._template_tools()
+        # NOTE: a model with no template at all is refused below, naming `field`.
+        if tools and tokenizer.chat_template is not None and not tokenizer.template_reads("tools"):
+            raise InvalidRequestError(
+                "tools",
+                "this model's chat template never reads `tools`, so the model would not see "
+                "them; serve it with a template that does (spec.model.chatTemplate), or send "
+                "tool_choice none",
             )
+        try:
+            return tokenizer.apply_chat_template(messages, **self.template_kwargs, **tools)
         except ValueError as error:
             raise InvalidRequestError(field, str(error)) from None

@@ -34,6 +34,7 @@ from intentserve.worker.engine.request import (
 from intentserve.worker.engine.runner import Runner
 from intentserve.worker.engine.sampler import TokenLogprobs
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.engine.tool_calls import ToolCallParser
 from intentserve.worker.model.tokenizer import IncrementalDecoder, Tokenizer
 from intentserve.worker.sched.scheduler import Scheduler
 from intentserve.worker.sched.sequence import FinishReason, Sequence
@@ -89,7 +90,27 @@ class Engine:
                 f"max_model_len is {self.max_model_len} (at most "
                 f"{self.max_model_len - len(prompt_ids)})",
             )
-        return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params)
+        parses = isinstance(prompt, Conversation) and prompt.parses_tool_calls
+        return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params, parses)
+
+    def tokenize(self, prompt: str | Conversation, add_bos: bool | None = None) -> list[int]:
+        """The ids `prepare` computes for `prompt` (add_bos None: the checkpoint's own choice),
+        with no limit on their number; any thread may call it."""
+        if isinstance(prompt, Conversation):
+            prompt = prompt.render(self.tokenizer)
+        elif not prompt:
+            raise InvalidRequestError("prompt", "must not be empty (or give messages)")
+        return self.tokenizer.encode(prompt, add_bos)
+
+    def detokenize(self, token_ids: Seq[int]) -> str:
+        """The text of `token_ids`, special tokens rendered; any thread may call it."""
+        vocab = self.runner.model.config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                "tokens", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
+            )
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def add(self, request: PreparedRequest) -> str:
         """Queue a prepared request; its id must not be in flight already."""
@@ -105,7 +126,8 @@ class Engine:
         )
         self.scheduler.add(seq)
         decoder = IncrementalDecoder(self.tokenizer, list(request.prompt_ids))
-        self._requests[request_id] = RequestState(request_id, request.params, decoder)
+        parser = ToolCallParser() if request.parses_tool_calls else None
+        self._requests[request_id] = RequestState(request_id, request.params, decoder, parser)
         self._seqs[request_id] = seq
         return request_id
 
@@ -190,12 +212,14 @@ class Engine:
         text: dict[str, list[str]] = {r: [] for r in order}
         lps: dict[str, list] = {r: [] for r in order}
         prompt_lps: dict[str, tuple] = {r: () for r in order}
+        calls: dict[str, list] = {r: [] for r in order}
         last: dict[str, RequestOutput] = {}
         for out in self.stream():
             tokens[out.request_id] += out.new_token_ids
             lps[out.request_id] += out.logprobs
             prompt_lps[out.request_id] = prompt_lps[out.request_id] or out.prompt_logprobs
             text[out.request_id].append(out.new_text)
+            calls[out.request_id] += out.tool_calls
             last[out.request_id] = out
         return [
             RequestOutput(
@@ -209,6 +233,7 @@ class Engine:
                 last[r].error,
                 tuple(lps[r]),
                 prompt_lps[r],
+                tuple(calls[r]),
             )
             for r in order
         ]
@@ -305,16 +330,21 @@ class Engine:
         logprobs = tuple(state.logprobs[state.num_emitted_tokens :])
         first = state.num_emitted_tokens == 0
         state.num_emitted_tokens = seq.num_output_tokens
+        text, tool_calls = state.take_text(finished)
+        reason = seq.finish_reason if finished else None
+        if reason is FinishReason.STOP and state.called_tools:
+            reason = FinishReason.TOOL_CALLS
         return RequestOutput(
             request_id=seq_id,
             new_token_ids=new_ids,
-            new_text=state.take_text(finished),
+            new_text=text,
             finished=finished,
-            finish_reason=seq.finish_reason if finished else None,
+            finish_reason=reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs(seq, state) if first else (),
+            tool_calls=tool_calls,
         )
 
     def _prompt_logprobs(self, seq: Sequence, state: RequestState) -> tuple[OutputLogprobs, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.engine.tool_calls import ToolCall, ToolCallParser
 from intentserve.worker.model.tokenizer import IncrementalDecoder
 from intentserve.worker.sched.sequence import FinishReason
 
@@ -16,6 +17,7 @@ class PreparedRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    parses_tool_calls: bool = False  # the reply's tool calls are parsed out of its text
 
 
 @dataclass(frozen=True)
@@ -50,13 +52,20 @@ class RequestOutput:
     logprobs: tuple[OutputLogprobs, ...] = ()  # one per new token, when the request asked
     # One per prompt token, in a request's first output, when it asked.
     prompt_logprobs: tuple[OutputLogprobs, ...] = ()
+    # With tools: the calls completed since the previous output (new_text holds what is no call).
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class RequestState:
-    """Detokenizes as tokens arrive and holds back text that could still begin a stop string."""
+    """Detokenizes as tokens arrive and holds back text that could still begin a stop string
+    (and, with a tool-call parser, a tool call)."""
 
     def __init__(
-        self, request_id: str, params: SamplingParams, decoder: IncrementalDecoder
+        self,
+        request_id: str,
+        params: SamplingParams,
+        decoder: IncrementalDecoder,
+        tool_parser: ToolCallParser | None = None,
     ) -> None:
         self.request_id = request_id
         self.params = params
@@ -68,6 +77,7 @@ class RequestState:
         self.logprobs: list[OutputLogprobs] = []  # one per token, when the request asked
         self.prompt_scores: dict = {}  # prompt position -> TokenLogprobs, as prefill computes
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.tool_parser = tool_parser
 
     def on_token(self, token_id: int) -> bool:
         """Append one token's text; True when a stop string has now appeared."""
@@ -82,8 +92,9 @@ class RequestState:
             self.stopped_by_string = True
         return self.stopped_by_string
 
-    def take_text(self, finished: bool) -> str:
-        """Text not yet emitted; while running, keeps back what might start a stop string."""
+    def take_text(self, finished: bool) -> tuple[str, tuple[ToolCall, ...]]:
+        """Text not yet emitted and the tool calls completed; while running, keeps back what
+        might start a stop string (or a tool call)."""
         end = (
             len(self.text)
             if finished
@@ -91,4 +102,10 @@ class RequestState:
         )
         delta = self.text[self.num_emitted_chars : end]
         self.num_emitted_chars = end
-        return delta
+        if self.tool_parser is None:
+            return delta, ()
+        return self.tool_parser.feed(delta, final=finished)
+
+    @property
+    def called_tools(self) -> bool:
+        return self.tool_parser is not None and self.tool_parser.num_calls > 0

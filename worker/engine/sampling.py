@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from numbers import Real
 
+from intentserve.field_errors import FieldError
+
 # Bounds on what the engine checks after every token of a request (on the engine-loop thread).
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
@@ -20,12 +22,9 @@ MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
 SEED_LIMIT = 2**64  # a seed is an unsigned 64-bit integer (the proto's uint64)
 
 
-class InvalidRequestError(ValueError):
-    """A request field is out of range; `field` names it (maps to INVALID_ARGUMENT)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+class InvalidRequestError(FieldError):
+    """A request field is out of range; `field` names it (maps to INVALID_ARGUMENT, with a
+    google.rpc.BadRequest detail naming it)."""
 
 
 def _is_int(value: object) -> bool:

@@ -2,51 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import copy
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-import jinja2
 import tokenizers
+from intentserve.chat_template import ChatTemplate
 from intentserve.worker.model.token_bound import token_bound
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Tokens of prompt context the streaming decoder starts from: decoders that strip a leading
 # space (SentencePiece) need the previous token to render the first new one correctly.
 _NUM_CONTEXT_TOKENS = 5
-
-
-def _raise_exception(message: str) -> None:
-    # Chat templates call this to reject conversations they cannot render (e.g. bad role order).
-    raise jinja2.TemplateError(message)
-
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    # jinja2's own tojson HTML-escapes '<' and '>', which would corrupt prompts.
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _strftime_now(fmt: str) -> str:
-    # Llama 3.1 style templates stamp the current date into the system prompt.
-    return datetime.now().strftime(fmt)
-
-
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile in a sandbox: a template comes from the checkpoint, i.e. from a stranger.
-
-    ValueError when the template is not valid Jinja.
-    """
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"chat template does not compile: {exc}") from exc
 
 
 class Tokenizer:
@@ -63,8 +29,7 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos_token = add_bos_token
-        self.chat_template = chat_template
-        self._template = None if chat_template is None else compile_chat_template(chat_template)
+        self.use_chat_template(chat_template)
         self._bound = token_bound(backend)
 
     def min_num_tokens(self, utf8: bytes) -> int:
@@ -94,6 +59,26 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
+    def use_chat_template(self, source: str | None) -> None:
+        """Render conversations through `source` (None: none); ValueError when it does not
+        compile."""
+        self._template = None if source is None else ChatTemplate(source)
+
+    def with_chat_template(self, source: str) -> Tokenizer:
+        """This tokenizer with another chat template (the operator's, `spec.model.chatTemplate`);
+        this one is unchanged."""
+        other = copy.copy(self)
+        other.use_chat_template(source)
+        return other
+
+    @property
+    def chat_template(self) -> str | None:
+        return None if self._template is None else self._template.source
+
+    def template_reads(self, variable: str) -> bool:
+        """Whether the chat template reads `variable` (`tools`) from what it is given."""
+        return self._template is not None and variable in self._template.variables
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -108,16 +93,13 @@ class Tokenizer:
             raise ValueError("this model has no chat template; send a plain prompt instead")
         bos = None if self.bos_token_id is None else self.token_text(self.bos_token_id)
         eos = self.token_text(self.eos_token_ids[0]) if self.eos_token_ids else None
-        try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=bos or "",
-                eos_token=eos or "",
-                **extra,
-            )
-        except jinja2.TemplateError as exc:
-            raise ValueError(f"chat template rejected the messages: {exc}") from exc
+        return self._template.render(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos or "",
+            eos_token=eos or "",
+            **extra,
+        )
 
 
 class IncrementalDecoder:

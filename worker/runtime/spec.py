@@ -19,6 +19,7 @@ class WorkerSpec:
     controller_address: str  # host:port of the controller's WorkerRegistry
     model: str = "smollm2-135m"
     dtype: str = "auto"
+    chat_template: str | None = None  # spec.model.chatTemplate's text; None: the checkpoint's
     device: str = "cpu"
     device_map: tuple[str, ...] = ()
     no_kv_cache: bool = False
@@ -62,6 +63,7 @@ class WorkerSpec:
         return EngineConfig(
             model=self.model,
             dtype=self.dtype,
+            chat_template=self.chat_template,
             device=self.device,
             paged=paged,
             kv_budget=kv_budget,

@@ -21,6 +21,8 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens, max_model_len or the KV pool's capacity reached
     ABORT = "abort"  # cancelled by the client or the engine
     ERROR = "error"  # a failure of this request alone (its sampling, stop checks, its logits)
+    # The engine's, never the scheduler's: a request that stopped after calling tools.
+    TOOL_CALLS = "tool_calls"
 
 
 @dataclass(eq=False, slots=True)

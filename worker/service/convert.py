@@ -16,10 +16,11 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
-from intentserve.worker.engine.chat import ChatMessage, Conversation
+from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool, ToolChoice
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import LogprobEntry, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.engine.tool_calls import ToolCall
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.engine_loop import EngineLoad
 
@@ -48,6 +49,12 @@ FINISH_REASONS = {
     FinishReason.STOP: inference_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: inference_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: inference_pb2.FINISH_REASON_ABORT,
+    FinishReason.TOOL_CALLS: inference_pb2.FINISH_REASON_TOOL_CALLS,
+}
+TOOL_CHOICES = {
+    inference_pb2.TOOL_CHOICE_UNSPECIFIED: ToolChoice.AUTO,
+    inference_pb2.TOOL_CHOICE_AUTO: ToolChoice.AUTO,
+    inference_pb2.TOOL_CHOICE_NONE: ToolChoice.NONE,
 }
 
 
@@ -60,8 +67,7 @@ def proto_field_names() -> Iterator[None]:
         path = PROTO_FIELDS.get(error.field, error.field)
         if path == error.field:
             raise
-        message = str(error).removeprefix(f"{error.field}: ")
-        raise InvalidRequestError(path, message) from None
+        raise InvalidRequestError(path, error.field_violation.description) from None
 
 
 @dataclass(frozen=True)
@@ -100,20 +106,81 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
     return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
 
 
+@dataclass(frozen=True)
+class TokenizeCall:
+    """A TokenizeRequest as the engine takes it."""
+
+    prompt: str | Conversation
+    add_bos: bool | None  # None: the checkpoint's own choice
+    return_token_strs: bool
+
+
+def tokenize_request_from_pb(msg: inference_pb2.TokenizeRequest) -> TokenizeCall:
+    _refuse_unknown_fields(msg)
+    if msg.messages:
+        if msg.prompt:
+            raise InvalidRequestError("messages", "give a conversation or a prompt, not both")
+        prompt = _conversation_from_pb(msg, inference_pb2.TOOL_CHOICE_AUTO)
+    else:
+        _refuse_without_messages(msg, ("chat_template_kwargs", "tools"))
+        prompt = msg.prompt
+    add_bos = msg.add_special_tokens if msg.HasField("add_special_tokens") else None
+    return TokenizeCall(prompt, add_bos, msg.return_token_strs)
+
+
+def tokenize_response_to_pb(
+    token_ids: list[int], token_strs: list[str], max_model_len: int
+) -> inference_pb2.TokenizeResponse:
+    return inference_pb2.TokenizeResponse(
+        tokens=token_ids, token_strs=token_strs, max_model_len=max_model_len
+    )
+
+
+def detokenize_request_from_pb(msg: inference_pb2.DetokenizeRequest) -> tuple[int, ...]:
+    _refuse_unknown_fields(msg)
+    return tuple(msg.tokens)
+
+
+def _conversation_from_pb(msg, tool_choice: int) -> Conversation:
+    """A GenerateRequest's or TokenizeRequest's conversation (messages, chat_template_kwargs,
+    tools) and `tool_choice`."""
+    if tool_choice not in TOOL_CHOICES:
+        raise InvalidRequestError(
+            "tool_choice", f"{tool_choice} is not a ToolChoice; allowed: AUTO, NONE"
+        )
+    return Conversation(
+        tuple(
+            ChatMessage(
+                m.role,
+                m.content,
+                tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                m.tool_call_id,
+            )
+            for m in msg.messages
+        ),
+        json_format.MessageToDict(msg.chat_template_kwargs),
+        tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
+        TOOL_CHOICES[tool_choice],
+    )
+
+
+def _refuse_without_messages(msg, names: tuple[str, ...]) -> None:
+    """The conversation's fields `names` of `msg`, set with no messages, are refused."""
+    for name in names:
+        if msg.HasField(name) if name == "chat_template_kwargs" else bool(getattr(msg, name)):
+            raise InvalidRequestError(
+                name, "applies to a conversation (messages), which was not given"
+            )
+
+
 def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...] | Conversation:
     if msg.messages:
         if msg.prompt or msg.prompt_token_ids:
             raise InvalidRequestError(
                 "messages", "give a conversation or a prompt (prompt, prompt_token_ids), not both"
             )
-        return Conversation(
-            tuple(ChatMessage(m.role, m.content) for m in msg.messages),
-            json_format.MessageToDict(msg.chat_template_kwargs),
-        )
-    if msg.HasField("chat_template_kwargs"):
-        raise InvalidRequestError(
-            "chat_template_kwargs", "applies to a conversation (messages), which was not given"
-        )
+        return _conversation_from_pb(msg, msg.tool_choice)
+    _refuse_without_messages(msg, ("chat_template_kwargs", "tools", "tool_choice"))
     return tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
 
 
@@ -155,6 +222,8 @@ def fill_generate_response(
         msg.num_prompt_tokens = output.num_prompt_tokens
     msg.num_output_tokens = output.num_output_tokens
     msg.worker_id = worker_id
+    for call in output.tool_calls:
+        msg.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     for field, entries in (
         (msg.logprobs, output.logprobs),
         (msg.prompt_logprobs, output.prompt_logprobs),

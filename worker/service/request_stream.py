@@ -177,9 +177,13 @@ class RequestStream(HandOver):
 
 
 def _joined(first: RequestOutput, then: RequestOutput) -> RequestOutput:
-    """One delta for two consecutive ones: their tokens and text, the later one's state."""
+    """One delta for two consecutive ones: their tokens, text, logprobs and tool calls, the
+    later one's state (a first output's prompt logprobs stay with it)."""
     return dataclasses.replace(
         then,
         new_token_ids=first.new_token_ids + then.new_token_ids,
         new_text=first.new_text + then.new_text,
+        logprobs=first.logprobs + then.logprobs,
+        prompt_logprobs=first.prompt_logprobs + then.prompt_logprobs,
+        tool_calls=first.tool_calls + then.tool_calls,
     )

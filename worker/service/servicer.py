@@ -76,6 +76,25 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             finally:
                 stream.cancel()  # a no-op once the stream finished
 
+    def Tokenize(
+        self, request: inference_pb2.TokenizeRequest, context: grpc.ServicerContext
+    ) -> inference_pb2.TokenizeResponse:
+        # NOTE: on this server thread, never on the engine loop (the tokenizer is read only).
+        call = convert.tokenize_request_from_pb(request)
+        engine = self._loop.engine
+        with convert.proto_field_names():
+            token_ids = engine.tokenize(call.prompt, call.add_bos)
+        strs = [engine.tokenizer.token_text(t) or "" for t in token_ids]
+        return convert.tokenize_response_to_pb(
+            token_ids, strs if call.return_token_strs else [], engine.max_model_len
+        )
+
+    def Detokenize(
+        self, request: inference_pb2.DetokenizeRequest, context: grpc.ServicerContext
+    ) -> inference_pb2.DetokenizeResponse:
+        text = self._loop.engine.detokenize(convert.detokenize_request_from_pb(request))
+        return inference_pb2.DetokenizeResponse(prompt=text)
+
 
 class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServiceServicer):
     def __init__(

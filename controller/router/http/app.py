@@ -7,12 +7,13 @@ keys.
     GET  /version               intentserve's version
     POST /v1/completions        OpenAI's completions (stream: server-sent events, then [DONE])
     POST /v1/chat/completions   OpenAI's chat completions; the worker templates every turn
+    POST /tokenize, /detokenize vLLM's: a READY worker's tokenizer (tokenize.py)
     GET  /health                200 when gRPC health says SERVING, else 503 with the reason
     GET  /metrics               Prometheus text format
 
-`/v1/*` needs an API key (`Authorization: Bearer ...`) when keys are set; `/health` and
-`/metrics` are open, like gRPC health. Every request gets a request id and an access-log line
-(access.py).
+`/v1/*`, `/tokenize` and `/detokenize` need an API key (`Authorization: Bearer ...`) when keys
+are set; `/health` and `/metrics` are open, like gRPC health. Every request gets a request id and
+an access-log line (access.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from intentserve.controller.router.http.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from intentserve.controller.router.http.tokenize import add_tokenize_routes
 from intentserve.controller.router.request_metrics import MeteredRouter
+from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.view import DeploymentView
 from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -69,6 +72,7 @@ class Frontend:
     # What a request's `model` may be: the served name (listed), then the exact reference.
     model_names: tuple[str, ...]
     metrics: CollectorRegistry
+    tokenizing: TokenizeRoute  # /tokenize, /detokenize on a READY worker
     cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
 
 
@@ -114,6 +118,8 @@ def build_app(frontend: Frontend) -> FastAPI:
                 code="model_not_found",
             )
         return body
+
+    add_tokenize_routes(app, frontend.tokenizing, parse)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
@@ -255,7 +261,7 @@ async def _events(
         async for i, response in merged:
             reply = replies[i]
             text, finish = reply.add(response)
-            if text or finish is not None or reply.logprobs:
+            if text or finish is not None or reply.logprobs or reply.has_unsent_calls:
                 yield _sse(reply.chunk(text, finish, **extra))
         if include_usage:
             yield _sse({**replies[0].usage_chunk(), "usage": openai_convert.merged_usage(replies)})

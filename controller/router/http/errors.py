@@ -20,6 +20,7 @@ from intentserve.controller.router.http.openai_schema import (
     UnsupportedField,
 )
 from intentserve.controller.status_codes import STATUS_CODES
+from intentserve.field_errors import violation_of
 from intentserve.status import lookup
 from pydantic import ValidationError
 
@@ -100,10 +101,10 @@ def from_routing(error: Exception, body: CompletionRequest | ChatCompletionReque
     if isinstance(error, NotReady):
         return OpenAIError(status, message, code=error.reason.code.value)
     param = None
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        # NOTE: the worker's message starts with the field's GenerateRequest path (`field: ...`).
-        field_path, _, detail = message.partition(": ")
-        param = param_of(field_path, body)
+    violation = violation_of(error)
+    if code is grpc.StatusCode.INVALID_ARGUMENT and violation is not None:
+        # NOTE: the worker's BadRequest detail names the field by its GenerateRequest path.
+        param = param_of(violation.field, body)
         if param is not None:
-            message = f"{param}: {detail}"
+            message = f"{param}: {violation.description}"
     return OpenAIError(status, message, param=param, code=code.name.lower())

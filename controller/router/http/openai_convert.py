@@ -6,6 +6,7 @@ a gRPC one.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,9 @@ from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
+    ToolDefinition,
 )
 from intentserve.controller.router.request_metrics import FINISH_REASONS
 from intentserve.ids import new_request_id
@@ -40,6 +43,14 @@ PARAMS = {
     "sampling.logit_bias": "logit_bias",
     "sampling.logprobs": "logprobs",
     "chat_template_kwargs": "chat_template_kwargs",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
+    "tokens": "tokens",  # /detokenize
+}
+TOOL_CHOICES = {
+    None: inference_pb2.TOOL_CHOICE_UNSPECIFIED,
+    "auto": inference_pb2.TOOL_CHOICE_AUTO,
+    "none": inference_pb2.TOOL_CHOICE_NONE,
 }
 # OpenAI's newer name for the system turn.
 ROLE_ALIASES = {"developer": "system"}
@@ -94,13 +105,42 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else None
     limit = body.max_tokens if limit is None else limit
     request = _generate_request(body, limit, body.num_logprobs)
-    request.messages.extend(
-        inference_pb2.ChatMessage(role=ROLE_ALIASES.get(m.role, m.role), content=m.text)
-        for m in body.messages
-    )
-    if body.chat_template_kwargs is not None:
-        request.chat_template_kwargs.update(body.chat_template_kwargs)
+    fill_conversation(request, body.messages, body.chat_template_kwargs, body.tools)
+    request.tool_choice = TOOL_CHOICES[body.tool_choice]
     return request
+
+
+def fill_conversation(
+    request: inference_pb2.GenerateRequest | inference_pb2.TokenizeRequest,
+    messages: list[ChatMessage],
+    template_kwargs: dict[str, Any] | None,
+    tools: list[ToolDefinition] | None,
+) -> None:
+    """A conversation's turns, template variables and tools, set on `request`."""
+    request.messages.extend(
+        inference_pb2.ChatMessage(
+            role=ROLE_ALIASES.get(m.role, m.role),
+            content=m.text,
+            tool_calls=[
+                inference_pb2.ToolCall(
+                    id=c.id, name=c.function.name, arguments=c.function.arguments
+                )
+                for c in m.tool_calls or []
+            ],
+            tool_call_id=m.tool_call_id or "",
+        )
+        for m in messages
+    )
+    if template_kwargs is not None:
+        request.chat_template_kwargs.update(template_kwargs)
+    request.tools.extend(
+        inference_pb2.Tool(
+            name=t.function.name,
+            description=t.function.description,
+            parameters="" if t.function.parameters is None else json.dumps(t.function.parameters),
+        )
+        for t in tools or []
+    )
 
 
 def choice_requests(
@@ -141,17 +181,24 @@ def merged_response(replies: list[Reply]) -> dict[str, Any]:
     return body
 
 
-def param_of(field_path: str, body: CompletionRequest | ChatCompletionRequest) -> str | None:
-    """The request parameter a worker's field path names; None when it names none."""
-    if isinstance(body, ChatCompletionRequest):
+def param_of(field_path: str, body) -> str | None:
+    """The request parameter a worker's field path names; None when it names none. `body`: a
+    completions, chat or /tokenize body (one with `messages` is read as a chat's)."""
+    if getattr(body, "messages", None) is not None:
         if field_path in ("prompt", "prompt_token_ids", "chat") or field_path.startswith(
             "messages"
         ):
-            return field_path if field_path.startswith("messages[") else "messages"
+            if not field_path.startswith("messages["):
+                return "messages"
+            return field_path.replace(".arguments", ".function.arguments")
         if field_path == "stop.max_tokens":
             return body.max_tokens_param
         if field_path == "sampling.logprobs":
             return "top_logprobs"
+        if field_path.startswith("tools["):
+            return field_path.replace(".parameters", ".function.parameters").replace(
+                ".name", ".function.name"
+            )
     return PARAMS.get(field_path)
 
 
@@ -173,6 +220,8 @@ class Reply:
     echo: bool = False  # completions: the prompt goes before the completion
     echo_text: str | None = None  # the prompt's text; None: joined from its tokens
     num_logprob_chars: int = 0  # completions' text_offset of the next token
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape, in order
+    num_streamed_calls: int = 0  # how many of tool_calls went out in chunks
 
     @property
     def id(self) -> str:
@@ -183,6 +232,14 @@ class Reply:
         text = self._echoed(response) + response.text
         self.text.append(text)
         self.logprobs.extend(response.logprobs)
+        self.tool_calls.extend(
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in response.tool_calls
+        )
         self.num_output_tokens = response.num_output_tokens
         finish = FINISH_REASONS.get(response.finish_reason) or None
         if finish is not None:
@@ -245,11 +302,17 @@ class Reply:
             **extra,
         }
 
+    @property
+    def has_unsent_calls(self) -> bool:
+        return self.num_streamed_calls < len(self.tool_calls)
+
     def response(self) -> dict[str, Any]:
-        """The whole reply (`stream: false`)."""
+        """The whole reply (`stream: false`); with tool calls and no other text, content null."""
         text = "".join(self.text)
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tool_calls:
+                message.update(content=text or None, tool_calls=self.tool_calls)
             choice = {"message": message, "finish_reason": self.finish_reason}
             return self._object("chat.completion", choice, self.logprobs, usage=self.usage())
         choice = {"text": text, "finish_reason": self.finish_reason}
@@ -257,12 +320,21 @@ class Reply:
 
     def chunk(self, text: str, finish: str | None, *, first: bool = False, **extra: Any):
         """One `stream: true` chunk; the chat stream's first says who speaks. It carries the
-        logprobs of the tokens taken in since the previous chunk."""
+        logprobs of the tokens taken in since the previous chunk, and the tool calls."""
         logprobs, self.logprobs = self.logprobs, []
         if self.chat:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            delta: dict[str, Any] = (
+                {"role": "assistant", "content": text} if first else {"content": text}
+            )
             if finish is not None and not text:
                 delta = {}
+            if self.has_unsent_calls:
+                # NOTE: each call goes out whole, in one delta, with its index in the reply.
+                start, self.num_streamed_calls = self.num_streamed_calls, len(self.tool_calls)
+                calls = self.tool_calls[start:]
+                delta["tool_calls"] = [{"index": start + i, **c} for i, c in enumerate(calls)]
+                if not text:
+                    delta.pop("content", None)
             choice = {"delta": delta, "finish_reason": finish}
             return self._object("chat.completion.chunk", choice, logprobs, **extra)
         choice = {"text": text, "finish_reason": finish}

@@ -5,9 +5,9 @@ Only the JSON's shape is checked here (types, and the ranges the protobuf fields
 check of a value's meaning (temperature >= 0, top_p in (0, 1], max_tokens within the model length)
 is the worker's, for HTTP and gRPC alike. Nothing is accepted and dropped: a field this server
 does not know is refused naming it (`extra="forbid"`), and a known field whose value asks for
-what nothing here does (`echo: true`, `tools`) is refused naming it; only its neutral value
-(`tool_choice: "none"`) passes. `user` and `safety_identifier` are labels for the
-client's own accounting: they ask for nothing and pass.
+what nothing here does (`echo: true` in chat, `tool_choice: "required"`) is refused naming it.
+`user` and `safety_identifier` are labels for the client's own accounting: they ask for nothing
+and pass.
 """
 
 from __future__ import annotations
@@ -45,7 +45,14 @@ def _first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], boo
     return None
 
 
-TOOLS = "tool calling is not supported by this server"
+TOOLS = "completions take no tools (tool calling is chat's)"
+# NOTE: `required` and a named function need the reply constrained to a call (structured outputs).
+TOOL_CHOICES = ("auto", "none")
+CHAT_TOOL_CHOICE = (
+    lambda v: v not in TOOL_CHOICES,
+    "the model is not constrained to call a tool, so 'required' and a named function are not "
+    "honoured; allowed: 'auto', 'none'",
+)
 STRUCTURED = "structured outputs are not supported by this server; allowed: {'type': 'text'}"
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -162,6 +169,39 @@ class CompletionRequest(_Request):
         return {"prompt": (batched, "one prompt per request: batched prompts are not supported")}
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # true asks for the arguments constrained to the schema: refused
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCallParam(BaseModel):
+    """A call in an assistant turn (what the reply's `tool_calls` held)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -174,9 +214,7 @@ class ChatMessage(BaseModel):
     # What the SDK's own reply object dumps passes when empty; a value asks for something.
     refusals: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
         "name": (_given, "participant names are not supported"),
-        "tool_calls": (bool, TOOLS),
-        "tool_call_id": (_given, TOOLS),
-        "function_call": (_given, TOOLS),
+        "function_call": (_given, "the deprecated function_call is not supported; send tool_calls"),
         "audio": (_given, "audio is not supported (this deployment serves a text model)"),
         "refusal": (_given, "a refusal turn is not supported; send it as content"),
         "annotations": (bool, "annotations are not supported"),
@@ -185,8 +223,8 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # an assistant turn's
+    tool_call_id: str | None = None  # a tool turn's
     function_call: Any = None
     audio: Any = None
     refusal: str | None = None
@@ -214,11 +252,32 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+def conversation_unsupported(
+    messages: list[ChatMessage], tools: list[ToolDefinition] | None
+) -> UnsupportedField | None:
+    """The first field of a conversation's turns or tools that asks for what is not done (chat
+    completions and /tokenize alike)."""
+    for i, message in enumerate(messages):
+        asked = _first_asked(message, ChatMessage.refusals)
+        if asked is not None:
+            return UnsupportedField(f"messages[{i}].{asked[0]}", asked[1])
+    for i, tool in enumerate(tools or []):
+        if tool.function.strict:
+            return UnsupportedField(
+                f"tools[{i}].function.strict",
+                "the arguments are not constrained to the schema; allowed: false",
+            )
+    return None
+
+
 class ChatCompletionRequest(_Request):
     refusals: ClassVar = {
         **REFUSALS,
-        "tools": (bool, TOOLS),
-        "parallel_tool_calls": (_given, TOOLS),
+        "tool_choice": CHAT_TOOL_CHOICE,
+        "parallel_tool_calls": (
+            lambda v: not v,
+            "nothing keeps the model to one call; allowed: true (the default)",
+        ),
         "echo": (bool, "echo is not supported for chat (completions echo the prompt)"),
         "store": (bool, "nothing is stored by this server; allowed: false"),
         "modalities": (lambda v: v != ["text"], "only text is served; allowed: ['text']"),
@@ -234,18 +293,14 @@ class ChatCompletionRequest(_Request):
     top_logprobs: UInt32 | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     safety_identifier: str | None = None  # a label, as `user`: asks for nothing
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     modalities: list[str] | None = None
     service_tier: str | None = None
 
     def unsupported(self) -> UnsupportedField | None:
-        for i, message in enumerate(self.messages):
-            asked = _first_asked(message, ChatMessage.refusals)
-            if asked is not None:
-                return UnsupportedField(f"messages[{i}].{asked[0]}", asked[1])
-        return super().unsupported()
+        return conversation_unsupported(self.messages, self.tools) or super().unsupported()
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
         return {

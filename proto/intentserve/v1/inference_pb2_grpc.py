@@ -45,6 +45,16 @@ class InferenceStub:
                 request_serializer=intentserve_dot_v1_dot_inference__pb2.GenerateCommand.SerializeToString,
                 response_deserializer=intentserve_dot_v1_dot_inference__pb2.GenerateEvents.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/intentserve.v1.Inference/Tokenize',
+                request_serializer=intentserve_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/intentserve.v1.Inference/Detokenize',
+                request_serializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -53,7 +63,8 @@ class InferenceServicer:
 
     def Generate(self, request, context):
         """Generate text for one prompt, streaming tokens as they are produced. Errors:
-        INVALID_ARGUMENT (a field out of range, named), UNAVAILABLE (not ready, or the worker was
+        INVALID_ARGUMENT (a field out of range, named in the message and in a google.rpc.BadRequest
+        detail), UNAVAILABLE (not ready, or the worker was
         lost mid-stream), RESOURCE_EXHAUSTED (every queue full), CANCELLED (client cancel).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -71,6 +82,22 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The model's tokenizer: text or a conversation to token ids. The controller asks a READY
+        worker (no generation slot is taken). Errors: INVALID_ARGUMENT (named), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Token ids to text, on a READY worker as Tokenize. Errors: INVALID_ARGUMENT (an id outside
+        the vocabulary, named), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +110,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GenerateMany,
                     request_deserializer=intentserve_dot_v1_dot_inference__pb2.GenerateCommand.FromString,
                     response_serializer=intentserve_dot_v1_dot_inference__pb2.GenerateEvents.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=intentserve_dot_v1_dot_inference__pb2.TokenizeRequest.FromString,
+                    response_serializer=intentserve_dot_v1_dot_inference__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeRequest.FromString,
+                    response_serializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +177,60 @@ class Inference:
             '/intentserve.v1.Inference/GenerateMany',
             intentserve_dot_v1_dot_inference__pb2.GenerateCommand.SerializeToString,
             intentserve_dot_v1_dot_inference__pb2.GenerateEvents.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/intentserve.v1.Inference/Tokenize',
+            intentserve_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+            intentserve_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/intentserve.v1.Inference/Detokenize',
+            intentserve_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+            intentserve_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,47 +22,48 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from intentserve.v1 import common_pb2 as intentserve_dot_v1_dot_common__pb2
 from intentserve.v1 import inference_pb2 as intentserve_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bintentserve/v1/worker.proto\x12\x0eintentserve.v1\x1a\x1bintentserve/v1/common.proto\x1a\x1eintentserve/v1/inference.proto\"\x81\x01\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\ncapability\x18\x03 \x01(\x0b\x32\x1a.intentserve.v1.Capability\x12\x1a\n\x12registration_token\x18\x04 \x01(\x0c\"\xb6\x01\n\x10RegisterResponse\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1e.intentserve.v1.ResolvedConfigH\x00\x12+\n\trejection\x18\x03 \x01(\x0b\x32\x16.intentserve.v1.ReasonH\x00\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x1a\n\x12registration_token\x18\x04 \x01(\x0c\x42\t\n\x07outcome\"\x9c\x01\n\x0eRealizedReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x08realized\x18\x02 \x01(\x0b\x32\x1d.intentserve.v1.RealizedState\x12*\n\nload_error\x18\x03 \x01(\x0b\x32\x16.intentserve.v1.Reason\x12\x1a\n\x12registration_token\x18\x04 \x01(\x0c\"H\n\x0cVerification\x12\x10\n\x08verified\x18\x01 \x01(\x08\x12&\n\x06reason\x18\x02 \x01(\x0b\x32\x16.intentserve.v1.Reason\"\xb1\x02\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_kv_used\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_total\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12!\n\x19num_prefix_queried_tokens\x18\x07 \x01(\x04\x12\x1d\n\x15num_prefix_hit_tokens\x18\x08 \x01(\x04\x12\x1a\n\x12registration_token\x18\t \x01(\x0c\x12\x11\n\tnum_steps\x18\n \x01(\x04\x12\x14\n\x0ctotal_step_s\x18\x0b \x01(\x01\x12\x15\n\rnum_step_seqs\x18\x0c \x01(\x04\"D\n\x11HeartbeatResponse\x12/\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1f.intentserve.v1.HeartbeatAction\"\r\n\x0bInfoRequest\"\x8f\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12.\n\ncapability\x18\x02 \x01(\x0b\x32\x1a.intentserve.v1.Capability\x12/\n\x08realized\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.RealizedState\x12\r\n\x05model\x18\x04 \x01(\t\"\x81\x01\n\rStreamCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\"\x88\x01\n\x0bStreamEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12,\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1b.intentserve.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\";\n\x0cStreamEvents\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.intentserve.v1.StreamEvent*\x8d\x01\n\x0fHeartbeatAction\x12 \n\x1cHEARTBEAT_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n\x19HEARTBEAT_ACTION_CONTINUE\x10\x01\x12\x1d\n\x19HEARTBEAT_ACTION_REGISTER\x10\x02\x12\x1a\n\x16HEARTBEAT_ACTION_DRAIN\x10\x03\x32\x81\x02\n\x0eWorkerRegistry\x12M\n\x08Register\x12\x1f.intentserve.v1.RegisterRequest\x1a .intentserve.v1.RegisterResponse\x12N\n\x0eReportRealized\x12\x1e.intentserve.v1.RealizedReport\x1a\x1c.intentserve.v1.Verification\x12P\n\tHeartbeat\x12 .intentserve.v1.HeartbeatRequest\x1a!.intentserve.v1.HeartbeatResponse2T\n\x11WorkerInfoService\x12?\n\x04Info\x12\x1b.intentserve.v1.InfoRequest\x1a\x1a.intentserve.v1.WorkerInfo2Y\n\rWorkerStreams\x12H\n\x05Serve\x12\x1d.intentserve.v1.StreamCommand\x1a\x1c.intentserve.v1.StreamEvents(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bintentserve/v1/worker.proto\x12\x0eintentserve.v1\x1a\x19google/protobuf/any.proto\x1a\x1bintentserve/v1/common.proto\x1a\x1eintentserve/v1/inference.proto\"\x81\x01\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\ncapability\x18\x03 \x01(\x0b\x32\x1a.intentserve.v1.Capability\x12\x1a\n\x12registration_token\x18\x04 \x01(\x0c\"\xb6\x01\n\x10RegisterResponse\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1e.intentserve.v1.ResolvedConfigH\x00\x12+\n\trejection\x18\x03 \x01(\x0b\x32\x16.intentserve.v1.ReasonH\x00\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x1a\n\x12registration_token\x18\x04 \x01(\x0c\x42\t\n\x07outcome\"\x9c\x01\n\x0eRealizedReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x08realized\x18\x02 \x01(\x0b\x32\x1d.intentserve.v1.RealizedState\x12*\n\nload_error\x18\x03 \x01(\x0b\x32\x16.intentserve.v1.Reason\x12\x1a\n\x12registration_token\x18\x04 \x01(\x0c\"H\n\x0cVerification\x12\x10\n\x08verified\x18\x01 \x01(\x08\x12&\n\x06reason\x18\x02 \x01(\x0b\x32\x16.intentserve.v1.Reason\"\xb1\x02\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_kv_used\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_total\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12!\n\x19num_prefix_queried_tokens\x18\x07 \x01(\x04\x12\x1d\n\x15num_prefix_hit_tokens\x18\x08 \x01(\x04\x12\x1a\n\x12registration_token\x18\t \x01(\x0c\x12\x11\n\tnum_steps\x18\n \x01(\x04\x12\x14\n\x0ctotal_step_s\x18\x0b \x01(\x01\x12\x15\n\rnum_step_seqs\x18\x0c \x01(\x04\"D\n\x11HeartbeatResponse\x12/\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1f.intentserve.v1.HeartbeatAction\"\r\n\x0bInfoRequest\"\x8f\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12.\n\ncapability\x18\x02 \x01(\x0b\x32\x1a.intentserve.v1.Capability\x12/\n\x08realized\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.RealizedState\x12\r\n\x05model\x18\x04 \x01(\t\"\x81\x01\n\rStreamCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\"Z\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12,\n\x0estatus_details\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x88\x01\n\x0bStreamEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12,\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1b.intentserve.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\";\n\x0cStreamEvents\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.intentserve.v1.StreamEvent*\x8d\x01\n\x0fHeartbeatAction\x12 \n\x1cHEARTBEAT_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n\x19HEARTBEAT_ACTION_CONTINUE\x10\x01\x12\x1d\n\x19HEARTBEAT_ACTION_REGISTER\x10\x02\x12\x1a\n\x16HEARTBEAT_ACTION_DRAIN\x10\x03\x32\x81\x02\n\x0eWorkerRegistry\x12M\n\x08Register\x12\x1f.intentserve.v1.RegisterRequest\x1a .intentserve.v1.RegisterResponse\x12N\n\x0eReportRealized\x12\x1e.intentserve.v1.RealizedReport\x1a\x1c.intentserve.v1.Verification\x12P\n\tHeartbeat\x12 .intentserve.v1.HeartbeatRequest\x1a!.intentserve.v1.HeartbeatResponse2T\n\x11WorkerInfoService\x12?\n\x04Info\x12\x1b.intentserve.v1.InfoRequest\x1a\x1a.intentserve.v1.WorkerInfo2Y\n\rWorkerStreams\x12H\n\x05Serve\x12\x1d.intentserve.v1.StreamCommand\x1a\x1c.intentserve.v1.StreamEvents(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'intentserve.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HEARTBEATACTION']._serialized_start=1576
-  _globals['_HEARTBEATACTION']._serialized_end=1717
-  _globals['_REGISTERREQUEST']._serialized_start=109
-  _globals['_REGISTERREQUEST']._serialized_end=238
-  _globals['_REGISTERRESPONSE']._serialized_start=241
-  _globals['_REGISTERRESPONSE']._serialized_end=423
-  _globals['_REALIZEDREPORT']._serialized_start=426
-  _globals['_REALIZEDREPORT']._serialized_end=582
-  _globals['_VERIFICATION']._serialized_start=584
-  _globals['_VERIFICATION']._serialized_end=656
-  _globals['_HEARTBEATREQUEST']._serialized_start=659
-  _globals['_HEARTBEATREQUEST']._serialized_end=964
-  _globals['_HEARTBEATRESPONSE']._serialized_start=966
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1034
-  _globals['_INFOREQUEST']._serialized_start=1036
-  _globals['_INFOREQUEST']._serialized_end=1049
-  _globals['_WORKERINFO']._serialized_start=1052
-  _globals['_WORKERINFO']._serialized_end=1195
-  _globals['_STREAMCOMMAND']._serialized_start=1198
-  _globals['_STREAMCOMMAND']._serialized_end=1327
-  _globals['_STREAMERROR']._serialized_start=1329
-  _globals['_STREAMERROR']._serialized_end=1373
-  _globals['_STREAMEVENT']._serialized_start=1376
-  _globals['_STREAMEVENT']._serialized_end=1512
-  _globals['_STREAMEVENTS']._serialized_start=1514
-  _globals['_STREAMEVENTS']._serialized_end=1573
-  _globals['_WORKERREGISTRY']._serialized_start=1720
-  _globals['_WORKERREGISTRY']._serialized_end=1977
-  _globals['_WORKERINFOSERVICE']._serialized_start=1979
-  _globals['_WORKERINFOSERVICE']._serialized_end=2063
-  _globals['_WORKERSTREAMS']._serialized_start=2065
-  _globals['_WORKERSTREAMS']._serialized_end=2154
+  _globals['_HEARTBEATACTION']._serialized_start=1649
+  _globals['_HEARTBEATACTION']._serialized_end=1790
+  _globals['_REGISTERREQUEST']._serialized_start=136
+  _globals['_REGISTERREQUEST']._serialized_end=265
+  _globals['_REGISTERRESPONSE']._serialized_start=268
+  _globals['_REGISTERRESPONSE']._serialized_end=450
+  _globals['_REALIZEDREPORT']._serialized_start=453
+  _globals['_REALIZEDREPORT']._serialized_end=609
+  _globals['_VERIFICATION']._serialized_start=611
+  _globals['_VERIFICATION']._serialized_end=683
+  _globals['_HEARTBEATREQUEST']._serialized_start=686
+  _globals['_HEARTBEATREQUEST']._serialized_end=991
+  _globals['_HEARTBEATRESPONSE']._serialized_start=993
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1061
+  _globals['_INFOREQUEST']._serialized_start=1063
+  _globals['_INFOREQUEST']._serialized_end=1076
+  _globals['_WORKERINFO']._serialized_start=1079
+  _globals['_WORKERINFO']._serialized_end=1222
+  _globals['_STREAMCOMMAND']._serialized_start=1225
+  _globals['_STREAMCOMMAND']._serialized_end=1354
+  _globals['_STREAMERROR']._serialized_start=1356
+  _globals['_STREAMERROR']._serialized_end=1446
+  _globals['_STREAMEVENT']._serialized_start=1449
+  _globals['_STREAMEVENT']._serialized_end=1585
+  _globals['_STREAMEVENTS']._serialized_start=1587
+  _globals['_STREAMEVENTS']._serialized_end=1646
+  _globals['_WORKERREGISTRY']._serialized_start=1793
+  _globals['_WORKERREGISTRY']._serialized_end=2050
+  _globals['_WORKERINFOSERVICE']._serialized_start=2052
+  _globals['_WORKERINFOSERVICE']._serialized_end=2136
+  _globals['_WORKERSTREAMS']._serialized_start=2138
+  _globals['_WORKERSTREAMS']._serialized_end=2227
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import any_pb2 as _any_pb2
 from intentserve.v1 import common_pb2 as _common_pb2
 from intentserve.v1 import inference_pb2 as _inference_pb2
 from google.protobuf.internal import containers as _containers
@@ -127,12 +128,14 @@ class StreamCommand(_message.Message):
     def __init__(self, stream: _Optional[int] = ..., start: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class StreamError(_message.Message):
-    __slots__ = ("code", "details")
+    __slots__ = ("code", "details", "status_details")
     CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_DETAILS_FIELD_NUMBER: _ClassVar[int]
     code: int
     details: str
-    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+    status_details: _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., status_details: _Optional[_Iterable[_Union[_any_pb2.Any, _Mapping]]] = ...) -> None: ...
 
 class StreamEvent(_message.Message):
     __slots__ = ("stream", "output", "error")

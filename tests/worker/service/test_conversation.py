@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 from intentserve.v1 import inference_pb2, worker_pb2
-from intentserve.worker.engine.chat import ChatMessage, Conversation
+from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import InvalidRequestError
+from intentserve.worker.engine.tool_calls import ToolCall
 from intentserve.worker.service import convert
 from intentserve.worker.service.engine_loop import EngineLoad
 
@@ -72,7 +73,7 @@ def test_chat_still_renders_the_prompt_as_one_user_turn():
 @pytest.mark.parametrize(
     ("fields", "field_path"),
     [
-        ({"messages": turns(("user", "Hi"), ("tool", "x"))}, "messages[1].role"),
+        ({"messages": turns(("user", "Hi"), ("robot", "x"))}, "messages[1].role"),
         ({"messages": turns(("user", "refused"))}, "messages"),
         ({"messages": turns(("user", "Hi")), "prompt": "also"}, "messages"),
         ({"messages": turns(("user", "Hi")), "prompt_token_ids": [1]}, "messages"),
@@ -83,6 +84,22 @@ def test_a_bad_conversation_is_named_by_its_field(fields, field_path):
     with pytest.raises(InvalidRequestError) as info:
         decode(**fields)
     assert info.value.field == field_path
+
+
+def test_conversations_from_dicts_carry_calls_and_results():
+    call = ToolCall("call_1", "f", "{}")
+    conversation = Conversation.of(
+        [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+        ],
+        [Tool("f")],
+    )
+    assert conversation.messages == (
+        ChatMessage("assistant", "", (call,)),
+        ChatMessage("tool", "42", tool_call_id="call_1"),
+    )
+    assert conversation.tools == (Tool("f"),) and conversation.parses_tool_calls
 
 
 def test_conversations_from_dicts_refuse_what_is_not_a_turn():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf import struct_pb2
 from intentserve.v1 import inference_pb2
-from intentserve.worker.engine.chat import Conversation
+from intentserve.worker.engine.chat import Conversation, ToolChoice
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.model.tokenizer import Tokenizer
 from intentserve.worker.service.convert import generate_request_from_pb
@@ -30,6 +30,21 @@ HONOURED = {
     "chat_template_kwargs": (
         {"messages": MESSAGES, "chat_template_kwargs": _kwargs()},
         lambda c: dict(c.prompt.template_kwargs) == {"enable_thinking": False},
+    ),
+    "tools": (
+        {"messages": MESSAGES, "tools": [inference_pb2.Tool(name="f", parameters="{}")]},
+        lambda c: (
+            [(t.name, t.parameters) for t in c.prompt.tools] == [("f", "{}")]
+            and c.prompt.parses_tool_calls
+        ),
+    ),
+    "tool_choice": (
+        {
+            "messages": MESSAGES,
+            "tools": [inference_pb2.Tool(name="f")],
+            "tool_choice": inference_pb2.TOOL_CHOICE_NONE,
+        },
+        lambda c: c.prompt.tool_choice is ToolChoice.NONE and not c.prompt.parses_tool_calls,
     ),
     "sampling.temperature": (
         {"sampling": {"temperature": 0.5}},

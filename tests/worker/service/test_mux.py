@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from intentserve.field_errors import FieldViolation, violation_in
 from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.sampling import SamplingParams
@@ -150,7 +151,12 @@ def test_a_bad_field_fails_only_its_own_request_naming_the_field(server, mux):
     assert [e.WhichOneof("event") for e in bad] == ["error"]
     assert bad[0].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert bad[0].error.details.startswith("stop.max_tokens")
-    assert mux.wait(3)[0].error.details.startswith("prompt")
+    assert violation_in(bad[0].error.status_details).field == "stop.max_tokens"
+    empty = mux.wait(3)[0].error
+    assert empty.details.startswith("prompt")
+    assert violation_in(empty.status_details) == FieldViolation(
+        "prompt", empty.details.removeprefix("prompt: ")
+    )
     good = mux.wait(1)
     assert len(tokens(good)) == NUM_TOKENS
     assert mux.error is None  # the call itself goes on

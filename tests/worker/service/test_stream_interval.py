@@ -4,11 +4,14 @@ no token or character is lost on the way: not at the end, not at a cancel, not a
 
 from __future__ import annotations
 
+import dataclasses
+
 import grpc
 import pytest
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
-from intentserve.worker.engine.request import RequestOutput
+from intentserve.worker.engine.request import LogprobEntry, OutputLogprobs, RequestOutput
 from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.engine.tool_calls import ToolCall
 from intentserve.worker.sched.sequence import FinishReason
 from intentserve.worker.service.engine_loop import EngineLoop
 from intentserve.worker.service.request_stream import Outbox, RequestFailedError, RequestStream
@@ -46,6 +49,23 @@ def test_tokens_go_out_n_at_a_time_the_first_at_once_the_last_with_the_rest():
     assert items[-1].finish_reason is FinishReason.LENGTH
     assert [o.num_output_tokens for o in items] == [1, 5, 9, 10]
     assert stream.finished
+
+
+def test_held_outputs_keep_their_logprobs_and_tool_calls():
+    outbox = Outbox()
+    stream = RequestStream("r", lambda s: None, outbox, key=7, stream_interval=4)
+    for i in range(1, NUM_TOKENS + 1):
+        chosen = LogprobEntry(i, f"<{i}>", -float(i))
+        stream._put(
+            dataclasses.replace(
+                output(i, i, finished=i == NUM_TOKENS),
+                logprobs=(OutputLogprobs(chosen, ()),),
+                tool_calls=(ToolCall(f"call_{i}", "f", "{}"),) if i % 3 == 0 else (),
+            )
+        )
+    items = delivered(outbox)
+    assert [e.chosen.token_id for o in items for e in o.logprobs] == list(range(1, 11))
+    assert [c.id for o in items for c in o.tool_calls] == ["call_3", "call_6", "call_9"]
 
 
 def test_an_interval_of_one_delivers_every_output_as_it_comes():

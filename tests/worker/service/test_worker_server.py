@@ -13,6 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from intentserve.field_errors import violation_of
 from intentserve.v1 import (
     common_pb2,
     inference_pb2,
@@ -225,6 +226,8 @@ def test_invalid_request_is_invalid_argument_naming_the_field(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith(f"{field_path}: ")
     assert len(info.value.details()) < 1000  # the value sent is never echoed whole
+    violation = violation_of(info.value)  # the google.rpc.BadRequest detail
+    assert violation is not None and violation.field == field_path
     assert engine.scheduler.num_unfinished == 0
 
 
