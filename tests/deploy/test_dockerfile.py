@@ -15,7 +15,7 @@ from pathlib import Path
 import intentserve
 import pytest
 from intentserve.controller.launch.manifest import DEFAULT_HTTP_PORT
-from intentserve.worker.attention import cpu_kernels
+from intentserve.worker.kernels import library
 
 from tests.deploy.dockerfile import copies, dockerignore, ignored, parse
 
@@ -137,7 +137,7 @@ def test_the_project_installs_from_its_wheel_with_every_dependency_pinned():
 def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look():
     _, stages = parse(DOCKERFILE)
     build, final = stages[0], stages[-1]
-    build_step = "python -m intentserve.worker.attention.cpu_kernels --build"
+    build_step = "python -m intentserve.worker.kernels --build"
     steps = [i for i in build.instructions if i.keyword in ("ENV", "RUN")]
     built_at = next(n for n, i in enumerate(steps) if i.text == build_step)
     env = {}
@@ -145,7 +145,7 @@ def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look():
         if step.keyword == "ENV":
             env |= dict(w.split("=", 1) for w in shlex.split(step.text))
     cache, march = env["INTENTSERVE_KERNEL_CACHE"], env["INTENTSERVE_KERNEL_MARCH"]
-    assert march in cpu_kernels._X86_LEVEL_FLAGS  # portable: not the build machine's CPU
+    assert march in library._X86_LEVEL_FLAGS  # portable: not the build machine's CPU
     copied = [c.destination for c in copies(final) if c.from_stage == build.name]
     assert any(cache.startswith(f"{d}/") for d in copied)
     assert final.env()["INTENTSERVE_KERNEL_CACHE"] == cache

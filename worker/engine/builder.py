@@ -34,7 +34,6 @@ from intentserve.policy import (
     resolve,
 )
 from intentserve.policy.config import PAGED_OPTIONS
-from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
 from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.cuda_graphs import DecodeGraphs, capture_sizes
@@ -50,6 +49,7 @@ from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
 from intentserve.worker.hugepages import huge_page_bytes, move_weights_to_huge_pages, thp_mode
+from intentserve.worker.kernels import gguf_gemm_kernel
 from intentserve.worker.model.calibration import CALIBRATION_TEXT
 from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
 from intentserve.worker.model.decode_layers import CompiledDecode

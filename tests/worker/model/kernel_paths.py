@@ -4,7 +4,7 @@ and AMX tiles where the CPU has them), to run each kernel test on both."""
 import shutil
 
 import pytest
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable
+from intentserve.worker.kernels import KernelUnavailable
 
 
 def built_or_skip(build, what: str):

@@ -5,8 +5,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention import cpu_kernels
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, bf16_gemm_kernel, fused_ops
+from intentserve.worker.kernels import KernelUnavailable, bf16_gemm_kernel, fused_ops, library
 from intentserve.worker.model import cpu_ops
 
 pytestmark = pytest.mark.skipif(
@@ -114,13 +113,13 @@ def kernel_target(request, tmp_path, monkeypatch):
     """The kernels as this CPU builds them, and built for a portable x86 target (no
     AVX512-BF16: the rounding's portable steps), each in a cache of its own."""
     if request.param != "native":
-        if cpu_kernels.platform.machine() not in ("x86_64", "AMD64"):
+        if library.platform.machine() not in ("x86_64", "AMD64"):
             pytest.skip(f"{request.param} is an x86-64 target; this machine is not x86-64")
         monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", request.param)
         monkeypatch.setenv("INTENTSERVE_KERNEL_CACHE", str(tmp_path))
-    cpu_kernels._load_library.cache_clear()
+    library._load_library.cache_clear()
     yield request.param
-    cpu_kernels._load_library.cache_clear()
+    library._load_library.cache_clear()
 
 
 def test_bf16_rounding_is_torchs_bit_for_bit_but_denormals_on_avx512_bf16(kernel_target):

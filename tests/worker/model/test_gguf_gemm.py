@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
-from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
+from intentserve.worker.kernels import gguf_gemm_kernel
 from intentserve.worker.model.gguf_linear import (
     NATIVE_TYPES,
     GgufBlocks,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from intentserve.policy import WeightFormat
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, fused_ops, int8_gemm_kernel
+from intentserve.worker.kernels import KernelUnavailable, fused_ops, int8_gemm_kernel
 from intentserve.worker.model import cpu_ops
 from intentserve.worker.model.calibration import input_ranges
 from intentserve.worker.model.llama import LlamaModel

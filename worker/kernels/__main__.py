@@ -1,4 +1,4 @@
-"""`python -m intentserve.worker.attention.cpu_kernels [--build [--jobs N]]`: the kernels' cache.
+"""`python -m intentserve.worker.kernels [--build [--jobs N]]`: the kernels' cache.
 
 Without `--build` it says, per kernel, whether this host would find it built; with `--build` it
 compiles what is missing, N compilers at a time, and loads each kernel, as a worker would (an image
@@ -14,13 +14,14 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from intentserve.worker.attention import cpu_kernels
-from intentserve.worker.attention.cpu_kernels import KERNEL_NAMES, KernelUnavailable
+from intentserve.worker.kernels import library
+from intentserve.worker.kernels.library import KernelUnavailable
+from intentserve.worker.kernels.table import KERNEL_NAMES
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m intentserve.worker.attention.cpu_kernels",
+        prog="python -m intentserve.worker.kernels",
         description=__doc__.split("\n\n")[1],
     )
     parser.add_argument("--build", action="store_true", help="compile and load every kernel")
@@ -32,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         help="with --build: compilers run at once (default: this host's CPUs)",
     )
     args = parser.parse_args(argv)
-    march = cpu_kernels._march()
-    print(f"cache {cpu_kernels._cache_dir()}, -march={march}", flush=True)
+    march = library._march()
+    print(f"cache {library._cache_dir()}, -march={march}", flush=True)
     if args.build and args.jobs > 1:
         # The compilers side by side first (each its own process; a failure is kept by the load
         # below, which builds again and says why), then every kernel loaded, in order.
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in KERNEL_NAMES:
         try:
-            path = cpu_kernels._load(name)._name if args.build else cpu_kernels.cached(name)
+            path = library.load(name)._name if args.build else library.cached(name)
         except KernelUnavailable as error:
             print(f"{name}: unavailable: {error.reason}")
             failed += 1
@@ -63,7 +64,7 @@ def _positive(text: str) -> int:
 
 def _try_build(name: str) -> None:
     with contextlib.suppress(KernelUnavailable):  # the load that follows says why
-        cpu_kernels.build(name)
+        library.build(name)
 
 
 if __name__ == "__main__":
