@@ -49,7 +49,7 @@ from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
 from intentserve.worker.hugepages import huge_page_bytes, move_weights_to_huge_pages, thp_mode
-from intentserve.worker.kernels import gguf_gemm_kernel
+from intentserve.worker.kernels import gguf_gemm_kernel, loaded_variant
 from intentserve.worker.model.calibration import CALIBRATION_TEXT
 from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
 from intentserve.worker.model.decode_layers import CompiledDecode
@@ -99,8 +99,10 @@ def build_engine(
 ) -> Engine:
     """On a worker, `capability` and `resolution` are what the controller resolved against;
     standalone, the capability is probed and the intent resolved here by the same policy."""
-    loaded = loaded or load_model(config.model, config.dtype, config.device)
     device = torch.device(config.device)
+    # Before the model loads: a forced kernel variant this CPU cannot run refuses the start.
+    kernel_variant = loaded_variant() if device.type == "cpu" else ""
+    loaded = loaded or load_model(config.model, config.dtype, config.device)
     limits = SchedulerLimits(
         serving_max_model_len(loaded.config, config.max_model_len),
         config.max_num_seqs,
@@ -140,6 +142,7 @@ def build_engine(
             weight_bytes=resident_weight_bytes(loaded.model),
             attention_kernel=kv.attention.decode_impl if kv.attention is not None else "",
             decode_graphs=_describe_graphs(runner),
+            kernel_variant=kernel_variant,
         ),
         model=config.model,
         matmuls=matmuls,

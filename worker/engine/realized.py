@@ -48,5 +48,7 @@ class RealizedReport:
             lines.append(f"decode layers: {self.decode_layers}")
         if c.decode_graphs:
             lines.append(f"decode steps: {c.decode_graphs}")
+        if c.kernel_variant:
+            lines.append(f"CPU kernels: the {c.kernel_variant} variant")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

@@ -1,9 +1,11 @@
 """The CPU kernels' ctypes face: each library's entry points, declared, behind one loader (built
 and loaded once a process, or KernelUnavailable with the reason; `library.py` builds and caches,
-`table.py` says which library serves which op). On a CPU with AMX the bf16 and int8 GEMMs run on
-its tiles; `INTENTSERVE_AMX=0` keeps them on AVX512-BF16 and AVX512-VNNI.
+`table.py` says which library serves which op, `variants.py` which ISA variant a process loads).
+On a CPU with AMX the bf16 and int8 GEMMs run on its tiles; `INTENTSERVE_AMX=0` keeps them on
+AVX512-BF16 and AVX512-VNNI.
 
-Built ahead (an image): `python -m intentserve.worker.kernels --build` fills the cache.
+Built ahead (an image): `python -m intentserve.worker.kernels --build --all-variants` fills the
+cache.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from intentserve.worker.kernels.library import NATIVE, KernelUnavailable, _march, load
+from intentserve.worker.kernels import variants
+from intentserve.worker.kernels.library import KernelUnavailable, chosen, load
 from intentserve.worker.kernels.table import KERNEL_NAMES, kernel
 
 __all__ = ["KERNEL_NAMES", "KernelUnavailable"]  # and the loaders and their entry points below
@@ -174,12 +177,26 @@ def decode_layers_kernel() -> ctypes._CFuncPtr:
 def _missing_isa(name: str) -> KernelUnavailable:
     """Library `name` built without the instructions of its fast path (the table's), in words."""
     what = kernel(name).isa
-    march = _march()
-    if march == NATIVE:
+    choice = chosen()
+    if not choice.variant.portable:
         return KernelUnavailable(f"this CPU has no {what}")
     return KernelUnavailable(
-        f"the kernels are built for -march={march} (INTENTSERVE_KERNEL_MARCH), which has no {what}"
+        f"the kernels loaded are built for the {choice.variant.name} variant ({choice.how}), "
+        f"which has no {what}"
     )
+
+
+def loaded_variant() -> str:
+    """The ISA variant this process's CPU kernels are built for ("" where none loads: turned off,
+    or no compiler). KernelVariantError (a ValueError naming INTENTSERVE_KERNEL_VARIANT) for a
+    forced variant this CPU cannot run or an unknown one: an explicit choice is honoured or
+    refused, never replaced."""
+    variant = variants.choose().variant
+    try:
+        load("fused_ops")
+    except KernelUnavailable:
+        return ""
+    return variant.name
 
 
 def bf16_gemm_kernel() -> Bf16Gemm:

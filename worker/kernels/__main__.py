@@ -1,20 +1,20 @@
-"""`python -m intentserve.worker.kernels [--build [--jobs N]]`: the kernels' cache.
+"""`python -m intentserve.worker.kernels [--build [--all-variants] [--jobs N]]`: the kernels' cache.
 
-Without `--build` it says, per kernel, whether this host would find it built; with `--build` it
-compiles what is missing, N compilers at a time, and loads each kernel, as a worker would (an image
-runs this at build time, with INTENTSERVE_KERNEL_CACHE and INTENTSERVE_KERNEL_MARCH set as its
-workers see them). Exit 1 when a kernel cannot be had, with the reason.
+Without `--build` it says, per kernel, whether this process would find it built for the variant
+it loads; with `--build` it compiles what is missing, N compilers at a time, and loads each kernel,
+as a worker would. `--all-variants` compiles every portable variant too (runnable here or not), so
+that any host finds its own: an image runs this at build time, with INTENTSERVE_KERNEL_CACHE set
+as its workers see it. Exit 1 when a kernel cannot be had, with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from intentserve.worker.kernels import library
+from intentserve.worker.kernels import library, variants
 from intentserve.worker.kernels.library import KernelUnavailable
 from intentserve.worker.kernels.table import KERNEL_NAMES
 
@@ -26,6 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--build", action="store_true", help="compile and load every kernel")
     parser.add_argument(
+        "--all-variants",
+        action="store_true",
+        help="with --build: also compile every portable ISA variant ("
+        + ", ".join(v.name for v in variants.PORTABLE)
+        + ")",
+    )
+    parser.add_argument(
         "--jobs",
         type=_positive,
         default=os.cpu_count() or 1,
@@ -33,14 +40,26 @@ def main(argv: list[str] | None = None) -> int:
         help="with --build: compilers run at once (default: this host's CPUs)",
     )
     args = parser.parse_args(argv)
-    march = library._march()
-    print(f"cache {library._cache_dir()}, -march={march}", flush=True)
-    if args.build and args.jobs > 1:
-        # The compilers side by side first (each its own process; a failure is kept by the load
-        # below, which builds again and says why), then every kernel loaded, in order.
+    try:
+        choice = library.chosen()
+    except KernelUnavailable as error:
+        print(f"unavailable: {error.reason}")
+        return 1
+    print(f"cache {library._cache_dir()}, variant {choice.describe()}", flush=True)
+    if args.build:
+        # The compilers side by side first (each its own process; a failure of the chosen
+        # variant's is kept by the load below, which builds again and says why), then every
+        # kernel loaded, in order.
+        extra = [v for v in variants.PORTABLE if v != choice.variant] if args.all_variants else []
+        jobs = [(name, v) for v in (choice.variant, *extra) for name in KERNEL_NAMES]
         with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(_try_build, KERNEL_NAMES))
-    failed = 0
+            failures = [f for f in pool.map(_try_build, jobs) if f]
+        for variant in extra:
+            mine = [f for f in failures if f.startswith(f"{variant.name} ")]
+            print(f"variant {variant.name}: " + ("; ".join(mine) or "built"))
+        failed = sum(1 for f in failures if not f.startswith(f"{choice.variant.name} "))
+    else:
+        failed = 0
     for name in KERNEL_NAMES:
         try:
             path = library.load(name)._name if args.build else library.cached(name)
@@ -62,9 +81,14 @@ def _positive(text: str) -> int:
     return value
 
 
-def _try_build(name: str) -> None:
-    with contextlib.suppress(KernelUnavailable):  # the load that follows says why
-        library.build(name)
+def _try_build(job: tuple[str, variants.Variant]) -> str:
+    """ "" when built, else "<variant> <name>: <why>"."""
+    name, variant = job
+    try:
+        library.build(name, variant)
+    except KernelUnavailable as error:
+        return f"{variant.name} {name}: {error.reason}"
+    return ""
 
 
 if __name__ == "__main__":

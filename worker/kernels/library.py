@@ -5,10 +5,10 @@ A library that cannot be built is not an error: the caller keeps its pure-torch 
 (`KernelUnavailable.reason`). `INTENTSERVE_CPU_KERNELS=0` turns them off; `INTENTSERVE_KERNEL_CACHE`
 moves the cache (default `~/.cache/intentserve/kernels`).
 
-`-march=native` fits only the machine that compiled, so an image sets `INTENTSERVE_KERNEL_MARCH`
-to a portable target (`x86-64-v3`): the library is then keyed by that target instead of this CPU,
-found on any host that has the target's features (checked before loading), and found without a
-compiler, which the key does not include.
+Each library is built per ISA variant (`variants.py`); a process loads the variant `chosen()` for
+it. A portable variant's library is keyed by the variant instead of this CPU: built ahead (every
+variant, by an image), it is found on any host that runs the variant, without a compiler, which
+the key does not include.
 
 NOTE: the library is built with -fopenmp and so links `libgomp.so.1`; torch's CPU wheels ship
 their own `libgomp.so.1`, which is already loaded by then, so the dynamic loader binds the kernel
@@ -28,6 +28,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from intentserve.worker.kernels import variants
 from intentserve.worker.kernels.table import kernel
 
 log = logging.getLogger(__name__)
@@ -35,20 +36,8 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).resolve().parent
 # The headers every folder shares, found by name (their text is in the cache key, their place not).
 COMMON_DIR = SOURCE_DIR / "common"
-CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus -march=<_march()>
+CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # plus the variant's
 COMPILE_TIMEOUT_S = 120
-MARCH_ENV = "INTENTSERVE_KERNEL_MARCH"
-NATIVE = "native"
-# The x86-64 micro-architecture levels a portable build may target, with the /proc/cpuinfo flags
-# each needs (`abm` is LZCNT). Other targets (e.g. arm's) are trusted as the operator names them.
-_X86_V2 = ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3")
-_X86_V3 = (*_X86_V2, "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
-_X86_LEVEL_FLAGS = {
-    "x86-64": (),
-    "x86-64-v2": _X86_V2,
-    "x86-64-v3": _X86_V3,
-    "x86-64-v4": (*_X86_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
-}
 
 
 class KernelUnavailable(RuntimeError):
@@ -59,36 +48,18 @@ class KernelUnavailable(RuntimeError):
         self.reason = reason
 
 
-def _cpu_flags_line() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
 def _cpu_signature() -> str:
     """What -march=native depends on: the machine and its CPU flags."""
-    return f"{platform.machine()}|{_cpu_flags_line()}"
+    return f"{platform.machine()}|{variants.cpu_flags_line()}"
 
 
-def _march() -> str:
-    return os.environ.get(MARCH_ENV, "").strip() or NATIVE
-
-
-def _check_host_runs(march: str) -> None:
-    """KernelUnavailable when this CPU lacks a feature of the x86-64 level `march` (a library
-    built for it would die of an illegal instruction here)."""
-    needed = _X86_LEVEL_FLAGS.get(march)
-    if needed is None:
-        return
-    have = set(_cpu_flags_line().partition(":")[2].split())
-    missing = [flag for flag in needed if flag not in have]
-    if platform.machine() not in ("x86_64", "AMD64") or missing:
-        lacks = ", ".join(missing) or "an x86-64 CPU"
-        raise KernelUnavailable(f"this CPU cannot run {MARCH_ENV}={march} code (lacks {lacks})")
+def chosen() -> variants.Choice:
+    """The variant this process loads (variants.choose), a refusal as KernelUnavailable: a kernel
+    user keeps its torch path and says why; the engine refuses to start (builder.py)."""
+    try:
+        return variants.choose()
+    except variants.KernelVariantError as error:
+        raise KernelUnavailable(str(error)) from error
 
 
 def _cache_dir() -> Path:
@@ -103,36 +74,38 @@ def _compiler() -> str:
     raise KernelUnavailable("no C compiler found (set CC, or install gcc)")
 
 
-def _plan(name: str) -> tuple[Path, tuple[str, ...], Path]:
-    """Library `name`'s C source, the flags it is compiled with and where its library is cached
-    for this host (or for the portable target that INTENTSERVE_KERNEL_MARCH names)."""
+def _plan(name: str, variant: variants.Variant) -> tuple[Path, tuple[str, ...], Path]:
+    """Library `name`'s C source, the flags it is compiled with for `variant` and where that
+    library is cached."""
     source = SOURCE_DIR / kernel(name).source
-    march = _march()
-    if march != NATIVE:
-        _check_host_runs(march)
-    flags = (*CFLAGS, f"-march={march}")
+    flags = (*CFLAGS, *variant.cflags)
     # The shared headers are part of what gets compiled, so they are part of the cache key; the
     # CPU is, only where the code is built for this one (native).
     text = b"\0".join(path.read_bytes() for path in [source, *sorted(SOURCE_DIR.rglob("*.h"))])
-    runs_on = _cpu_signature() if march == NATIVE else march
+    runs_on = variant.name if variant.portable else _cpu_signature()
     key = hashlib.sha256(b"\0".join([text, " ".join(flags).encode(), runs_on.encode()]))
     return source, flags, _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
 
 
 def cached(name: str) -> Path | None:
-    """Library `name` as this host would load from the cache, or None if not built."""
-    target = _plan(name)[2]
+    """Library `name` as this process would load it from the cache, or None if not built."""
+    target = _plan(name, chosen().variant)[2]
     return target if target.exists() else None
 
 
-def build(name: str) -> Path:
-    """The path of library `name` compiled for this host, building it if the cache lacks it."""
-    source, flags, target = _plan(name)
+def build(name: str, variant: variants.Variant | None = None) -> Path:
+    """The path of library `name` compiled for `variant` (default: the one this process loads),
+    building it if the cache lacks it. Any variant builds on any host; only loading needs one
+    this CPU runs."""
+    variant = variant or chosen().variant
+    source, flags, target = _plan(name, variant)
     if target.exists():
         return target
     compiler = _compiler()
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.info("compiling CPU kernel %s with %s -> %s", source.name, compiler, target)
+    log.info(
+        "compiling CPU kernel %s (%s) with %s -> %s", source.name, variant.name, compiler, target
+    )
     # Build beside the target and rename: concurrent workers never load a half-written file.
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)

@@ -1,5 +1,5 @@
 """The one table of the CPU kernels: which library serves which ops, from which source, and the
-instructions its fast path needs.
+instructions its fast path needs (which ISA variant has them: variants.py).
 
 A library is one C file (plus the shared headers) compiled into one shared object; its loader in
 `__init__.py` declares the entry points. Sources live one folder per concern: `attention/` (paged
@@ -16,16 +16,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Kernel:
     """One library: its name (the cache's and the loader's key), its C source (relative to the
-    kernels' folder) and the ops it serves. `needs` is the CPU feature (a /proc/cpuinfo flag) its
-    fast path is written for, `isa` that path in words: a build without it loads but refuses its
-    calls, by `isa`. "" for both: generic vectors, as wide as the build's registers (those of
-    paged_decode take vdpbf16ps dot products where the build has AVX512-BF16; the AMX tiles serve
-    the bf16 and int8 GEMMs where the build and the CPU have them)."""
+    kernels' folder) and the ops it serves. `isa` is the instructions its fast path is written
+    for: a variant without them (variants.py) builds the library, which then refuses its calls,
+    naming them. "": generic vectors, as wide as the variant's registers (x86-64-v3: AVX2;
+    avx512 and amx: AVX-512, and paged_decode's dot products on AVX512-BF16). The AMX tiles serve
+    the bf16 and int8 GEMMs in the amx variant (and native on a CPU with them); elsewhere their
+    AVX-512 paths do."""
 
     name: str
     source: str
     ops: tuple[str, ...]
-    needs: str = ""
     isa: str = ""
 
 
@@ -40,19 +40,15 @@ KERNELS = (
         "int8_gemm",
         "gemm/int8_gemm.c",
         ("w8a8 matmul",),
-        "avx512_vnni",
         "AVX512-VNNI int8 dot products",
     ),
-    Kernel(
-        "bf16_gemm", "gemm/bf16_gemm.c", ("bf16 matmul",), "avx512_bf16", "AVX512-BF16 dot products"
-    ),
-    Kernel("f32_gemm", "gemm/f32_gemm.c", ("float32 matmul",), "avx512f", "AVX-512"),
+    Kernel("bf16_gemm", "gemm/bf16_gemm.c", ("bf16 matmul",), "AVX512-BF16 dot products"),
+    Kernel("f32_gemm", "gemm/f32_gemm.c", ("float32 matmul",), "AVX-512"),
     Kernel("decode_layers", "layers/decode_layers.c", ("a decode step's layers",)),
     Kernel(
         "gguf_gemm",
         "gemm/gguf_gemm.c",
         ("GGUF-block matmul",),
-        "avx2",
         "AVX2 (with F16C and FMA) int8 dot products",
     ),
 )

@@ -17,7 +17,7 @@ from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(kernel_variant):
     return built_or_skip(bf16_gemm_kernel, "bf16 GEMM kernel")
 
 

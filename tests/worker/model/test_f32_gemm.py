@@ -15,7 +15,7 @@ from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 
 @pytest.fixture(scope="module")
-def gemm():
+def gemm(kernel_variant):
     return built_or_skip(f32_gemm_kernel, "float32 GEMM kernel")
 
 

@@ -35,7 +35,7 @@ _HALF_FIELDS = {
 
 
 @pytest.fixture(scope="module", params=["AVX512-VNNI", "AVX2"])
-def kernel(request):
+def kernel(request, kernel_variant):
     kernel = built_or_skip(gguf_gemm_kernel, "GGUF GEMM kernel")
     was = kernel.vnni(-1)
     if request.param == "AVX512-VNNI" and not kernel.vnni(1):

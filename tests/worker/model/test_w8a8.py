@@ -41,7 +41,7 @@ def gemm_or_skip():
 
 
 @pytest.fixture(params=["AVX512-VNNI", "AMX"])
-def int8_gemm(request):
+def int8_gemm(request, kernel_variant):
     """The int8 GEMM on the path the test is for (the AMX one skips, with the reason, on a CPU
     without AMX); the path it was on is restored afterwards."""
     if not HAVE_CC:
