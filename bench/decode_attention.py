@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from intentserve.worker.attention.cpu_kernels import paged_decode_kernel  # noqa: E402
+from intentserve.worker.kernels import paged_decode_kernel  # noqa: E402
 
 from bench.machine import describe, machine_info  # noqa: E402
 

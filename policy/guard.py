@@ -63,6 +63,8 @@ class RealizedCache:
     # reported for operators; the policy does not read them ("": not reported / none).
     attention_kernel: str = ""
     decode_graphs: str = ""
+    # The ISA variant of the CPU kernels the worker loaded (e.g. "avx512"; "": none).
+    kernel_variant: str = ""
     # Tokens per streamed message after a request's first (the worker's `streamInterval`; 0: a
     # worker that does not report it).
     stream_interval: int = 0

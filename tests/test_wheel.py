@@ -14,11 +14,13 @@ from pathlib import Path
 
 import intentserve
 import pytest
+from intentserve.worker.kernels.table import KERNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"intentserve": "proto/intentserve", "intentserve.policy": "policy"}
 PACKAGE_DIRS |= {"intentserve.worker": "worker", "intentserve.controller": "controller"}
-KERNEL_SOURCES = ("paged_decode.c", "fused_ops.c", "vec16.h")
+# Every library's C source (from the kernels' table) and the headers they share.
+KERNEL_SOURCES = (*(kernel.source for kernel in KERNELS), "common/vec16.h", "gemm/amx.h")
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +91,7 @@ def test_every_package_folder_of_the_checkout_is_in_the_wheel(wheel):
 
 def test_the_cpu_kernel_sources_are_in_the_wheel(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    kernels = "intentserve/worker/attention/cpu_kernels"
+    kernels = "intentserve/worker/kernels"
     assert {f"{kernels}/{name}" for name in KERNEL_SOURCES} <= names
 
 

@@ -85,6 +85,8 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
         text += f", attention by {realized['attention_kernel']}"
     if realized.get("decode_graphs"):
         text += f", decode steps from {realized['decode_graphs']}"
+    if realized.get("kernel_variant"):
+        text += f", CPU kernels of the {realized['kernel_variant']} variant"
     return text
 
 

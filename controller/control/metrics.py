@@ -44,6 +44,7 @@ REALIZED = (
     "prefix_caching",
     "weight_format",
     "attention_kernel",
+    "kernel_variant",
     "reason_code",
 )
 DEPLOYMENT_GAUGES = {
@@ -212,6 +213,7 @@ def realized_labels(policy, w: WorkerRecord) -> dict[str, str]:
                 _word(r.prefix_caching) if r else "",
                 r.weight_format.value if r else "",
                 r.attention_kernel if r else "",
+                r.kernel_variant if r else "",
                 w.reasons[0].code.value if w.reasons else "",
             ),
             strict=True,

@@ -238,6 +238,7 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         stream_interval=realized.stream_interval,
         attention_kernel=realized.attention_kernel,
         decode_graphs=realized.decode_graphs,
+        kernel_variant=realized.kernel_variant,
     )
 
 
@@ -268,6 +269,7 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         stream_interval=msg.stream_interval,
         attention_kernel=msg.attention_kernel,
         decode_graphs=msg.decode_graphs,
+        kernel_variant=msg.kernel_variant,
     )
 
 

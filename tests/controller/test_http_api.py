@@ -320,6 +320,7 @@ def expected_labels(worker: dict) -> dict[str, str]:
         "prefix_caching": field("prefix_caching"),
         "weight_format": field("weight_format"),
         "attention_kernel": field("attention_kernel"),
+        "kernel_variant": field("kernel_variant"),
         "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
     }
 

@@ -5,6 +5,7 @@ rejection at registration and at load time, re-registration after a controller r
 from __future__ import annotations
 
 import gc
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -14,11 +15,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.client import to_data
 from intentserve.controller.cli.render import describe_realized
+from intentserve.controller.control.explain import describe_realized as explain_realized
 from intentserve.controller.control.state import WorkerState
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
 from intentserve.convert import realized_to_pb
 from intentserve.policy import ReasonCode, SchedulerIntent, examples
+from intentserve.worker.kernels import variants
 from intentserve.worker.runtime import lifecycle
 from intentserve.worker.runtime.lifecycle import Phase, WorkerRuntime
 from intentserve.worker.runtime.spec import WorkerSpec
@@ -91,6 +94,12 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
     assert record.realized.kv_cache_bytes == KV_BYTES
     # What computes attention reaches the controller as the worker built it.
     assert record.realized.attention_kernel.startswith(("compiled CPU kernel", "torch gather ("))
+    # So does the ISA variant of its CPU kernels, and `status` and `explain` say it.
+    variant = variants.choose().variant.name if shutil.which("cc") else ""
+    assert record.realized.kernel_variant == variant
+    said = f"CPU kernels of the {variant} variant"
+    assert said in describe_realized(to_data(realized_to_pb(record.realized)))
+    assert said in explain_realized(record.realized)
     eventually(lambda: worker_record(server).load.num_kv_total > 0, what="a heartbeat with load")
     client = Client(server.address)
     try:

@@ -44,6 +44,7 @@ realized = st.builds(
     stream_interval=st.integers(0, 1 << 16),
     attention_kernel=st.text(max_size=40),
     decode_graphs=st.text(max_size=40),
+    kernel_variant=st.sampled_from(["", "x86-64-v3", "avx512", "amx", "native"]),
 )
 
 

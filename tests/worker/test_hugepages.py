@@ -10,7 +10,6 @@ import gc
 import pytest
 import torch
 from intentserve.worker import hugepages
-from intentserve.worker.attention.cpu_kernels import f32_gemm_kernel
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.hugepages import (
     HUGE_PAGE,
@@ -19,6 +18,7 @@ from intentserve.worker.hugepages import (
     move_weights_to_huge_pages,
     thp_mode,
 )
+from intentserve.worker.kernels import f32_gemm_kernel
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import F32Linear, prepack_linears
 from intentserve.worker.model.registry import load_model

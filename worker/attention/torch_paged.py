@@ -3,7 +3,7 @@ attention. Runs on any device; serves both the paged and the contiguous cache (t
 block size and who hands out the blocks). A step may mix prefill chunks and decodes.
 
 On the CPU, decodes go to a compiled kernel that reads K/V in place through the block table
-(`worker/attention/cpu_kernels/paged_decode.c`) when it can be built; otherwise, and on other
+(`worker/kernels/attention/paged_decode.c`) when it can be built; otherwise, and on other
 devices, they gather K/V with `index_select` and run two matmuls. Prefill chunks use SDPA, except
 short ones where the kernel is loaded: each of their query tokens is then one more kernel row,
 attending its own causal context through the sequence's table (the chunk's K/V are stored
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from intentserve.worker.attention.batch import StepBatch
-from intentserve.worker.attention.cpu_kernels import (
+from intentserve.worker.cache.kv_pool import KvPool
+from intentserve.worker.kernels import (
     KernelUnavailable,
     PagedDecodeKernel,
     paged_decode_kernel,
 )
-from intentserve.worker.cache.kv_pool import KvPool
 from torch import Tensor
 
 log = logging.getLogger(__name__)

@@ -24,18 +24,14 @@ from intentserve.policy import (
     KvBudget,
     Mode,
     PagedAttentionConfig,
-    PagedAttentionRequiredError,
     Reason,
-    ReasonCode,
     Resolution,
-    WeightChoice,
     WeightFormat,
     paged_attention_config,
     paged_attention_intent,
     resolve,
 )
 from intentserve.policy.config import PAGED_OPTIONS
-from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
 from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.cuda_graphs import DecodeGraphs, capture_sizes
@@ -50,20 +46,12 @@ from intentserve.worker.engine.policy_apply import apply_resolution
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
-from intentserve.worker.hugepages import huge_page_bytes, move_weights_to_huge_pages, thp_mode
-from intentserve.worker.model.calibration import CALIBRATION_TEXT
-from intentserve.worker.model.cpu_ops import enable_fused_ops, enable_int8_gemm
-from intentserve.worker.model.decode_layers import CompiledDecode
+from intentserve.worker.engine.shaping import held_weight_format, shape_model
+from intentserve.worker.kernels import loaded_variant
 from intentserve.worker.model.facts import model_facts, serving_max_model_len
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
-from intentserve.worker.model.native_weights import NativeWeightsError, hold_native
-from intentserve.worker.model.packed_linear import prepack_available, prepack_linears
-from intentserve.worker.model.quant_linear import WeightShapeError
 from intentserve.worker.model.registry import load_model
-from intentserve.worker.model.step_buffers import keep_step_buffers
 from intentserve.worker.model.weight_format import (
-    held_format,
-    quantize_linears,
     resident_weight_bytes,
 )
 
@@ -103,8 +91,10 @@ def build_engine(
 ) -> Engine:
     """On a worker, `capability` and `resolution` are what the controller resolved against;
     standalone, the capability is probed and the intent resolved here by the same policy."""
-    loaded = loaded or load_model(config.model, config.dtype, config.device)
     device = torch.device(config.device)
+    # Before the model loads: a forced kernel variant this CPU cannot run refuses the start.
+    kernel_variant = loaded_variant() if device.type == "cpu" else ""
+    loaded = loaded or load_model(config.model, config.dtype, config.device)
     limits = SchedulerLimits(
         serving_max_model_len(loaded.config, config.max_model_len),
         config.max_num_seqs,
@@ -114,7 +104,6 @@ def build_engine(
     resolution = resolution or resolve(
         config.paged, capability, config.auto_enabled_devices, config.weights
     )
-    holding = _hold_weights(resolution.weights, loaded)
     fallback_reasons: list[Reason] = []
     paged = apply_resolution(config.paged, resolution, fallback_reasons.append)  # checkpoint 2
     _require_generative(loaded)
@@ -124,31 +113,28 @@ def build_engine(
     )
     if config.no_kv_cache:
         kv = realize_without_cache(request, loaded)
-        runner = RecomputeRunner(loaded.model, device, loaded.tokenizer.eos_token_ids)
     else:
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
-        runner = ModelRunner(
-            loaded.model, kv.attention, kv.pool.block_size, device, loaded.tokenizer.eos_token_ids
-        )
-        runner.graphs = _decode_graphs(config, loaded, kv, limits, device)
-    # Packed before the weights are counted: a tied head's packed copy is resident too.
-    matmuls = "; ".join(filter(None, (_pack_for_cpu(config, loaded, device), holding)))
-    _weights_on_huge_pages(loaded, device)
-    norms = enable_fused_ops(loaded.model) if device.type == "cpu" else ""
-    if device.type == "cpu" and loaded.model is not None:
-        keep_step_buffers(loaded.model)
+    # The one step that rewrites the model: weights held, kernels wired (shaping.py).
+    shaped = shape_model(loaded, resolution.weights, kv.attention, device, config.cpu_prepack)
+    eos_token_ids = loaded.tokenizer.eos_token_ids
+    if config.no_kv_cache:
+        runner = RecomputeRunner(shaped.model, device, eos_token_ids)
+    else:
+        runner = ModelRunner(shaped.model, kv.attention, kv.pool.block_size, device, eos_token_ids)
+        runner.graphs = _decode_graphs(config, shaped.model, kv, limits, device)
     realized = RealizedReport(
         cache=dataclasses.replace(
             kv.cache,
-            weight_format=_held_format(loaded),
-            weight_bytes=resident_weight_bytes(loaded.model),
+            weight_format=held_weight_format(loaded),
+            # Counted after the packing: a tied head's packed copy is resident too.
+            weight_bytes=resident_weight_bytes(shaped.model),
             attention_kernel=kv.attention.decode_impl if kv.attention is not None else "",
             decode_graphs=_describe_graphs(runner),
+            kernel_variant=kernel_variant,
         ),
         model=config.model,
-        matmuls=matmuls,
-        norms_and_activations=norms,
-        decode_layers=_compile_decode(loaded, kv.attention, device),
+        shaping=shaped.steps,
     )
     return Engine(
         tokenizer=(
@@ -161,41 +147,6 @@ def build_engine(
         realized=realized,
         max_model_len=limits.max_model_len,
     )
-
-
-def _hold_weights(choice: WeightChoice, loaded: LoadedModel) -> str:
-    """Quantize the projections where the resolution says so (native: keep the file's blocks);
-    returns what native holds how, in words ("" otherwise). A format that cannot be realized
-    stops the build with its reason: there is no fallback to dequantized."""
-    if choice.rejection is not None:
-        raise PagedAttentionRequiredError(
-            choice.rejection, f"weights: {choice.intent.value}", subject="The weight format"
-        )
-    if choice.format is WeightFormat.DEQUANTIZED or loaded.model is None:
-        return ""
-    try:
-        if choice.format is WeightFormat.NATIVE:
-            holding = hold_native(loaded, gguf_gemm_kernel()).describe()
-            log.info("weights held native: %s", holding)
-            return holding
-        calibration = None
-        if choice.format is WeightFormat.W8A8 and loaded.tokenizer is not None:
-            calibration = loaded.tokenizer.encode(CALIBRATION_TEXT)
-        count = quantize_linears(loaded.model, choice.format, calibration)
-    except (WeightShapeError, NativeWeightsError) as error:
-        reason = Reason(
-            ReasonCode.WEIGHT_FORMAT_UNAVAILABLE,
-            f"this model cannot be held as {choice.format.value}: {error}",
-        )
-        raise PagedAttentionRequiredError(
-            reason, f"weights: {choice.intent.value}", subject="The weight format"
-        ) from None
-    log.info("%d projections held as %s (%s)", count, choice.format.value, choice.reason.message)
-    return ""
-
-
-def _held_format(loaded: LoadedModel) -> WeightFormat:
-    return WeightFormat.DEQUANTIZED if loaded.model is None else held_format(loaded.model)
 
 
 def _probe(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> Capability:
@@ -226,21 +177,12 @@ def _require_one_device(capability: Capability) -> None:
         )
 
 
-def _compile_decode(loaded: LoadedModel, attention, device: torch.device) -> str:
-    """Every layer of a decode step in one compiled call, where the model allows; says which."""
-    if device.type != "cpu" or attention is None or not hasattr(loaded.model, "compiled_decode"):
-        return ""
-    compiled, why = CompiledDecode.build(loaded.model, attention)
-    loaded.model.compiled_decode = compiled
-    return "one compiled call per step" if compiled else f"per-layer Python ({why})"
-
-
 def _describe_graphs(runner) -> str:
     graphs = getattr(runner, "graphs", None)  # the recompute runner has none
     return graphs.describe() if graphs is not None else ""
 
 
-def _decode_graphs(config: EngineConfig, loaded: LoadedModel, kv, limits, device: torch.device):
+def _decode_graphs(config: EngineConfig, model, kv, limits, device: torch.device):
     """Decode steps as CUDA graphs, captured now (part of start-up, and logged), where the
     worker is on CUDA with the Triton backend; None otherwise."""
     if not (config.cuda_graphs and device.type == "cuda"):
@@ -249,7 +191,7 @@ def _decode_graphs(config: EngineConfig, loaded: LoadedModel, kv, limits, device
         log.info("decode steps run eagerly: CUDA graphs need the triton_paged backend")
         return None
     graphs = DecodeGraphs(
-        loaded.model,
+        model,
         kv.attention,
         limits.max_num_seqs,
         -(-limits.max_model_len // kv.pool.block_size),
@@ -257,43 +199,6 @@ def _decode_graphs(config: EngineConfig, loaded: LoadedModel, kv, limits, device
     ).capture(capture_sizes(limits.max_num_seqs))
     log.info("%s", graphs.describe())
     return graphs
-
-
-def _weights_on_huge_pages(loaded: LoadedModel, device: torch.device) -> None:
-    """The packed projection weights moved into one mapping on 2 MiB pages (hugepages.py), before
-    the compiled step takes their addresses; logs what the kernel granted."""
-    if device.type != "cpu" or loaded.model is None:
-        return
-    moved = move_weights_to_huge_pages(loaded.model)
-    if moved:
-        first = next(t for name, t in loaded.model.named_buffers() if name.endswith("packed"))
-        log.info(
-            "%d MiB of packed weights in one mapping, %d MiB of it on 2 MiB pages "
-            "(transparent huge pages: %s)",
-            moved >> 20,
-            huge_page_bytes(first) >> 20,
-            thp_mode(),
-        )
-
-
-def _pack_for_cpu(config: EngineConfig, loaded: LoadedModel, device: torch.device) -> str:
-    """The projections' weights packed for the CPU matmul that runs them; says which runs."""
-    if device.type != "cpu" or loaded.model is None:
-        return ""
-    held = _held_format(loaded)
-    if held is WeightFormat.W8A8:
-        return enable_int8_gemm(loaded.model)
-    if held is WeightFormat.NATIVE:
-        return f"GGUF block kernel ({gguf_gemm_kernel().isa()})"
-    if held is not WeightFormat.DEQUANTIZED:
-        return f"torch's {held.value} kernels"
-    if not config.cpu_prepack:
-        return "torch F.linear (packing turned off)"
-    available, why = prepack_available()
-    if not available:
-        log.info("projection weights stay unpacked: %s", why)
-        return f"torch F.linear ({why})"
-    return prepack_linears(loaded.model)
 
 
 class EngineBuilder:

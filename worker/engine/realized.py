@@ -5,15 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from intentserve.policy import RealizedCache
+from intentserve.worker.engine.shaping import NORMS_AND_ACTIVATIONS, PROJECTIONS, ShapingStep
 
 
 @dataclass(frozen=True)
 class RealizedReport:
     cache: RealizedCache
     model: str  # the reference it was loaded from
-    matmuls: str = ""  # the same for the projections: which kernel runs them, and why
-    norms_and_activations: str = ""  # the same for RMSNorm and SiLU: fused CPU kernels or torch
-    decode_layers: str = ""  # decode steps: every layer in one compiled call, or why not
+    # What shaping the model did, pass by pass (shaping.py): which kernel runs the projections,
+    # RMSNorm and SiLU, a decode step's layers, and why.
+    shaping: tuple[ShapingStep, ...] = ()
+
+    def _did(self, what: str) -> str:
+        return next((step.did for step in self.shaping if step.what == what), "")
+
+    @property
+    def matmuls(self) -> str:
+        return self._did(PROJECTIONS)
+
+    @property
+    def norms_and_activations(self) -> str:
+        return self._did(NORMS_AND_ACTIVATIONS)
 
     @property
     def dtype(self) -> str:
@@ -40,13 +52,10 @@ class RealizedReport:
             lines.append(c.describe_stream())
         if c.attention_kernel:
             lines.append(f"attention: {c.attention_kernel}")
-        if self.matmuls:
-            lines.append(f"projections: {self.matmuls}")
-        if self.norms_and_activations:
-            lines.append(f"norms and activations: {self.norms_and_activations}")
-        if self.decode_layers:
-            lines.append(f"decode layers: {self.decode_layers}")
+        lines += [f"{step.what}: {step.did}" for step in self.shaping]
         if c.decode_graphs:
             lines.append(f"decode steps: {c.decode_graphs}")
+        if c.kernel_variant:
+            lines.append(f"CPU kernels: the {c.kernel_variant} variant")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]
         return "\n".join(lines)

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, fused_ops
 from intentserve.worker.engine.logits_processing import TokenHistory, process_logits
 from intentserve.worker.engine.sampling import SamplingParams
+from intentserve.worker.kernels import KernelUnavailable, fused_ops
 from torch import Tensor
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Fused CPU forms of a decoder layer's elementwise steps, from the compiled
-`worker/attention/cpu_kernels/fused_ops.c`: residual add + RMSNorm in one pass, SiLU(gate) * up
+`worker/kernels/ops/fused_ops.c`: residual add + RMSNorm in one pass, SiLU(gate) * up
 in one pass, and the rotary embedding of q and k in place. They round where the torch ops they
 replace round (see the C file), so switching them on changes speed, not results (bf16 logits
 measured identical on SmolLM2).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 import torch
-from intentserve.worker.attention.cpu_kernels import (
+from intentserve.worker.kernels import (
     FusedOps,
     Int8Gemm,
     KernelUnavailable,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
-from intentserve.worker.attention.cpu_kernels import (
+from intentserve.worker.kernels import (
     KernelUnavailable,
     bf16_gemm_kernel,
     decode_layers_kernel,

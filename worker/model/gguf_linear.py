@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from gguf import GGMLQuantizationType as QType
-from intentserve.worker.attention.cpu_kernels import GgufGemm
+from intentserve.worker.kernels import GgufGemm
 from torch import Tensor, nn
 
 # The tensor types held as they are; any other is dequantized (native_weights.py).

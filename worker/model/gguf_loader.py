@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QType
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, gguf_gemm_kernel
+from intentserve.worker.kernels import KernelUnavailable, gguf_gemm_kernel
 from intentserve.worker.model.config import ModelConfig, RopeScaling, RopeScalingType
 from intentserve.worker.model.gemma import GemmaModel
 from intentserve.worker.model.gguf_header import GGUFTensor, read_gguf_header

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from intentserve.worker.attention.cpu_kernels import GgufGemm
+from intentserve.worker.kernels import GgufGemm
 from intentserve.worker.model.gguf_linear import (
     NATIVE_TYPES,
     GgufBlocks,

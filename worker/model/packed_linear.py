@@ -23,7 +23,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention.cpu_kernels import (
+from intentserve.worker.kernels import (
     Bf16Gemm,
     F32Gemm,
     KernelUnavailable,

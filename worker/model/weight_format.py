@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from intentserve.policy import WeightFormat, WeightFormatStatus
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, gguf_gemm_kernel
+from intentserve.worker.kernels import KernelUnavailable, gguf_gemm_kernel
 from intentserve.worker.model.calibration import input_ranges
 from intentserve.worker.model.gguf_linear import GgufBlocks, NativeLinear
 from intentserve.worker.model.llama import LlamaModel

@@ -1,14 +1,17 @@
 """The run-time build of CPU kernels: cached by source and CPU, and a clear reason when a kernel
 cannot be had (no compiler, a compiler error, turned off), never a crash."""
 
-import platform
 import shutil
 import time
 
 import pytest
-from intentserve.worker.attention import cpu_kernels
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, build
-from intentserve.worker.attention.cpu_kernels.__main__ import main as kernels_main
+from intentserve.worker import kernels
+from intentserve.worker.kernels import KernelUnavailable, library
+from intentserve.worker.kernels.__main__ import main as kernels_main
+from intentserve.worker.kernels.library import build
+from intentserve.worker.kernels.table import KERNEL_NAMES
+
+from tests.worker.model.kernel_paths import forced_variant
 
 HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
@@ -16,10 +19,10 @@ HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("INTENTSERVE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.delenv("INTENTSERVE_KERNEL_MARCH", raising=False)
-    cpu_kernels._load_library.cache_clear()
+    monkeypatch.delenv("INTENTSERVE_KERNEL_VARIANT", raising=False)
+    library._load_library.cache_clear()
     yield tmp_path
-    cpu_kernels._load_library.cache_clear()
+    library._load_library.cache_clear()
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")
@@ -36,14 +39,14 @@ def test_build_compiles_once_then_reuses_the_cached_library(fresh_cache):
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")
 @pytest.mark.integration
 def test_the_kernel_loads_where_a_compiler_exists(fresh_cache):
-    kernel = cpu_kernels.paged_decode_kernel()
+    kernel = kernels.paged_decode_kernel()
     assert kernel.path.exists()
 
 
 def test_a_missing_compiler_is_a_reason_not_a_crash(fresh_cache, monkeypatch):
-    monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
+    monkeypatch.setattr(library.shutil, "which", lambda name: None)
     with pytest.raises(KernelUnavailable, match="no C compiler found"):
-        cpu_kernels.paged_decode_kernel()
+        kernels.paged_decode_kernel()
 
 
 @pytest.mark.integration
@@ -53,7 +56,7 @@ def test_a_failing_compiler_is_a_reason_naming_it(fresh_cache, monkeypatch, tmp_
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
     with pytest.raises(KernelUnavailable) as info:
-        cpu_kernels.paged_decode_kernel()
+        kernels.paged_decode_kernel()
     assert "failed on paged_decode.c" in info.value.reason
     assert "fatal error: no input" in info.value.reason
     assert not list(fresh_cache.glob("*.so*"))
@@ -62,7 +65,7 @@ def test_a_failing_compiler_is_a_reason_naming_it(fresh_cache, monkeypatch, tmp_
 def test_turned_off_by_the_environment(fresh_cache, monkeypatch):
     monkeypatch.setenv("INTENTSERVE_CPU_KERNELS", "0")
     with pytest.raises(KernelUnavailable, match="INTENTSERVE_CPU_KERNELS=0"):
-        cpu_kernels.paged_decode_kernel()
+        kernels.paged_decode_kernel()
 
 
 def test_the_backend_says_why_it_gathers_when_the_kernel_is_off(fresh_cache, monkeypatch, caplog):
@@ -82,53 +85,10 @@ def test_the_backend_says_why_it_gathers_when_the_kernel_is_off(fresh_cache, mon
     assert "INTENTSERVE_CPU_KERNELS=0" in caplog.text
 
 
-X86_64 = platform.machine() == "x86_64"
-
-
-def test_a_portable_target_is_keyed_by_the_target_not_by_this_cpu(fresh_cache, monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags_line", lambda: "flags : " + " ".join(ALL_FLAGS))
-    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
-    native = cpu_kernels._plan("paged_decode")[2]
-    monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", "x86-64-v3")
-    portable = cpu_kernels._plan("paged_decode")[2]
-    assert portable != native
-    monkeypatch.setattr(cpu_kernels, "_cpu_signature", lambda: "another machine")
-    assert cpu_kernels._plan("paged_decode")[2] == portable  # found on any capable host
-    monkeypatch.delenv("INTENTSERVE_KERNEL_MARCH")
-    assert cpu_kernels._plan("paged_decode")[2] != native  # native code is this CPU's only
-
-
-ALL_FLAGS = cpu_kernels._X86_LEVEL_FLAGS["x86-64-v4"]
-
-
-@pytest.mark.parametrize(
-    ("march", "flags", "missing"),
-    [
-        ("x86-64-v3", ALL_FLAGS, None),
-        ("x86-64-v3", [f for f in ALL_FLAGS if f != "avx2"], "avx2"),
-        ("x86-64-v4", cpu_kernels._X86_LEVEL_FLAGS["x86-64-v3"], "avx512f"),
-        ("x86-64", [], None),
-    ],
-)
-def test_a_portable_library_is_never_loaded_on_a_cpu_that_lacks_its_features(
-    fresh_cache, monkeypatch, march, flags, missing
-):
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags_line", lambda: "flags : " + " ".join(flags))
-    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
-    monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", march)
-    if missing is None:
-        assert cpu_kernels.cached("paged_decode") is None  # allowed, and not built yet
-        return
-    with pytest.raises(KernelUnavailable, match=f"cannot run INTENTSERVE_KERNEL_MARCH={march}"):
-        cpu_kernels.paged_decode_kernel()
-    with pytest.raises(KernelUnavailable, match=missing):
-        cpu_kernels.cached("paged_decode")
-
-
 def test_the_cache_report_says_what_is_not_built(fresh_cache, capsys):
     assert kernels_main([]) == 0
     out = capsys.readouterr().out
-    assert f"cache {fresh_cache}, -march=native" in out
+    assert f"cache {fresh_cache}, variant {library.chosen().describe()}" in out
     assert "paged_decode: not built (run with --build)" in out
 
 
@@ -138,7 +98,7 @@ def test_build_ahead_compiles_the_missing_kernels_side_by_side(fresh_cache, monk
     """`--jobs 2`: the compilers of two kernels run at once (what `intentserve up` does while Ray
     starts), each into the cache as `build` alone would, then each is loaded."""
     running, most = [], []
-    real_run = cpu_kernels.subprocess.run
+    real_run = library.subprocess.run
 
     def counting_run(*args, **kwargs):
         running.append(1)
@@ -149,15 +109,15 @@ def test_build_ahead_compiles_the_missing_kernels_side_by_side(fresh_cache, monk
         finally:
             running.pop()
 
-    monkeypatch.setattr(cpu_kernels.subprocess, "run", counting_run)
+    monkeypatch.setattr(library.subprocess, "run", counting_run)
     assert kernels_main(["--build", "--jobs", "2"]) == 0
     built = sorted(p.name.rsplit("-", 1)[0] for p in fresh_cache.glob("*.so"))
-    assert built == sorted(cpu_kernels.KERNEL_NAMES)
-    assert len(most) == len(cpu_kernels.KERNEL_NAMES) and max(most) == 2
+    assert built == sorted(KERNEL_NAMES)
+    assert len(most) == len(KERNEL_NAMES) and max(most) == 2
     out = capsys.readouterr().out
-    assert all(f"{name}: {fresh_cache}" in out for name in cpu_kernels.KERNEL_NAMES)
+    assert all(f"{name}: {fresh_cache}" in out for name in KERNEL_NAMES)
     assert kernels_main(["--build", "--jobs", "2"]) == 0  # all cached: nothing compiles again
-    assert len(most) == len(cpu_kernels.KERNEL_NAMES)
+    assert len(most) == len(KERNEL_NAMES)
 
 
 @pytest.mark.parametrize("jobs", ["0", "-1", "two"])
@@ -168,25 +128,27 @@ def test_jobs_must_be_a_positive_count(jobs, capsys):
     assert "--jobs" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (HAS_CC and X86_64), reason="needs a C compiler on an x86-64 host")
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine (cc, gcc or clang)")
 @pytest.mark.integration
-def test_kernels_built_ahead_load_where_no_compiler_is_installed(fresh_cache, monkeypatch, capsys):
-    """What an image does: build for a portable target at build time; its workers, which have no
+def test_kernels_built_ahead_load_where_no_compiler_is_installed(monkeypatch, capsys):
+    """What an image does: build a portable variant at build time; its workers, which have no
     compiler, find the libraries in the cache."""
-    monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", "x86-64")
-    assert kernels_main(["--build"]) == 0
-    built = sorted(fresh_cache.glob("*.so"))
-    assert [p.name.rsplit("-", 1)[0] for p in built] == sorted(cpu_kernels.KERNEL_NAMES)
-    assert "fused_ops: " + str(fresh_cache) in capsys.readouterr().out
-    cpu_kernels._load_library.cache_clear()
-    monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
-    assert cpu_kernels.paged_decode_kernel().path in built
-    assert cpu_kernels.fused_ops().path in built
-    # The GEMMs build for a target without their instructions, and say so when asked for.
-    for kernel, isa in (
-        (cpu_kernels.bf16_gemm_kernel, "AVX512-BF16"),
-        (cpu_kernels.int8_gemm_kernel, "AVX512-VNNI"),
-    ):
-        with pytest.raises(KernelUnavailable, match=f"built for -march=x86-64 .*no {isa}"):
-            kernel()
-    assert kernels_main([]) == 0
+    with forced_variant("x86-64-v3"):
+        assert kernels_main(["--build"]) == 0
+        built = [library.cached(name) for name in KERNEL_NAMES]
+        assert (
+            all(built)
+            and "fused_ops: " + str(library.cached("fused_ops")) in capsys.readouterr().out
+        )
+        library._load_library.cache_clear()
+        monkeypatch.setattr(library.shutil, "which", lambda name: None)
+        assert kernels.paged_decode_kernel().path in built
+        assert kernels.fused_ops().path in built
+        # The GEMMs build for a variant without their instructions, and say so when asked for.
+        for kernel, isa in (
+            (kernels.bf16_gemm_kernel, "AVX512-BF16"),
+            (kernels.int8_gemm_kernel, "AVX512-VNNI"),
+        ):
+            with pytest.raises(KernelUnavailable, match=f"the x86-64-v3 variant .*no {isa}"):
+                kernel()
+        assert kernels_main([]) == 0

@@ -437,13 +437,13 @@ def test_the_compiled_kv_store_writes_what_index_copy_writes(dtype, rows):
     ],
 )
 def test_decode_kernel_geometries_match_float64_attention(
-    heads, kv_heads, head_dim, block_size, dtype
+    heads, kv_heads, head_dim, block_size, dtype, kernel_variant
 ):
     """The compiled kernel called directly, on the head and block geometries of the models it
     serves, against attention in float64 on the same (rounded) values: contexts of 1 to 80 tokens
     on scattered blocks, so partial 16-token groups, block tails and more than four query heads a
     kv head all occur."""
-    from intentserve.worker.attention.cpu_kernels import paged_decode_kernel
+    from intentserve.worker.kernels import paged_decode_kernel
 
     kernel = paged_decode_kernel()
     gen = torch.Generator().manual_seed(heads * head_dim + block_size)

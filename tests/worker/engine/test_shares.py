@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from intentserve.worker.attention.cpu_kernels import SOURCE_DIR
+from intentserve.worker.kernels.library import COMMON_DIR
 
 HAS_CC = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
@@ -53,7 +53,7 @@ def _build(tmp_path):
     source.write_text(PROGRAM)
     binary = tmp_path / "shares"
     subprocess.run(
-        [cc, "-O2", "-fopenmp", "-std=gnu11", f"-I{SOURCE_DIR}", str(source), "-o", str(binary)],
+        [cc, "-O2", "-fopenmp", "-std=gnu11", f"-I{COMMON_DIR}", str(source), "-o", str(binary)],
         check=True,
         capture_output=True,
     )

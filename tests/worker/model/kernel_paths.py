@@ -1,10 +1,14 @@
-"""The GEMM kernels for fixtures: built, or skipped with the reason; and their two paths (AVX512,
-and AMX tiles where the CPU has them), to run each kernel test on both."""
+"""The kernels for fixtures: built, or skipped with the reason; the GEMMs' two paths (AVX512, and
+AMX tiles where the CPU has them), to run each kernel test on both; and the kernels of a forced
+ISA variant, to run a test on each variant this CPU runs."""
 
+import contextlib
 import shutil
 
 import pytest
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable
+from intentserve.worker.kernels import KernelUnavailable, library, variants
+
+VARIANT_NAMES = tuple(variants.VARIANTS)
 
 
 def built_or_skip(build, what: str):
@@ -30,3 +34,20 @@ def on_path(kernel, path: str, tiles: str):
     assert kernel.isa() == path
     yield kernel
     kernel.amx(was)
+
+
+@contextlib.contextmanager
+def forced_variant(name: str):
+    """The kernels as a process with INTENTSERVE_KERNEL_VARIANT=`name` loads them, from the usual
+    cache (each variant's libraries are keyed apart there, so each compiles once, then is found);
+    skips, with the reason, a variant this CPU cannot run (its refusal is tested on its own)."""
+    lacks = variants.missing(variants.VARIANTS[name])
+    if lacks:
+        pytest.skip(f"this CPU cannot run the {name} kernels (lacks {', '.join(lacks)})")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(variants.VARIANT_ENV, name)
+        library._load_library.cache_clear()
+        try:
+            yield
+        finally:
+            library._load_library.cache_clear()

@@ -7,7 +7,7 @@ the reason, on a CPU without AMX."""
 import pytest
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, bf16_gemm_kernel
+from intentserve.worker.kernels import KernelUnavailable, bf16_gemm_kernel
 from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import Bf16Linear, PackedLinear, prepack_linears
@@ -17,7 +17,7 @@ from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(kernel_variant):
     return built_or_skip(bf16_gemm_kernel, "bf16 GEMM kernel")
 
 

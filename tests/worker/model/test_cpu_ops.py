@@ -5,14 +5,16 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention import cpu_kernels
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, bf16_gemm_kernel, fused_ops
+from intentserve.worker.kernels import KernelUnavailable, bf16_gemm_kernel, fused_ops
 from intentserve.worker.model import cpu_ops
 
-pytestmark = pytest.mark.skipif(
-    not any(shutil.which(n) for n in ("cc", "gcc", "clang")),
-    reason="no C compiler (cc, gcc or clang) to build the fused CPU ops",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not any(shutil.which(n) for n in ("cc", "gcc", "clang")),
+        reason="no C compiler (cc, gcc or clang) to build the fused CPU ops",
+    ),
+    pytest.mark.usefixtures("kernel_variant"),  # each test on every variant this CPU runs
+]
 
 
 def torch_add_rmsnorm(x, residual, weight, eps):
@@ -109,21 +111,7 @@ def _has_avx512_bf16_build() -> bool:
     return True
 
 
-@pytest.fixture(params=["native", "x86-64-v3"])
-def kernel_target(request, tmp_path, monkeypatch):
-    """The kernels as this CPU builds them, and built for a portable x86 target (no
-    AVX512-BF16: the rounding's portable steps), each in a cache of its own."""
-    if request.param != "native":
-        if cpu_kernels.platform.machine() not in ("x86_64", "AMD64"):
-            pytest.skip(f"{request.param} is an x86-64 target; this machine is not x86-64")
-        monkeypatch.setenv("INTENTSERVE_KERNEL_MARCH", request.param)
-        monkeypatch.setenv("INTENTSERVE_KERNEL_CACHE", str(tmp_path))
-    cpu_kernels._load_library.cache_clear()
-    yield request.param
-    cpu_kernels._load_library.cache_clear()
-
-
-def test_bf16_rounding_is_torchs_bit_for_bit_but_denormals_on_avx512_bf16(kernel_target):
+def test_bf16_rounding_is_torchs_bit_for_bit_but_denormals_on_avx512_bf16():
     """The kernels' rounding to bfloat16 (here: the residual sum x + r) against torch's, over
     ties to even both ways, overflow to infinity, infinities and denormals. With AVX512-BF16 the
     rounding is one vcvtneps2bf16, which reads a float32 denormal as zero: only those differ,

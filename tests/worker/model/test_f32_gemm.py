@@ -5,7 +5,7 @@ prepack_linears puts every float32 projection on it, or says why not."""
 import pytest
 import torch
 import torch.nn.functional as F
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, f32_gemm_kernel
+from intentserve.worker.kernels import KernelUnavailable, f32_gemm_kernel
 from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import F32Linear, PackedLinear, prepack_linears
@@ -15,7 +15,7 @@ from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
 
 @pytest.fixture(scope="module")
-def gemm():
+def gemm(kernel_variant):
     return built_or_skip(f32_gemm_kernel, "float32 GEMM kernel")
 
 

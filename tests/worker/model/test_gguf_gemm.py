@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
-from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
+from intentserve.worker.kernels import gguf_gemm_kernel
 from intentserve.worker.model.gguf_linear import (
     NATIVE_TYPES,
     GgufBlocks,
@@ -35,7 +35,7 @@ _HALF_FIELDS = {
 
 
 @pytest.fixture(scope="module", params=["AVX512-VNNI", "AVX2"])
-def kernel(request):
+def kernel(request, kernel_variant):
     kernel = built_or_skip(gguf_gemm_kernel, "GGUF GEMM kernel")
     was = kernel.vnni(-1)
     if request.param == "AVX512-VNNI" and not kernel.vnni(1):

@@ -6,7 +6,7 @@ the file's tensor bytes. A file native cannot hold is refused naming the tensor 
 
 import pytest
 import torch
-from intentserve.worker.attention.cpu_kernels import gguf_gemm_kernel
+from intentserve.worker.kernels import gguf_gemm_kernel
 from intentserve.worker.model.gguf_linear import NativeEmbedding, NativeLinear
 from intentserve.worker.model.gguf_loader import open_gguf
 from intentserve.worker.model.native_weights import NativeWeightsError, hold_native

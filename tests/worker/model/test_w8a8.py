@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from intentserve.policy import WeightFormat
-from intentserve.worker.attention.cpu_kernels import KernelUnavailable, fused_ops, int8_gemm_kernel
+from intentserve.worker.kernels import KernelUnavailable, fused_ops, int8_gemm_kernel
 from intentserve.worker.model import cpu_ops
 from intentserve.worker.model.calibration import input_ranges
 from intentserve.worker.model.llama import LlamaModel
@@ -41,7 +41,7 @@ def gemm_or_skip():
 
 
 @pytest.fixture(params=["AVX512-VNNI", "AMX"])
-def int8_gemm(request):
+def int8_gemm(request, kernel_variant):
     """The int8 GEMM on the path the test is for (the AMX one skips, with the reason, on a CPU
     without AMX); the path it was on is restored afterwards."""
     if not HAVE_CC:

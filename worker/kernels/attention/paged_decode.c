@@ -1,5 +1,5 @@
 /* Paged decode attention on the CPU: one query token per sequence, K/V read in place through the
- * block table (no gathered copy). Built at run time by worker/attention/cpu_kernels/__init__.py
+ * block table (no gathered copy). Built at run time by worker/kernels/library.py
  * with the host's C compiler; called through ctypes with raw pointers.
  *
  * Layouts (element strides, row-major):
@@ -153,70 +153,60 @@ static inline __attribute__((always_inline)) void weigh_rows(const char *rows, s
         for (int64_t c = 0; c < chunks; ++c) acc[j * chunks + c] = a[j][c];
 }
 
-/* One task: sequence `seq`, kv heads [h0, h1). It walks the sequence's blocks twice (K, then
- * V); within a block the token rows of this task's heads are adjacent, and a software prefetch
- * runs AHEAD_BYTES ahead of the rows it reads, across blocks and from the K rows on to the V. */
-static inline __attribute__((always_inline)) int decode_task(
-    const char *q, int64_t q_seq_stride, const char *k_cache, const char *v_cache,
-    const int64_t *table, int64_t ctx, int64_t seq, int64_t h0, int64_t h1, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t window, float scale,
-    char *out, const int is_bf16, const int64_t chunks) {
-    const size_t elem = is_bf16 ? 2 : 4;
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t lo = (window > 0 && ctx > window) ? ctx - window : 0;
-    const int64_t n = ctx - lo > 0 ? ctx - lo : 1;
-    const int64_t nh = (h1 - h0) * group; /* query heads of this task */
-    const size_t row_bytes = elem * (size_t)(num_kv_heads * head_dim); /* one token, all heads */
-    /* scaled q, acc, then the scores: the thread's kept buffer. A malloc and a free per task
-     * were ~1.2% of a 64-stream engine's samples; without them the step's attention took 5.01
-     * against 5.40 ms with K/V in the caches, the same 8.25 from DRAM (alternated), and the
-     * engine's 64-stream step stayed at 32.6 ms. */
-    int owned = 0;
-    v16 *qv = kept_scratch(sizeof(v16) * (size_t)(2 * nh * chunks) +
-                               sizeof(float) * (size_t)(nh * n),
-                           &owned);
-    if (!qv) return 2;
-    v16 *acc = qv + nh * chunks;
-    float *scores = (float *)(acc + nh * chunks);
-    float sum[MAX_GROUP * 64];
-    /* bfloat16 with AVX512-BF16: q . k by vdpbf16ps on the rows as stored (two dot products of
-     * 32 dims a token and head, where widening the row to float32 and multiplying took eight
-     * instructions), q kept as it is and the scale applied to the 16 scores of a group after
-     * their sums. The products are exact in float32 either way; the sums' order differs. On the
-     * AMD EPYC (2 cores, alternated in one process, SmolLM2's shapes at 64 sequences): the step's
-     * attention 6.05 -> 5.67 ms with K/V in the caches, 9.32 -> 9.17 from DRAM; a warmed
-     * engine's 64-stream step 36.2 -> 35.9 ms. */
-    const int dp = HAVE_DPBF16 && is_bf16 && chunks % 2 == 0;
-    for (int64_t h = 0; h < nh; ++h) {
-        const char *qr = q + elem * (size_t)(seq * q_seq_stride + (h0 * group + h) * head_dim);
-        if (dp) memcpy(qv + h * chunks, qr, elem * (size_t)head_dim);
+/* One task's share of the work: sequence `seq`, kv heads [h0, h1) and their nh = (h1 - h0) * group
+ * query heads, over the tokens [lo, ctx) of its window (n of them, at least 1). Every step below
+ * takes it; `chunks` (head_dim / 16) is a constant in the common head sizes' copies. */
+struct task {
+    const char *q, *k_cache, *v_cache;
+    const int64_t *table;
+    char *out;
+    int64_t q_seq_stride, ctx, lo, n, seq, h0, h1, group, nh, num_heads, head_dim, block_size;
+    size_t elem, row_bytes; /* one element; one token's row, all kv heads */
+    float scale;
+};
+
+/* The task's query heads into qv, scaled (as stored where `dp`: vdpbf16ps takes the bfloat16
+ * rows, and the scale goes on the scores after their sums), and their sums in acc zeroed. */
+static inline __attribute__((always_inline)) void load_queries(const struct task *w, v16 *qv,
+                                                                v16 *acc, const int is_bf16,
+                                                                const int64_t chunks,
+                                                                const int dp) {
+    for (int64_t h = 0; h < w->nh; ++h) {
+        const char *qr = w->q + w->elem * (size_t)(w->seq * w->q_seq_stride +
+                                                   (w->h0 * w->group + h) * w->head_dim);
+        if (dp) memcpy(qv + h * chunks, qr, w->elem * (size_t)w->head_dim);
         for (int64_t c = 0; c < chunks; ++c) {
             if (!dp)
-                qv[h * chunks + c] = load16(qr + elem * (size_t)(c * LANES), 0, is_bf16) * scale;
+                qv[h * chunks + c] =
+                    load16(qr + w->elem * (size_t)(c * LANES), 0, is_bf16) * w->scale;
             acc[h * chunks + c] = (v16){0};
         }
     }
-    struct ahead ahead = {.k = k_cache, .v = v_cache, .table = table, .block_size = block_size,
-                          .lo = lo, .ctx = ctx, .row_bytes = row_bytes,
-                          .first = elem * (size_t)(h0 * head_dim),
-                          .bytes = elem * (size_t)((h1 - h0) * head_dim)};
-    ahead_start(&ahead);
-    /* K: each token's dot products with the query heads are vectors of partial sums; those of
-     * up to 16 tokens are reduced together (sums16), not one by one. */
+}
+
+/* K: scores[h * n + i] = q_h . k_(lo + i), scaled. Each token's dot products with the query heads
+ * are vectors of partial sums; those of up to 16 tokens are reduced together (sums16), not one by
+ * one. The prefetch runs ahead with the first kv head's rows. */
+static inline __attribute__((always_inline)) void score_keys(const struct task *w, const v16 *qv,
+                                                              float *scores, struct ahead *ahead,
+                                                              const int is_bf16,
+                                                              const int64_t chunks,
+                                                              const int dp) {
+    const int64_t group = w->group, n = w->n, lo = w->lo, ctx = w->ctx, bs = w->block_size;
+    const size_t elem = w->elem, row_bytes = w->row_bytes;
     v16 part[MAX_GROUP][LANES];
     for (int64_t pos = lo; pos < ctx;) {
-        const int64_t off = pos % block_size;
-        const int64_t take = (block_size - off < ctx - pos) ? block_size - off : ctx - pos;
-        const char *first =
-            k_cache + row_bytes * (size_t)(table[pos / block_size] * block_size + off);
+        const int64_t off = pos % bs;
+        const int64_t take = (bs - off < ctx - pos) ? bs - off : ctx - pos;
+        const char *first = w->k_cache + row_bytes * (size_t)(w->table[pos / bs] * bs + off);
         for (int64_t t0 = 0; t0 < take; t0 += LANES) {
             const int64_t count = take - t0 < LANES ? take - t0 : LANES;
-            for (int64_t kvh = h0; kvh < h1; ++kvh) {
-                const int64_t hb = (kvh - h0) * group;
+            for (int64_t kvh = w->h0; kvh < w->h1; ++kvh) {
+                const int64_t hb = (kvh - w->h0) * group;
                 for (int64_t t = 0; t < count; ++t) {
-                    if (kvh == h0) ahead_one(&ahead);
-                    const char *r =
-                        first + row_bytes * (size_t)(t0 + t) + elem * (size_t)(kvh * head_dim);
+                    if (kvh == w->h0) ahead_one(ahead);
+                    const char *r = first + row_bytes * (size_t)(t0 + t) +
+                                    elem * (size_t)(kvh * w->head_dim);
 #if HAVE_DPBF16
                     if (dp) {
                         __m512bh rb[MAX_CHUNKS / 2];
@@ -246,7 +236,7 @@ static inline __attribute__((always_inline)) int decode_task(
                 }
                 for (int64_t g = 0; g < group; ++g) {
                     for (int64_t t = count; t < LANES; ++t) part[g][t] = (v16){0};
-                    const v16 sums = dp ? sums16(part[g]) * scale : sums16(part[g]);
+                    const v16 sums = dp ? sums16(part[g]) * w->scale : sums16(part[g]);
                     float *dst = scores + (hb + g) * n + (pos - lo + t0);
                     /* NOTE: a copy of variable length became `rep movsq` (~30 cycles to start:
                      * 9% of the hot kernel's samples); whole groups are one vector store. */
@@ -259,29 +249,44 @@ static inline __attribute__((always_inline)) int decode_task(
         }
         pos += take;
     }
-    for (int64_t h = 0; h < nh; ++h) {
-        float *sh = scores + h * n, top = -INFINITY, total = 0.0f;
+}
+
+/* Each query head's scores to unnormalized softmax weights (exp of the score minus the row's
+ * maximum), their total in sum[h]. */
+static inline __attribute__((always_inline)) void softmax_rows(const struct task *w,
+                                                                float *scores, float *sum) {
+    const int64_t count = w->ctx - w->lo;
+    for (int64_t h = 0; h < w->nh; ++h) {
+        float *sh = scores + h * w->n, top = -INFINITY, total = 0.0f;
 #pragma omp simd reduction(max : top)
-        for (int64_t i = 0; i < ctx - lo; ++i) top = sh[i] > top ? sh[i] : top;
+        for (int64_t i = 0; i < count; ++i) top = sh[i] > top ? sh[i] : top;
 #pragma omp simd reduction(+ : total)
-        for (int64_t i = 0; i < ctx - lo; ++i) {
+        for (int64_t i = 0; i < count; ++i) {
             sh[i] = exp_nonpositive(sh[i] - top);
             total += sh[i];
         }
         sum[h] = total;
     }
-    /* V: the weighted sum, a block at a time; the block's rows come from memory once, and each
-     * kv head's query heads, up to four at a time, sum them in registers. */
+}
+
+/* V: acc_h += the weighted sum of the V rows, a block at a time; the block's rows come from memory
+ * once, and each kv head's query heads, up to four at a time, sum them in registers. */
+static inline __attribute__((always_inline)) void weigh_values(const struct task *w,
+                                                                const float *scores, v16 *acc,
+                                                                struct ahead *ahead,
+                                                                const int is_bf16,
+                                                                const int64_t chunks) {
+    const int64_t group = w->group, n = w->n, lo = w->lo, ctx = w->ctx, bs = w->block_size;
+    const size_t row_bytes = w->row_bytes;
     for (int64_t pos = lo; pos < ctx;) {
-        const int64_t off = pos % block_size;
-        const int64_t take = (block_size - off < ctx - pos) ? block_size - off : ctx - pos;
-        const char *first =
-            v_cache + row_bytes * (size_t)(table[pos / block_size] * block_size + off);
-        for (int64_t t = 0; t < take; ++t) ahead_one(&ahead);
-        for (int64_t kvh = h0; kvh < h1; ++kvh) {
-            const char *rows = first + elem * (size_t)(kvh * head_dim);
+        const int64_t off = pos % bs;
+        const int64_t take = (bs - off < ctx - pos) ? bs - off : ctx - pos;
+        const char *first = w->v_cache + row_bytes * (size_t)(w->table[pos / bs] * bs + off);
+        for (int64_t t = 0; t < take; ++t) ahead_one(ahead);
+        for (int64_t kvh = w->h0; kvh < w->h1; ++kvh) {
+            const char *rows = first + w->elem * (size_t)(kvh * w->head_dim);
             for (int64_t g0 = 0; g0 < group; g0 += 4) {
-                const int64_t h = (kvh - h0) * group + g0;
+                const int64_t h = (kvh - w->h0) * group + g0;
                 const float *p = scores + h * n + (pos - lo);
                 v16 *a = acc + h * chunks;
                 switch (group - g0 < 4 ? group - g0 : 4) {
@@ -294,18 +299,74 @@ static inline __attribute__((always_inline)) int decode_task(
         }
         pos += take;
     }
-    for (int64_t h = 0; h < nh; ++h) {
-        const int64_t o = (seq * num_heads + h0 * group + h) * head_dim;
+}
+
+/* Each query head's weighted sum divided by its weights' total, rounded to the dtype, into out. */
+static inline __attribute__((always_inline)) void write_out(const struct task *w, const v16 *acc,
+                                                             const float *sum, const int is_bf16,
+                                                             const int64_t chunks) {
+    for (int64_t h = 0; h < w->nh; ++h) {
+        const int64_t o = (w->seq * w->num_heads + w->h0 * w->group + h) * w->head_dim;
         const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
         const float *a = (const float *)(acc + h * chunks);
         if (is_bf16) {
-            uint16_t *dst = (uint16_t *)out + o;
-            for (int64_t d = 0; d < head_dim; ++d) dst[d] = f32_to_bf16(a[d] * inv);
+            uint16_t *dst = (uint16_t *)w->out + o;
+            for (int64_t d = 0; d < w->head_dim; ++d) dst[d] = f32_to_bf16(a[d] * inv);
         } else {
-            float *dst = (float *)out + o;
-            for (int64_t d = 0; d < head_dim; ++d) dst[d] = a[d] * inv;
+            float *dst = (float *)w->out + o;
+            for (int64_t d = 0; d < w->head_dim; ++d) dst[d] = a[d] * inv;
         }
     }
+}
+
+/* One task: the queries loaded, the K rows scored, the softmax, the V rows weighed, the result
+ * written. It walks the sequence's blocks twice (K, then V); within a block the token rows of this
+ * task's heads are adjacent, and a software prefetch runs AHEAD_BYTES ahead of the rows it reads,
+ * across blocks and from the K rows on to the V. */
+static inline __attribute__((always_inline)) int decode_task(
+    const char *q, int64_t q_seq_stride, const char *k_cache, const char *v_cache,
+    const int64_t *table, int64_t ctx, int64_t seq, int64_t h0, int64_t h1, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t window, float scale,
+    char *out, const int is_bf16, const int64_t chunks) {
+    const size_t elem = is_bf16 ? 2 : 4;
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t lo = (window > 0 && ctx > window) ? ctx - window : 0;
+    const struct task w = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .table = table,
+                           .out = out, .q_seq_stride = q_seq_stride, .ctx = ctx, .lo = lo,
+                           .n = ctx - lo > 0 ? ctx - lo : 1, .seq = seq, .h0 = h0, .h1 = h1,
+                           .group = group, .nh = (h1 - h0) * group, .num_heads = num_heads,
+                           .head_dim = head_dim, .block_size = block_size, .elem = elem,
+                           .row_bytes = elem * (size_t)(num_kv_heads * head_dim), .scale = scale};
+    /* scaled q, acc, then the scores: the thread's kept buffer. A malloc and a free per task
+     * were ~1.2% of a 64-stream engine's samples; without them the step's attention took 5.01
+     * against 5.40 ms with K/V in the caches, the same 8.25 from DRAM (alternated), and the
+     * engine's 64-stream step stayed at 32.6 ms. */
+    int owned = 0;
+    v16 *qv = kept_scratch(sizeof(v16) * (size_t)(2 * w.nh * chunks) +
+                               sizeof(float) * (size_t)(w.nh * w.n),
+                           &owned);
+    if (!qv) return 2;
+    v16 *acc = qv + w.nh * chunks;
+    float *scores = (float *)(acc + w.nh * chunks);
+    float sum[MAX_GROUP * 64];
+    /* bfloat16 with AVX512-BF16: q . k by vdpbf16ps on the rows as stored (two dot products of
+     * 32 dims a token and head, where widening the row to float32 and multiplying took eight
+     * instructions), q kept as it is and the scale applied to the 16 scores of a group after
+     * their sums. The products are exact in float32 either way; the sums' order differs. On the
+     * AMD EPYC (2 cores, alternated in one process, SmolLM2's shapes at 64 sequences): the step's
+     * attention 6.05 -> 5.67 ms with K/V in the caches, 9.32 -> 9.17 from DRAM; a warmed
+     * engine's 64-stream step 36.2 -> 35.9 ms. */
+    const int dp = HAVE_DPBF16 && is_bf16 && chunks % 2 == 0;
+    load_queries(&w, qv, acc, is_bf16, chunks, dp);
+    struct ahead ahead = {.k = k_cache, .v = v_cache, .table = table, .block_size = block_size,
+                          .lo = lo, .ctx = ctx, .row_bytes = w.row_bytes,
+                          .first = elem * (size_t)(h0 * head_dim),
+                          .bytes = elem * (size_t)((h1 - h0) * head_dim)};
+    ahead_start(&ahead);
+    score_keys(&w, qv, scores, &ahead, is_bf16, chunks, dp);
+    softmax_rows(&w, scores, sum);
+    weigh_values(&w, scores, acc, &ahead, is_bf16, chunks);
+    write_out(&w, acc, sum, is_bf16, chunks);
     if (owned) free(qv);
     return 0;
 }
