@@ -39,6 +39,7 @@ from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.cuda_graphs import DecodeGraphs, capture_sizes
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.kv_setup import (
     KvRequest,
     SchedulerLimits,
@@ -118,13 +119,15 @@ def build_engine(
     request = KvRequest(
         config.paged, paged, resolution, tuple(fallback_reasons), config.kv_budget, limits
     )
+    grammars = GrammarCompiler(loaded.tokenizer)
+    eos_token_ids = loaded.tokenizer.eos_token_ids
     if config.no_kv_cache:
         kv = realize_without_cache(request, loaded)
-        runner = RecomputeRunner(loaded.model, device, loaded.tokenizer.eos_token_ids)
+        runner = RecomputeRunner(loaded.model, device, eos_token_ids, grammars)
     else:
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
         runner = ModelRunner(
-            loaded.model, kv.attention, kv.pool.block_size, device, loaded.tokenizer.eos_token_ids
+            loaded.model, kv.attention, kv.pool.block_size, device, eos_token_ids, grammars
         )
         runner.graphs = _decode_graphs(config, loaded, kv, limits, device)
     # Packed before the weights are counted: a tied head's packed copy is resident too.
@@ -152,6 +155,7 @@ def build_engine(
         runner=runner,
         realized=realized,
         max_model_len=limits.max_model_len,
+        grammars=grammars,
     )
 
 

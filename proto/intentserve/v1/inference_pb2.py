@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eintentserve/v1/inference.proto\x12\x0eintentserve.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x8a\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x41\n\nlogit_bias\x18\t \x03(\x0b\x32-.intentserve.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\rH\x02\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x86\x01\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\x12\n\nmin_tokens\x18\x05 \x01(\rB\r\n\x0b_max_tokens\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xa3\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.intentserve.v1.SamplingParams\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1e.intentserve.v1.StopConditions\x12\x0c\n\x04\x63hat\x18\x06 \x01(\x08\x12-\n\x08messages\x18\x07 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\"Q\n\x0cLogprobEntry\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\n\n\x08_logprob\"h\n\rTokenLogprobs\x12,\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x1c.intentserve.v1.LogprobEntry\x12)\n\x03top\x18\x02 \x03(\x0b\x32\x1c.intentserve.v1.LogprobEntry\"\xae\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.intentserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12/\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\x12\x36\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\"\x83\x01\n\x0fGenerateCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\".\n\rGenerateError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\"\x8c\x01\n\rGenerateEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.GenerateErrorH\x00\x42\x07\n\x05\x65vent\"?\n\x0eGenerateEvents\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.intentserve.v1.GenerateEvent*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb1\x01\n\tInference\x12O\n\x08Generate\x12\x1f.intentserve.v1.GenerateRequest\x1a .intentserve.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1f.intentserve.v1.GenerateCommand\x1a\x1e.intentserve.v1.GenerateEvents(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eintentserve/v1/inference.proto\x12\x0eintentserve.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xc0\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x41\n\nlogit_bias\x18\t \x03(\x0b\x32-.intentserve.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\rH\x02\x88\x01\x01\x12\x34\n\nconstraint\x18\x0c \x01(\x0b\x32 .intentserve.v1.OutputConstraint\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x84\x01\n\x10OutputConstraint\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12)\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x17.intentserve.v1.ChoicesH\x00\x12\x0f\n\x05regex\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x86\x01\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\x12\n\nmin_tokens\x18\x05 \x01(\rB\r\n\x0b_max_tokens\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xa3\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.intentserve.v1.SamplingParams\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1e.intentserve.v1.StopConditions\x12\x0c\n\x04\x63hat\x18\x06 \x01(\x08\x12-\n\x08messages\x18\x07 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\"Q\n\x0cLogprobEntry\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\n\n\x08_logprob\"h\n\rTokenLogprobs\x12,\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x1c.intentserve.v1.LogprobEntry\x12)\n\x03top\x18\x02 \x03(\x0b\x32\x1c.intentserve.v1.LogprobEntry\"\xae\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.intentserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12/\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\x12\x36\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\"\x83\x01\n\x0fGenerateCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\".\n\rGenerateError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\"\x8c\x01\n\rGenerateEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.GenerateErrorH\x00\x42\x07\n\x05\x65vent\"?\n\x0eGenerateEvents\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.intentserve.v1.GenerateEvent*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb1\x01\n\tInference\x12O\n\x08Generate\x12\x1f.intentserve.v1.GenerateRequest\x1a .intentserve.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1f.intentserve.v1.GenerateCommand\x1a\x1e.intentserve.v1.GenerateEvents(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,32 +34,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1838
-  _globals['_FINISHREASON']._serialized_end=1958
+  _globals['_FINISHREASON']._serialized_start=2055
+  _globals['_FINISHREASON']._serialized_end=2175
   _globals['_SAMPLINGPARAMS']._serialized_start=81
-  _globals['_SAMPLINGPARAMS']._serialized_end=475
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=385
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=433
-  _globals['_STOPCONDITIONS']._serialized_start=478
-  _globals['_STOPCONDITIONS']._serialized_end=612
-  _globals['_CHATMESSAGE']._serialized_start=614
-  _globals['_CHATMESSAGE']._serialized_end=658
-  _globals['_GENERATEREQUEST']._serialized_start=661
-  _globals['_GENERATEREQUEST']._serialized_end=952
-  _globals['_LOGPROBENTRY']._serialized_start=954
-  _globals['_LOGPROBENTRY']._serialized_end=1035
-  _globals['_TOKENLOGPROBS']._serialized_start=1037
-  _globals['_TOKENLOGPROBS']._serialized_end=1141
-  _globals['_GENERATERESPONSE']._serialized_start=1144
-  _globals['_GENERATERESPONSE']._serialized_end=1446
-  _globals['_GENERATECOMMAND']._serialized_start=1449
-  _globals['_GENERATECOMMAND']._serialized_end=1580
-  _globals['_GENERATEERROR']._serialized_start=1582
-  _globals['_GENERATEERROR']._serialized_end=1628
-  _globals['_GENERATEEVENT']._serialized_start=1631
-  _globals['_GENERATEEVENT']._serialized_end=1771
-  _globals['_GENERATEEVENTS']._serialized_start=1773
-  _globals['_GENERATEEVENTS']._serialized_end=1836
-  _globals['_INFERENCE']._serialized_start=1961
-  _globals['_INFERENCE']._serialized_end=2138
+  _globals['_SAMPLINGPARAMS']._serialized_end=529
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=439
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=487
+  _globals['_OUTPUTCONSTRAINT']._serialized_start=532
+  _globals['_OUTPUTCONSTRAINT']._serialized_end=664
+  _globals['_CHOICES']._serialized_start=666
+  _globals['_CHOICES']._serialized_end=692
+  _globals['_STOPCONDITIONS']._serialized_start=695
+  _globals['_STOPCONDITIONS']._serialized_end=829
+  _globals['_CHATMESSAGE']._serialized_start=831
+  _globals['_CHATMESSAGE']._serialized_end=875
+  _globals['_GENERATEREQUEST']._serialized_start=878
+  _globals['_GENERATEREQUEST']._serialized_end=1169
+  _globals['_LOGPROBENTRY']._serialized_start=1171
+  _globals['_LOGPROBENTRY']._serialized_end=1252
+  _globals['_TOKENLOGPROBS']._serialized_start=1254
+  _globals['_TOKENLOGPROBS']._serialized_end=1358
+  _globals['_GENERATERESPONSE']._serialized_start=1361
+  _globals['_GENERATERESPONSE']._serialized_end=1663
+  _globals['_GENERATECOMMAND']._serialized_start=1666
+  _globals['_GENERATECOMMAND']._serialized_end=1797
+  _globals['_GENERATEERROR']._serialized_start=1799
+  _globals['_GENERATEERROR']._serialized_end=1845
+  _globals['_GENERATEEVENT']._serialized_start=1848
+  _globals['_GENERATEEVENT']._serialized_end=1988
+  _globals['_GENERATEEVENTS']._serialized_start=1990
+  _globals['_GENERATEEVENTS']._serialized_end=2053
+  _globals['_INFERENCE']._serialized_start=2178
+  _globals['_INFERENCE']._serialized_end=2355
 # @@protoc_insertion_point(module_scope)
