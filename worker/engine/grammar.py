@@ -65,27 +65,31 @@ class GrammarCompiler:
         self._vocabulary: llguidance.LLTokenizer | None = None
         self._unreadable: str | None = None  # why the tokenizer cannot be used, once known
         self._compiled: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache's
+        self._vocabulary_lock = threading.Lock()  # the vocabulary is built once
         self.executor = llguidance.LLExecutor()
-        self.num_compiles = 0  # grammars compiled (cache misses), for tests and metrics
+        self.num_compiles = 0  # grammars compiled into the cache (misses that compiled)
 
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.vocab_size
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
-        # NOTE: under self._lock. A tokenizer llguidance cannot read is refused once, then on
-        # every constrained request alike (the reason is kept).
-        if self._vocabulary is None and self._unreadable is None:
-            tok = self._tokenizer
-            try:
-                self._vocabulary = llguidance.LLTokenizer(
-                    tok.backend.to_str(), n_vocab=tok.vocab_size, eos_token=list(tok.eos_token_ids)
-                )
-            except ValueError as error:
-                self._unreadable = (
-                    f"this model's tokenizer cannot be read by the grammar engine: {error}"
-                )
+        # NOTE: a tokenizer llguidance cannot read is refused once, then on every constrained
+        # request alike (the reason is kept).
+        with self._vocabulary_lock:
+            if self._vocabulary is None and self._unreadable is None:
+                tok = self._tokenizer
+                try:
+                    self._vocabulary = llguidance.LLTokenizer(
+                        tok.backend.to_str(),
+                        n_vocab=tok.vocab_size,
+                        eos_token=list(tok.eos_token_ids),
+                    )
+                except ValueError as error:
+                    self._unreadable = (
+                        f"this model's tokenizer cannot be read by the grammar engine: {error}"
+                    )
         if self._vocabulary is None:
             raise InvalidRequestError(FIELD, self._unreadable)
         return self._vocabulary
@@ -96,22 +100,27 @@ class GrammarCompiler:
         self.matcher(constraint)
 
     def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
-        """A fresh matcher for one request (its own copy of the cached grammar)."""
+        """A fresh matcher for one request (its own copy of the cached grammar).
+
+        NOTE: the compile runs outside the cache's lock, so that the engine loop's cache hits
+        never wait on a request being checked on another thread (a grammar can take a second)."""
         with self._lock:
             template = self._compiled.get(constraint)
             if template is not None:
                 self._compiled.move_to_end(constraint)
                 return template.deep_copy()
-            template = self._compile(constraint)
+        template = self._compile(constraint)
+        with self._lock:
+            self.num_compiles += 1
             self._compiled[constraint] = template
+            self._compiled.move_to_end(constraint)
             if len(self._compiled) > self._max_cached:
                 self._compiled.popitem(last=False)
-            return template.deep_copy()
+        return template.deep_copy()
 
     def _compile(self, constraint: Constraint) -> llguidance.LLMatcher:
         where = f"{FIELD}.{constraint.kind.value}"
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), _grammar(constraint), log_level=0)
-        self.num_compiles += 1
         if matcher.is_error():
             raise InvalidRequestError(where, _first_line(matcher.get_error()))
         # NOTE: a grammar no token can begin leaves the matcher in error once asked for a mask.

@@ -99,3 +99,27 @@ def test_a_sampler_without_a_vocabulary_fails_constrained_rows_alone():
     step = Sampler().sample(torch.zeros(2, VOCAB), ["free", "held"], [SamplingParams(), regex("a")])
     assert step.tokens == {"free": 0}
     assert step.failures["held"].startswith("constraint: ")
+
+
+def test_the_compile_is_cached_per_constraint_and_bounded():
+    compiler = GrammarCompiler(tiny_tokenizer(), max_cached=2)
+    first, second, third = (Constraint(ConstraintKind.REGEX, p) for p in ("a+", "b+", "ab"))
+    compiler.compile(first)
+    compiler.compile(Constraint(ConstraintKind.REGEX, "a+"))  # equal: a hit
+    assert compiler.num_compiles == 1
+    compiler.compile(second)
+    compiler.compile(third)  # evicts `first`, the least recently used
+    compiler.compile(third)
+    assert compiler.num_compiles == 3
+    compiler.compile(first)
+    assert compiler.num_compiles == 4
+
+
+def test_each_request_gets_its_own_matcher_from_the_cache(compiler):
+    """Two requests with one schema in one batch advance apart."""
+    sampler = Sampler((EOS,), compiler)
+    logits = torch.tensor([[9.0, 1.0, 0.0, 0.0, 0.0, 0.0], [1.0, 9.0, 0.0, 0.0, 0.0, 0.0]])
+    first = sampler.sample(logits, ["x", "y"], [regex("(a|b)b")] * 2)
+    assert first.tokens == {"x": A, "y": B}
+    second = sampler.sample(torch.zeros(2, VOCAB), ["x", "y"], [regex("(a|b)b")] * 2)
+    assert second.tokens == {"x": B, "y": B} and second.complete == {"x", "y"}

@@ -12,7 +12,6 @@ import jsonschema
 import pytest
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.constraint import Constraint, ConstraintKind, grammar_for_tool_choice
-from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.model.registry import load_model
 from intentserve.worker.sched.sequence import FinishReason
@@ -185,20 +184,6 @@ def test_a_bad_constraint_is_refused_naming_the_field(eng, constraint, field, pr
         eng.prepare("Hi", constrained(constraint()))
     assert caught.value.field == field
     assert problem in str(caught.value)
-
-
-def test_the_compile_is_cached_per_constraint_and_bounded(eng):
-    compiler = GrammarCompiler(eng.tokenizer, max_cached=2)
-    first, second, third = (Constraint(ConstraintKind.REGEX, p) for p in ("a+", "b+", "c+"))
-    compiler.compile(first)
-    compiler.compile(Constraint(ConstraintKind.REGEX, "a+"))  # equal: a hit
-    assert compiler.num_compiles == 1
-    compiler.compile(second)
-    compiler.compile(third)  # evicts `first`, the least recently used
-    compiler.compile(third)
-    assert compiler.num_compiles == 3
-    compiler.compile(first)
-    assert compiler.num_compiles == 4
 
 
 def test_tool_choice_refuses_what_it_cannot_enforce():
