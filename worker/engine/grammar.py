@@ -164,13 +164,18 @@ class GrammarRows:
         self._matchers.pop(seq_id, None)
 
     def mask(
-        self, logits: Tensor, seq_ids: Sequence[str], constraints: Sequence[Constraint]
+        self, logits: Tensor, rows: Sequence[int], seq_ids: Sequence[str], constraints
     ) -> dict[str, str]:
-        """Set to -inf, in place, each row's logits [R, vocab] that its grammar does not allow
-        next; the rows that could not be masked, with why (the rest are untouched)."""
+        """Set to -inf, in place, the logits [N, vocab] of each of `rows` that its grammar does
+        not allow next (`seq_ids` and `constraints` are the rows'); the rows that could not be
+        masked, with why. Other rows are left as they are.
+
+        NOTE: no row is copied out and back: on this CPU, index_select of 32 rows of 49,152
+        logits took 40-85 ms a step under load; the mask is applied in place over all N rows,
+        the unconstrained ones allowing everything."""
         failures: dict[str, str] = {}
         matchers = []
-        for row, (seq_id, constraint) in enumerate(zip(seq_ids, constraints, strict=True)):
+        for row, seq_id, constraint in zip(rows, seq_ids, constraints, strict=True):
             matcher = self._matchers.get(seq_id)
             if matcher is None:
                 try:
@@ -179,22 +184,29 @@ class GrammarRows:
                     failures[seq_id] = str(error)
                     continue
             matchers.append((matcher, row))
+        num_rows, vocab = logits.shape
         num_words = (self.compiler.vocab_size + 31) // 32
-        bitmask = torch.zeros(len(seq_ids), num_words, dtype=torch.int32)  # [R, words]
+        bitmask = torch.full((num_rows, num_words), -1, dtype=torch.int32)  # [N, words]
+        bitmask[list(rows)] = 0  # a row whose matcher is missing allows nothing
         if matchers:
             self.compiler.executor.unsafe_compute_mask_ptr(
-                matchers, bitmask.data_ptr(), num_words * 4, len(seq_ids)
+                matchers, bitmask.data_ptr(), num_words * 4, num_rows
             )
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
-        allowed = torch.zeros(logits.shape, dtype=torch.bool)  # [R, vocab]
-        width = min(logits.shape[1], self.compiler.vocab_size)
-        allowed[:, :width] = torch.from_numpy(bits[:, :width].astype(bool))
+        width = min(vocab, self.compiler.vocab_size)
+        # NOTE: the bits inverted while packed (N x vocab/8 bytes), then unpacked straight into
+        # bytes that are 0 or 1, i.e. bools: no pass over [N, vocab] but the fill itself.
+        refused_bits = np.unpackbits(
+            np.invert(bitmask.numpy().view(np.uint8)), axis=1, bitorder="little"
+        )
+        refused = torch.from_numpy(refused_bits[:, :width]).view(torch.bool)  # [N, width]
+        logits[:, :width].masked_fill_(refused.to(logits.device), float("-inf"))
+        if width < vocab:  # past the tokenizer's vocabulary (padding): never allowed
+            logits[list(rows), width:] = float("-inf")
         for matcher, row in matchers:
             if matcher.is_error():
-                failures[seq_ids[row]] = f"{FIELD}: {_first_line(matcher.get_error())}"
-        logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
-        empty = (~allowed.any(dim=1)).tolist()
-        for row, seq_id in enumerate(seq_ids):
+                failures[seq_ids[rows.index(row)]] = f"{FIELD}: {_first_line(matcher.get_error())}"
+        empty = (bitmask == 0).all(dim=1).tolist()  # NOTE: bits past the vocabulary are 0
+        for row, seq_id in zip(rows, seq_ids, strict=True):
             if empty[row] and seq_id not in failures:
                 failures[seq_id] = f"{FIELD}: the grammar allows no next token"
         return failures

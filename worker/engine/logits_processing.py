@@ -59,7 +59,7 @@ def _ban_early_stops(logits, params, histories, eos_token_ids) -> None:
     still end it: they are text, found after the draw)."""
     rows, cols = [], []
     for row, (p, history) in enumerate(zip(params, histories, strict=True)):
-        if p.min_tokens and len(history.output_token_ids) < p.min_tokens:
+        if len(history.output_token_ids) < p.min_tokens:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
             rows += [row] * len(banned)
             cols += sorted(banned)

@@ -169,14 +169,19 @@ class Sampler:
             process_logits(
                 sub,
                 [params[r] for r in changed],
-                [histories[r] for r in changed] if histories is not None else [None] * len(changed),
+                [histories[r] for r in changed],
                 self.eos_token_ids,
             )
-            failures.update(self._mask_to_grammars(sub, changed, seq_ids, params))
             logits.index_copy_(0, index, sub)
             for row, token in zip(changed, sub.argmax(dim=-1).tolist(), strict=True):
                 tokens[row] = token
+        constrained = [row for row in ok if params[row].constraint is not None]
+        if constrained:
+            failures.update(self._mask_to_grammars(logits, constrained, seq_ids, params))
             ok = [row for row in ok if seq_ids[row] not in failures]
+            masked = max_and_argmax_rows(logits)[1].tolist()
+            for row in constrained:
+                tokens[row] = masked[row]
         drawn = [row for row in ok if not params[row].greedy]
         if drawn:
             try:
@@ -193,9 +198,11 @@ class Sampler:
                 failures.update({seq_ids[drawn[i]]: why for i, why in failed.items()})
                 ok = [row for row in ok if seq_ids[row] not in failures]
         complete: set[str] = set()
-        constrained = {seq_ids[r]: tokens[r] for r in ok if params[r].constraint is not None}
-        if constrained:
-            complete, refused = self._grammar_rows.advance(constrained)
+        drawn_under_grammar = {
+            seq_ids[r]: tokens[r] for r in ok if params[r].constraint is not None
+        }
+        if drawn_under_grammar:
+            complete, refused = self._grammar_rows.advance(drawn_under_grammar)
             failures.update(refused)
             ok = [row for row in ok if seq_ids[row] not in failures]
         samples = {seq_ids[row]: tokens[row] for row in ok}
@@ -207,27 +214,18 @@ class Sampler:
         )
 
     def _mask_to_grammars(
-        self, sub: Tensor, rows: list[int], seq_ids: Sequence[str], params
+        self, logits: Tensor, rows: list[int], seq_ids: Sequence[str], params
     ) -> dict[str, str]:
-        """Mask sub [len(rows), vocab] (rows' logits) to each constrained row's grammar; the
-        rows that could not be masked, with why."""
-        constrained = [i for i, r in enumerate(rows) if params[r].constraint is not None]
-        if not constrained:
-            return {}
-        ids = [seq_ids[rows[i]] for i in constrained]
+        """Mask, in place, the logits [N, vocab] of `rows` to each one's grammar; the rows that
+        could not be masked, with why."""
+        ids = [seq_ids[r] for r in rows]
         if self._grammar_rows is None:
             return {s: "constraint: this sampler has no model vocabulary to apply it" for s in ids}
-        index = torch.tensor(constrained, device=sub.device)
-        part = sub.index_select(0, index)  # [K, vocab]
         try:
-            failures = self._grammar_rows.mask(
-                part, ids, [params[rows[i]].constraint for i in constrained]
-            )
+            return self._grammar_rows.mask(logits, rows, ids, [params[r].constraint for r in rows])
         except Exception as error:  # NOTE: these rows' failure, not their batch's
             log.exception("the grammar mask failed for requests %s", ids)
             return {s: f"constraint: {type(error).__name__}: {error}" for s in ids}
-        sub.index_copy_(0, index, part)
-        return failures
 
     @staticmethod
     def _logprobs(log_probs, rows, tokens, seq_ids, params, samples) -> dict[str, TokenLogprobs]:

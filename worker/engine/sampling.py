@@ -142,9 +142,4 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         """Whether the model's logits change before sampling (beyond temperature, top-k/p)."""
-        return (
-            self.penalized
-            or bool(self.logit_bias)
-            or self.min_tokens > 0
-            or self.constraint is not None
-        )
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
