@@ -4,6 +4,8 @@ refused with 400 naming it. A field no schema here knows is refused naming it to
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from intentserve.controller.router.http.errors import from_unsupported, from_validation
 from intentserve.controller.router.http.openai_convert import (
@@ -67,7 +69,7 @@ VLLM = {
     "guided_choice": (["a"], REFUSED),
     "guided_grammar": ("root ::= 'a'", REFUSED),
     "guided_decoding_backend": ("xgrammar", REFUSED),
-    "structured_outputs": ({"regex": "a"}, REFUSED),
+    "structured_outputs": ({"regex": "a"}, lambda pb: pb.sampling.constraint.regex == "a"),
     "priority": (1, REFUSED),
     "request_id": ("mine", REFUSED),
     "logits_processors": (["x"], REFUSED),
@@ -80,7 +82,7 @@ COMPLETIONS = {
     "echo": (True, lambda pb: True),  # the prompt before the text (test_openai_mapping)
     "logprobs": (2, lambda pb: pb.sampling.HasField("logprobs") and pb.sampling.logprobs == 2),
     "suffix": ("end", REFUSED),
-    "response_format": ({"type": "json_object"}, REFUSED),
+    "response_format": ({"type": "json_object"}, lambda pb: pb.sampling.constraint.json_object),
     "tool_choice": ("auto", REFUSED),
 }
 CHAT = {
@@ -100,7 +102,10 @@ CHAT = {
     "prompt_cache_options": ({}, REFUSED),
     "prompt_cache_retention": ("24h", REFUSED),
     "reasoning_effort": ("low", REFUSED),
-    "response_format": ({"type": "json_schema", "json_schema": {"name": "x"}}, REFUSED),
+    "response_format": (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}},
+        lambda pb: json.loads(pb.sampling.constraint.json_schema) == {"type": "integer"},
+    ),
     "safety_identifier": ("me", lambda pb: True),  # a label, as `user`
     "service_tier": ("flex", REFUSED),
     "store": (True, REFUSED),
@@ -263,6 +268,49 @@ def test_a_reply_sent_back_as_a_message_passes_with_its_empty_fields():
 )
 def test_a_value_that_asks_for_what_is_done_anyway_passes(kind, name, value):
     assert hasattr(_outcome(kind, _body(kind, name, value)), "sampling")
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "reached"),
+    [
+        (
+            "chat",
+            {"structured_outputs": {"json": {"type": "integer"}}},
+            lambda c: json.loads(c.json_schema) == {"type": "integer"},
+        ),
+        (
+            "completions",
+            {"structured_outputs": {"json": '{"type": "string"}'}},
+            lambda c: c.json_schema == '{"type": "string"}',
+        ),
+        (
+            "chat",
+            {"structured_outputs": {"choice": ["yes", "no"]}},
+            lambda c: list(c.choice.choices) == ["yes", "no"],
+        ),
+        ("completions", {"structured_outputs": {"json_object": True}}, lambda c: c.json_object),
+        (
+            "completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {}},
+                }
+            },
+            lambda c: json.loads(c.json_schema) == {},
+        ),
+    ],
+)
+def test_each_structured_output_form_reaches_the_request(kind, body, reached):
+    pb = _outcome(kind, _body(kind, "model", MODEL) | body)
+    assert hasattr(pb, "sampling"), pb.message
+    assert reached(pb.sampling.constraint)
+
+
+def test_vllms_other_structured_output_options_are_refused_naming_them():
+    body = _body("chat", "structured_outputs", {"grammar": "root ::= 'a'"})
+    outcome = _outcome("chat", body)
+    assert (outcome.status, outcome.param) == (400, "structured_outputs.grammar")
 
 
 def test_readme_lists_every_field_here():

@@ -113,7 +113,23 @@ def test_a_chat_without_a_limit_may_fill_the_model_length():
         (lambda: completion(repetition_penalty=0), "repetition_penalty"),
         (lambda: chat(top_logprobs=2), "top_logprobs"),
         (lambda: chat(tool_choice="required"), "tool_choice"),
-        (lambda: chat(response_format={"type": "json_object"}), "response_format"),
+        (lambda: chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
+        (
+            lambda: chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            lambda: completion(
+                response_format={"type": "json_object"}, structured_outputs={"regex": "a"}
+            ),
+            "structured_outputs",
+        ),
+        (lambda: chat(structured_outputs={}), "structured_outputs"),
+        (lambda: chat(structured_outputs={"regex": "a", "choice": ["a"]}), "structured_outputs"),
+        (
+            lambda: completion(structured_outputs={"json_object": False}),
+            "structured_outputs.json_object",
+        ),
         (lambda: completion(top_p=0), "top_p"),
         (lambda: chat(top_p=0.0), "top_p"),
     ],
@@ -184,6 +200,21 @@ def test_a_body_of_the_wrong_shape_names_the_parameter(schema, fields, param):
         ("tools[2].name: must not be empty", chat(), "tools[2].function.name"),
         ("tools: this model's chat template never reads `tools`", chat(), "tools"),
         ("prompt_token_ids: ids [99999] are outside the vocabulary", completion(), "prompt"),
+        (
+            "sampling.constraint.regex: invalid regex",
+            chat(structured_outputs={"regex": "a("}),
+            "structured_outputs",
+        ),
+        (
+            "sampling.constraint.json_schema: Invalid type: foo",
+            completion(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "foo"}},
+                }
+            ),
+            "response_format",
+        ),
     ],
 )
 def test_the_workers_invalid_argument_names_the_openai_parameter(details, body, param):

@@ -9,9 +9,11 @@ away mid-stream leaves no KV in use and no request outstanding.
 from __future__ import annotations
 
 import importlib.util
+import json
 import ssl
 
 import httpx2 as httpx
+import jsonschema
 import openai
 import pytest
 from intentserve.client import ControllerClient
@@ -211,13 +213,43 @@ def test_n_seeded_choices_begin_with_what_n_1_gives(client):
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
         ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"extra_body": {"structured_outputs": {"regex": "a(b"}}}, "structured_outputs"),
     ],
 )
 def test_what_is_not_honoured_is_refused_naming_it(client, options, param):
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=MODEL, messages=CONVERSATION, max_tokens=2, **options)
     assert error.value.body["param"] == param
+
+
+def test_structured_outputs_through_the_official_client(client):
+    schema = {
+        "type": "object",
+        "properties": {
+            "capital": {"enum": ["Paris", "Rome", "Madrid"]},
+            "population": {"type": "integer"},
+        },
+        "required": ["capital", "population"],
+        "additionalProperties": False,
+    }
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "The capital of France, as JSON."}],
+        temperature=0,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    choice = client.completions.create(
+        model=MODEL,
+        prompt="Is the sky blue? Answer:",
+        temperature=0.8,
+        seed=5,
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": [" yes", " no"]}},
+    )
+    assert choice.choices[0].text in (" yes", " no")
 
 
 def test_a_wrong_key_is_401(up, client):

@@ -36,6 +36,7 @@ from intentserve.worker.attention.triton_paged import TritonPagedAttention
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.cuda_graphs import DecodeGraphs, capture_sizes
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.kv_setup import (
     KvRequest,
     SchedulerLimits,
@@ -111,17 +112,20 @@ def build_engine(
     request = KvRequest(
         config.paged, paged, resolution, tuple(fallback_reasons), config.kv_budget, limits
     )
+    grammars = GrammarCompiler(loaded.tokenizer)
+    eos_token_ids = loaded.tokenizer.eos_token_ids
     if config.no_kv_cache:
         kv = realize_without_cache(request, loaded)
     else:
         kv = realize_kv(request, loaded, capability.free_memory_bytes, device)
     # The one step that rewrites the model: weights held, kernels wired (shaping.py).
     shaped = shape_model(loaded, resolution.weights, kv.attention, device, config.cpu_prepack)
-    eos_token_ids = loaded.tokenizer.eos_token_ids
     if config.no_kv_cache:
-        runner = RecomputeRunner(shaped.model, device, eos_token_ids)
+        runner = RecomputeRunner(shaped.model, device, eos_token_ids, grammars)
     else:
-        runner = ModelRunner(shaped.model, kv.attention, kv.pool.block_size, device, eos_token_ids)
+        runner = ModelRunner(
+            shaped.model, kv.attention, kv.pool.block_size, device, eos_token_ids, grammars
+        )
         runner.graphs = _decode_graphs(config, shaped.model, kv, limits, device)
     realized = RealizedReport(
         cache=dataclasses.replace(
@@ -146,6 +150,7 @@ def build_engine(
         runner=runner,
         realized=realized,
         max_model_len=limits.max_model_len,
+        grammars=grammars,
     )
 
 

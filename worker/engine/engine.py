@@ -23,6 +23,7 @@ from collections.abc import Sequence as Seq
 
 from intentserve.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.chat import Conversation
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import (
     LogprobEntry,
@@ -51,8 +52,10 @@ class Engine:
         runner: Runner,
         realized: RealizedReport,
         max_model_len: int,
+        grammars: GrammarCompiler,
     ) -> None:
         self.tokenizer = tokenizer
+        self.grammars = grammars  # the runner's sampler's too: requests are compiled here
         self.scheduler = scheduler
         self.runner = runner
         self.realized = realized
@@ -80,6 +83,8 @@ class Engine:
         if request_id and (problem := request_id_problem(request_id)) is not None:
             raise InvalidRequestError("request_id", problem)
         self._check_token_ids(params)
+        if params.constraint is not None:
+            self.grammars.compile(params.constraint)  # cached: a schema is compiled once
         prompt_ids = self._prompt_ids(prompt, chat)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
@@ -171,7 +176,7 @@ class Engine:
             try:
                 if seq_id in samples.logprobs and seq_id in self._requests:
                     self._requests[seq_id].logprobs.append(self._named(samples.logprobs[seq_id]))
-                reason = self._stop_reason(seq_id, token_id)
+                reason = self._stop_reason(seq_id, token_id, seq_id in samples.complete)
             except Exception as error:
                 log.exception("detokenizing or stop checks failed for request %s", seq_id)
                 failures[seq_id] = f"detokenizing or stop checks: {type(error).__name__}: {error}"
@@ -309,9 +314,12 @@ class Engine:
                 f"{self.max_model_len - 1} fit max_model_len={self.max_model_len}",
             )
 
-    def _stop_reason(self, seq_id: str, token_id: int) -> FinishReason | None:
+    def _stop_reason(
+        self, seq_id: str, token_id: int, grammar_complete: bool
+    ) -> FinishReason | None:
         """Whether `token_id`, just sampled, ends its request: a stop string now complete in the
-        text, a stop token id, or EOS. (Length limits are the scheduler's to apply.)"""
+        text, a stop token id, EOS, or the end of its grammar (structured outputs). (Length
+        limits are the scheduler's to apply.)"""
         state = self._requests.get(seq_id)
         if state is None:  # aborted since the step was scheduled
             return None
@@ -321,6 +329,8 @@ class Engine:
         if token_id in params.stop_token_ids:
             return FinishReason.STOP
         if not params.ignore_eos and token_id in self.tokenizer.eos_token_ids:
+            return FinishReason.STOP
+        if grammar_complete:
             return FinishReason.STOP
         return None
 

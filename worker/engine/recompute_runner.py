@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from intentserve.worker.engine.sampler import Sampler, StepSamples
 from intentserve.worker.model.llama import LlamaModel
@@ -20,11 +21,15 @@ from intentserve.worker.sched.sequence import Sequence
 
 class RecomputeRunner:
     def __init__(
-        self, model: LlamaModel, device: torch.device, eos_token_ids: tuple[int, ...] = ()
+        self,
+        model: LlamaModel,
+        device: torch.device,
+        eos_token_ids: tuple[int, ...] = (),
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.model = model
         self.device = device
-        self.sampler = Sampler(eos_token_ids)
+        self.sampler = Sampler(eos_token_ids, grammars)
         self.attention = CausalAttention(model.config.layer_windows)
         # Token ids each sequence has been fed so far: the only per-sequence state kept.
         self._history: dict[str, list[int]] = {}

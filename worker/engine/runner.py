@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 from intentserve.worker.attention.batch import build_step_batch
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from intentserve.worker.engine.sampler import Sampler, StepSamples
 from intentserve.worker.model.llama import LlamaModel
@@ -33,12 +34,13 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         eos_token_ids: tuple[int, ...] = (),
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.model = model
         self.attention = attention  # a paged backend (attention/) over the KV pool
         self.block_size = block_size
         self.device = device
-        self.sampler = Sampler(eos_token_ids)
+        self.sampler = Sampler(eos_token_ids, grammars)
         self.graphs = None  # DecodeGraphs, set where decode steps replay CUDA graphs
 
     @torch.inference_mode()

@@ -7,9 +7,14 @@ Batched tensor work: one argmax pass over every row; the rows that sample are dr
 (an exponential race, `argmax(p / q)` with q ~ Exp(1), which draws from p); only the seeded rows
 fill their q from their own generator, one call each.
 
+Rows with a structured-output constraint have the tokens their grammar does not allow set to
+-inf (one bitmask per step for all of them, grammar.py), with the other changes; the token drawn
+then advances the row's grammar, and a grammar now complete is reported in
+`StepSamples.complete` (the engine ends the request there).
+
 A row that cannot be sampled is that request's failure alone: it comes back as a value in
-`StepSamples.failures` (logits that are not finite, an error while sampling), and every other
-row is sampled as if it were not there.
+`StepSamples.failures` (logits that are not finite, an error while sampling, a grammar that
+allows no token), and every other row is sampled as if it were not there.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from intentserve.worker.engine.grammar import GrammarCompiler, GrammarRows
 from intentserve.worker.engine.logits_processing import TokenHistory, process_logits
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.kernels import KernelUnavailable, fused_ops
@@ -59,6 +65,7 @@ class StepSamples:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # The runner's, for the rows that asked: {seq_id: {prompt position: its token's score}}.
     prompt_logprobs: dict[str, dict[int, TokenLogprobs]] = field(default_factory=dict)
+    complete: frozenset[str] = frozenset()  # rows whose grammar the token just drawn completed
 
 
 def argmax_rows(logits: Tensor, chunk: int = 1024) -> Tensor:
@@ -106,13 +113,20 @@ def max_and_argmax_rows(
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, eos_token_ids: Sequence[int] = (), grammars: GrammarCompiler | None = None
+    ) -> None:
         self.eos_token_ids = tuple(eos_token_ids)  # banned below a request's min_tokens
         # One generator per seeded request, advanced only by that request's own draws.
         self._generators: dict[str, torch.Generator] = {}
+        # None: no model vocabulary to compile against (a sampler alone, in tests and benches);
+        # a constrained row is then that request's failure.
+        self._grammar_rows = None if grammars is None else GrammarRows(grammars)
 
     def forget(self, seq_id: str) -> None:
         self._generators.pop(seq_id, None)
+        if self._grammar_rows is not None:
+            self._grammar_rows.forget(seq_id)
 
     def _generator(self, seq_id: str, params: SamplingParams) -> torch.Generator:
         gen = self._generators.get(seq_id)
@@ -161,6 +175,13 @@ class Sampler:
             logits.index_copy_(0, index, sub)
             for row, token in zip(changed, sub.argmax(dim=-1).tolist(), strict=True):
                 tokens[row] = token
+        constrained = [row for row in ok if params[row].constraint is not None]
+        if constrained:
+            failures.update(self._mask_to_grammars(logits, constrained, seq_ids, params))
+            ok = [row for row in ok if seq_ids[row] not in failures]
+            masked = max_and_argmax_rows(logits)[1].tolist()
+            for row in constrained:
+                tokens[row] = masked[row]
         drawn = [row for row in ok if not params[row].greedy]
         if drawn:
             try:
@@ -176,12 +197,35 @@ class Sampler:
                     tokens[row] = token
                 failures.update({seq_ids[drawn[i]]: why for i, why in failed.items()})
                 ok = [row for row in ok if seq_ids[row] not in failures]
+        complete: set[str] = set()
+        drawn_under_grammar = {
+            seq_ids[r]: tokens[r] for r in ok if params[r].constraint is not None
+        }
+        if drawn_under_grammar:
+            complete, refused = self._grammar_rows.advance(drawn_under_grammar)
+            failures.update(refused)
+            ok = [row for row in ok if seq_ids[row] not in failures]
         samples = {seq_ids[row]: tokens[row] for row in ok}
         return StepSamples(
             samples,
             failures,
             self._logprobs(log_probs, logprob_rows, tokens, seq_ids, params, samples),
+            complete=frozenset(complete),
         )
+
+    def _mask_to_grammars(
+        self, logits: Tensor, rows: list[int], seq_ids: Sequence[str], params
+    ) -> dict[str, str]:
+        """Mask, in place, the logits [N, vocab] of `rows` to each one's grammar; the rows that
+        could not be masked, with why."""
+        ids = [seq_ids[r] for r in rows]
+        if self._grammar_rows is None:
+            return {s: "constraint: this sampler has no model vocabulary to apply it" for s in ids}
+        try:
+            return self._grammar_rows.mask(logits, rows, ids, [params[r].constraint for r in rows])
+        except Exception as error:  # NOTE: these rows' failure, not their batch's
+            log.exception("the grammar mask failed for requests %s", ids)
+            return {s: f"constraint: {type(error).__name__}: {error}" for s in ids}
 
     @staticmethod
     def _logprobs(log_probs, rows, tokens, seq_ids, params, samples) -> dict[str, TokenLogprobs]:

@@ -10,6 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from numbers import Real
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from intentserve.worker.engine.constraint import Constraint
 
 from intentserve.field_errors import FieldError
 
@@ -49,6 +53,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # None: none; k: the chosen token's and the k likeliest
     prompt_logprobs: int | None = None  # the same for each prompt token (no prefix-cache reuse)
+    constraint: Constraint | None = None  # structured outputs: the grammar the output follows
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):

@@ -17,6 +17,7 @@ from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
 from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool, ToolChoice
+from intentserve.worker.engine.constraint import FIELD, Constraint, ConstraintKind
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import LogprobEntry, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
@@ -42,6 +43,12 @@ PROTO_FIELDS = {
     "logprobs": "sampling.logprobs",
     "prompt_logprobs": "sampling.prompt_logprobs",
     "min_tokens": "stop.min_tokens",
+    **{
+        f"{FIELD}.{f.name}": f"sampling.{FIELD}.{f.name}"
+        for f in inference_pb2.OutputConstraint.DESCRIPTOR.oneofs_by_name["kind"].fields
+    },
+    FIELD: f"sampling.{FIELD}",
+    f"{FIELD}.{ConstraintKind.TOOL_CALL.value}": "tools",  # its schema is the tools' parameters
 }
 
 FINISH_REASONS = {
@@ -102,6 +109,7 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
             prompt_logprobs=(
                 msg.sampling.prompt_logprobs if msg.sampling.HasField("prompt_logprobs") else None
             ),
+            constraint=_constraint_from_pb(msg.sampling.constraint),
         )
     return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
 
@@ -171,6 +179,19 @@ def _refuse_without_messages(msg, names: tuple[str, ...]) -> None:
             raise InvalidRequestError(
                 name, "applies to a conversation (messages), which was not given"
             )
+
+
+def _constraint_from_pb(msg: inference_pb2.OutputConstraint) -> Constraint | None:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_object":
+        if not msg.json_object:
+            raise InvalidRequestError(f"{FIELD}.json_object", "must be true when set")
+        return Constraint(ConstraintKind.JSON_OBJECT)
+    if kind == "choice":
+        return Constraint(ConstraintKind.CHOICE, choices=tuple(msg.choice.choices))
+    return Constraint(ConstraintKind(kind), getattr(msg, kind))
 
 
 def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...] | Conversation:

@@ -81,7 +81,36 @@ def _generate_request(
     )
     if max_tokens is not None:
         stop.max_tokens = max_tokens
+    constraint = _constraint(body)
+    if constraint is not None:
+        sampling.constraint.CopyFrom(constraint)
     return inference_pb2.GenerateRequest(request_id=new_request_id(), sampling=sampling, stop=stop)
+
+
+def _constraint(
+    body: CompletionRequest | ChatCompletionRequest,
+) -> inference_pb2.OutputConstraint | None:
+    """`structured_outputs` or `response_format` (the schema checked one of them at most)."""
+    asked = body.structured_outputs
+    if asked is not None:
+        if asked.json_ is not None:
+            schema = asked.json_
+            return inference_pb2.OutputConstraint(
+                json_schema=schema if isinstance(schema, str) else json.dumps(schema)
+            )
+        if asked.regex is not None:
+            return inference_pb2.OutputConstraint(regex=asked.regex)
+        if asked.choice is not None:
+            return inference_pb2.OutputConstraint(
+                choice=inference_pb2.Choices(choices=asked.choice)
+            )
+        return inference_pb2.OutputConstraint(json_object=True)
+    form = body.response_format
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return inference_pb2.OutputConstraint(json_object=True)
+    return inference_pb2.OutputConstraint(json_schema=json.dumps(form.json_schema.schema_))
 
 
 def completion_request_to_pb(body: CompletionRequest) -> inference_pb2.GenerateRequest:
@@ -184,6 +213,8 @@ def merged_response(replies: list[Reply]) -> dict[str, Any]:
 def param_of(field_path: str, body) -> str | None:
     """The request parameter a worker's field path names; None when it names none. `body`: a
     completions, chat or /tokenize body (one with `messages` is read as a chat's)."""
+    if field_path.startswith("sampling.constraint"):
+        return getattr(body, "constraint_param", None)
     if getattr(body, "messages", None) is not None:
         if field_path in ("prompt", "prompt_token_ids", "chat") or field_path.startswith(
             "messages"

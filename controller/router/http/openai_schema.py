@@ -8,6 +8,10 @@ does not know is refused naming it (`extra="forbid"`), and a known field whose v
 what nothing here does (`echo: true` in chat, `tool_choice: "required"`) is refused naming it.
 `user` and `safety_identifier` are labels for the client's own accounting: they ask for nothing
 and pass.
+
+Structured outputs: OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and vLLM's
+`structured_outputs` (`json`, `regex`, `choice`, `json_object`: its current name for the
+`guided_*` fields it removed in v0.12, which are unknown here), one of the two per request.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
+from intentserve.controller.router.http.structured import ResponseFormat, StructuredOutputs
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
@@ -53,11 +58,9 @@ CHAT_TOOL_CHOICE = (
     "the model is not constrained to call a tool, so 'required' and a named function are not "
     "honoured; allowed: 'auto', 'none'",
 )
-STRUCTURED = "structured outputs are not supported by this server; allowed: {'type': 'text'}"
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: not 1 <= v <= MAX_CHOICES, f"allowed: 1 to {MAX_CHOICES} choices"),
-    "response_format": (lambda v: v.get("type") != "text", STRUCTURED),
     "tool_choice": (lambda v: v != "none", f"{TOOLS}; allowed: 'none'"),
 }
 
@@ -93,8 +96,9 @@ class _Request(BaseModel):
     ignore_eos: bool = False
     n: int | None = None  # choices, each its own GenerateRequest (REFUSALS bounds it)
     echo: bool | None = None  # completions: the prompt before the completion; chat: refused
-    # Only their neutral values pass (REFUSALS).
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
+    # Only its neutral value passes (REFUSALS).
     tool_choice: str | dict[str, Any] | None = None
 
     @field_validator("logit_bias")
@@ -122,6 +126,7 @@ class _Request(BaseModel):
                 self.repetition_penalty == 0,
                 "0 is outside (0, inf); allowed: > 0 (1 is off)",
             ),
+            **self._structured_problems(),
             **self._unsupported_here(),
         }
         first = next(((p, m) for p, (asked, m) in asks.items() if asked), None)
@@ -130,6 +135,22 @@ class _Request(BaseModel):
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
         return {}
+
+    def _structured_problems(self) -> dict[str, tuple[bool, str]]:
+        formatted = self.response_format is not None and self.response_format.type != "text"
+        if formatted and self.structured_outputs is not None:
+            return {"structured_outputs": (True, "give response_format or structured_outputs")}
+        problems = {}
+        if self.structured_outputs is not None:
+            problems.update(self.structured_outputs.problems("structured_outputs"))
+        if self.response_format is not None:
+            problems.update(self.response_format.problems("response_format"))
+        return problems
+
+    @property
+    def constraint_param(self) -> str:
+        """The parameter the client asked for structured outputs by (errors name it)."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
 
     @property
     def include_usage(self) -> bool:

@@ -9,6 +9,7 @@ import pytest
 from intentserve.v1 import inference_pb2, worker_pb2
 from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.engine.tool_calls import ToolCall
@@ -35,11 +36,13 @@ class TurnsTokenizer:
 
 def engine() -> Engine:
     runner = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
+    tokenizer = TurnsTokenizer()
     return Engine(
-        tokenizer=TurnsTokenizer(),
+        tokenizer=tokenizer,
         scheduler=None,
         runner=runner,
         realized=None,
+        grammars=GrammarCompiler(tokenizer),
         max_model_len=MAX_MODEL_LEN,
     )
 

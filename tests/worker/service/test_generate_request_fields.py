@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import struct_pb2
 from intentserve.v1 import inference_pb2
 from intentserve.worker.engine.chat import Conversation, ToolChoice
+from intentserve.worker.engine.constraint import Constraint, ConstraintKind
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.model.tokenizer import Tokenizer
 from intentserve.worker.service.convert import generate_request_from_pb
@@ -75,6 +76,22 @@ HONOURED = {
         {"sampling": {"prompt_logprobs": 3}},
         lambda c: c.params.prompt_logprobs == 3,
     ),
+    "sampling.constraint.json_object": (
+        {"sampling": {"constraint": {"json_object": True}}},
+        lambda c: c.params.constraint == Constraint(ConstraintKind.JSON_OBJECT),
+    ),
+    "sampling.constraint.json_schema": (
+        {"sampling": {"constraint": {"json_schema": '{"type": "integer"}'}}},
+        lambda c: c.params.constraint == Constraint.json_schema({"type": "integer"}),
+    ),
+    "sampling.constraint.choice.choices": (
+        {"sampling": {"constraint": {"choice": {"choices": ["a", "b"]}}}},
+        lambda c: c.params.constraint == Constraint(ConstraintKind.CHOICE, choices=("a", "b")),
+    ),
+    "sampling.constraint.regex": (
+        {"sampling": {"constraint": {"regex": "a+"}}},
+        lambda c: c.params.constraint == Constraint(ConstraintKind.REGEX, "a+"),
+    ),
     "stop.max_tokens": ({"stop": {"max_tokens": 3}}, lambda c: c.params.max_tokens == 3),
     "stop.stop_token_ids": (
         {"stop": {"stop_token_ids": [7]}},
@@ -133,6 +150,24 @@ def test_a_field_this_worker_does_not_know_is_refused_by_its_number(raw, field):
     with pytest.raises(InvalidRequestError) as info:
         generate_request_from_pb(msg)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("constraint", "field", "problem"),
+    [
+        ({"json_object": False}, "sampling.constraint.json_object", "must be true"),
+        ({"json_schema": "{not json"}, "sampling.constraint.json_schema", "not valid JSON"),
+        ({"json_schema": "[1]"}, "sampling.constraint.json_schema", "got list"),
+        ({"choice": {"choices": ["a", ""]}}, "sampling.constraint.choice", "non-empty"),
+        ({"regex": ""}, "sampling.constraint.regex", "must not be empty"),
+    ],
+)
+def test_a_malformed_constraint_is_refused_naming_its_field(constraint, field, problem):
+    msg = _request({"sampling": {"constraint": constraint}})
+    with pytest.raises(InvalidRequestError) as info:
+        generate_request_from_pb(msg)
+    assert info.value.field == field
+    assert problem in str(info.value)
 
 
 def test_chat_template_kwargs_without_messages_are_refused_naming_them():

@@ -5,11 +5,13 @@ One engine for the module (building it dequantizes the GGUF); every test leaves 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
 
 import grpc
+import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -131,6 +133,32 @@ def test_logprobs_and_sampling_options_travel_over_grpc(stub, engine, reference)
         list(stub.Generate(unknown, timeout=30))
     assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith("#127: ")
+
+
+@pytest.mark.integration
+def test_structured_outputs_travel_over_grpc(stub, server, engine):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "rank": {"type": "integer"}},
+        "required": ["city", "rank"],
+        "additionalProperties": False,
+    }
+    msg = request(prompt="The capital of France as JSON:", max_tokens=40, ignore_eos=False)
+    msg.sampling.constraint.json_schema = json.dumps(schema)
+    chunks = list(stub.Generate(msg, timeout=120))
+    assert chunks[-1].finish_reason == inference_pb2.FINISH_REASON_STOP
+    jsonschema.validate(json.loads("".join(c.text for c in chunks)), schema)
+    choice = request(prompt="Is the sky blue?", max_tokens=10, ignore_eos=False)
+    choice.sampling.constraint.choice.choices.extend(["yes", "no"])
+    assert "".join(c.text for c in stub.Generate(choice, timeout=60)) in ("yes", "no")
+    bad = request()
+    bad.sampling.constraint.regex = "a(b"
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Generate(bad, timeout=30))
+    assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("sampling.constraint.regex: ")
+    assert "unclosed group" in error.value.details()
+    assert_idle(server, engine)
 
 
 @pytest.mark.integration

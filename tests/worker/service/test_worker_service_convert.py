@@ -11,6 +11,7 @@ from intentserve.policy import IntentError, PagedAttentionRequiredError, Reason,
 from intentserve.status import lookup
 from intentserve.v1 import inference_pb2
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.request import PreparedRequest, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.sched.sequence import FinishReason
@@ -41,11 +42,13 @@ class FakeTokenizer:
 def fake_engine(max_model_len: int = 64) -> Engine:
     """The engine's request checks need only its tokenizer, vocabulary and max_model_len."""
     runner = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
+    tokenizer = FakeTokenizer()
     return Engine(
-        tokenizer=FakeTokenizer(),
+        tokenizer=tokenizer,
         scheduler=None,
         runner=runner,
         realized=None,
+        grammars=GrammarCompiler(tokenizer),
         max_model_len=max_model_len,
     )
 
