@@ -73,19 +73,19 @@ class Stream:
 class Router:
     """`intentserve router` in a process of its own, on a free port."""
 
-    def __init__(self, manifest: Path, controller: str, pki: Path, env: dict) -> None:
-        self.proc = subprocess.Popen(
-            [str(INTENTSERVE), "router", str(manifest), "--controller", controller]
-            + ["--tls-dir", str(pki), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+    def __init__(self, manifest: Path, controller: str, pki: Path, env: dict, log: Path) -> None:
+        # NOTE: its stderr goes to a file: a pipe nobody reads could fill and block its logging.
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [str(INTENTSERVE), "router", str(manifest), "--controller", controller]
+                + ["--tls-dir", str(pki), "--port", "0"],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
         line = self.proc.stdout.readline()
-        assert line.startswith("router of adopted listening on 127.0.0.1:"), (
-            line + self.proc.stderr.read() if self.proc.poll() is not None else line
-        )
+        assert line.startswith("router of adopted listening on 127.0.0.1:"), line + log.read_text()
         self.address = "127.0.0.1:" + line.split("127.0.0.1:")[1].split(",")[0]
 
     def freshness(self) -> str:
@@ -136,7 +136,10 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         (before,) = ups[0].wait_ready(timeout_s=240)["workers"]
         registry = ups[0].registry_address()
         router_env = {k: v for k, v in ups[0].env.items() if k != "RAY_ADDRESS"}
-        routers = [Router(manifest, registry, pki, router_env) for _ in range(2)]
+        routers = [
+            Router(manifest, registry, pki, router_env, tmp_path / f"router{i}.err")
+            for i in range(2)
+        ]
         for router in routers:
             _wait_for(lambda r=router: _router_state(r) == "ready", 60, "a router READY")
 
