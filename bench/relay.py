@@ -3,6 +3,7 @@ clients, and the CPU it spends per 1000 tokens, beside the roofline of no relay 
 
     python bench/relay.py                                   # the default cases, 3 rounds
     python bench/relay.py --case 64:1024 --relays 2         # two relays share the load
+    python bench/relay.py --case 16:1024 --routers 2        # two `intentserve router`s
     python bench/relay.py --case 2:8 --seconds 1 --rounds 1 --no-roofline   # a quick check
     python bench/relay.py --case 4:1024 --front 127.0.0.1:50051 --pid 1234 \
         --registry 127.0.0.1:50052 --deployment d --ca-dir DIR   # a front end started by hand
@@ -19,7 +20,11 @@ allows one core. By default the bench starts the relay itself: today's controlle
 to CPU r of `--relay-cpus` (modulo its length: by default the first relay on CPU 0, a second on
 CPU 1). With `--front`, `--pid` and the rest it drives a front end already running (e.g. a
 router): its workers register at `--registry` with certificates of the CA in `--ca-dir`
-(ca.crt and ca.key), as `<deployment>-<i>`.
+(ca.crt and ca.key), as `<deployment>-<i>`. With `--routers R` the relay is R separate
+routers (`intentserve router`, router r pinned as relay r is) in front of one controller and
+one set of W workers, each router watching the controller's table and streaming from the
+workers itself; the clients are spread over the routers, whose CPU is the one measured (not
+the controller's, which relays nothing).
 
 The roofline: the same clients straight to one simulated worker process (no relay), at each
 case's stream count; `vs_roofline` is the relay's tokens/s over it. Every run records the load
@@ -44,7 +49,7 @@ import tempfile
 
 from bench.machine import describe, machine_info
 from bench.out import default_out
-from bench.relay_fleet import Front, SimWorkers, drive, start_controller
+from bench.relay_fleet import Front, SimWorkers, drive, start_controller, start_router
 
 DEFAULT_CASES = ("1:32", "8:256", "16:1024", "64:1024", "64:4096")
 
@@ -64,6 +69,8 @@ def _measure(fronts: list[Front], workers: int, streams: int, args) -> dict:
 
 def run_case(case: str, args, folder: Path) -> list[dict]:
     num_workers, num_streams = (int(n) for n in case.split(":"))
+    if args.routers:
+        return run_routers(num_workers, num_streams, args, folder)
     fleets: list[tuple[Front, SimWorkers]] = []
     cpus = args.relay_cpus.split(",")
     try:
@@ -84,6 +91,27 @@ def run_case(case: str, args, folder: Path) -> list[dict]:
         for front, workers in reversed(fleets):
             workers.stop()
             front.stop()
+
+
+def run_routers(num_workers: int, num_streams: int, args, folder: Path) -> list[dict]:
+    """`args.routers` routers, each on its CPU, in front of one controller and its workers."""
+    cpus = args.relay_cpus.split(",")
+    controller = start_controller(folder / "routed", "routed", num_workers)  # not measured
+    workers, routers = None, []
+    try:
+        workers = SimWorkers(controller, num_workers, -(-num_streams // num_workers), args)
+        controller.wait_serving()
+        for r in range(args.routers):
+            routers.append(start_router(controller, folder / f"router{r}", cpus[r % len(cpus)]))
+        for router in routers:
+            router.wait_serving()
+        return [_measure(routers, num_workers, num_streams, args) for _ in range(args.rounds)]
+    finally:
+        for router in routers:
+            router.stop()
+        if workers is not None:
+            workers.stop()
+        controller.stop()
 
 
 def roofline(num_streams: int, args, folder: Path) -> list[dict]:
@@ -131,6 +159,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", help="WORKERS:STREAMS (repeatable)")
     parser.add_argument("--relays", type=int, default=1, help="relay processes sharing a case")
+    parser.add_argument(
+        "--routers", type=int, default=0, help="separate routers before one controller (0: none)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="each stream's length")
     parser.add_argument("--step-ms", type=float, default=20.0)
@@ -152,6 +183,8 @@ def main() -> None:
         args.relays != 1 or None in (args.pid, args.registry, args.deployment, args.ca_dir)
     ):
         parser.error("--front needs --pid, --registry, --deployment and --ca-dir, one relay")
+    if args.routers and (args.front or args.relays != 1):
+        parser.error("--routers starts its own routers: not with --front or --relays")
     args.tokens = max(1, round(args.seconds * 1000 / args.step_ms)) * args.tokens_per_step
     cases = args.case or list(DEFAULT_CASES)
     result = {
@@ -178,7 +211,8 @@ def main() -> None:
                     run["vs_roofline"] = run["tokens_per_s"] / statistics.median(
                         r["tokens_per_s"] for r in top
                     )
-                print(_line(f"relay x{args.relays} {case:>8} #{i + 1}", run, offered), flush=True)
+                label = f"router x{args.routers}" if args.routers else f"relay x{args.relays}"
+                print(_line(f"{label} {case:>8} #{i + 1}", run, offered), flush=True)
             result["cases"][case] = runs
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

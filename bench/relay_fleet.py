@@ -1,6 +1,7 @@
 """The processes of the relay benchmark (bench/relay.py): a deployment's CA and certificates,
-the relay (today's controller) or a front end started by hand, the simulated workers' processes,
-and the client processes whose streams are measured.
+the relay (the controller's embedded router, or separate `intentserve router` processes in front
+of a controller) or a front end started by hand, the simulated workers' processes, and the
+client processes whose streams are measured.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.controller.control.state import replica_ids
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.tls import CONTROLLER, server_name
+from intentserve.tls import CONTROLLER, ROUTER, server_name
 
 from bench.served import cpu_s, free_port
 
@@ -57,6 +58,7 @@ class Front:
     registry: str
     pki: Pki
     proc: subprocess.Popen | None = None  # None: started by hand, left running
+    holder: str = CONTROLLER  # whose certificate it presents: the controller's, or a router's
 
     @classmethod
     def external(cls, args) -> Front:
@@ -71,7 +73,7 @@ class Front:
 
     @property
     def server_name(self) -> str:
-        return self.pki.server_name(CONTROLLER)
+        return self.pki.server_name(self.holder)
 
     def wait_serving(self) -> None:
         """Until the front end's `grpc.health.v1` says SERVING (its workers verified)."""
@@ -120,24 +122,51 @@ def start_controller(
         "INTENTSERVE_TLS_CERT_FILE": str(folder / "controller.crt"),
         "INTENTSERVE_TLS_KEY_FILE": str(folder / "controller.key"),
     }
-    pin = ["taskset", "-c", cpus] if cpus else []
-    log = (folder / "controller.log").open("w")
-    proc = subprocess.Popen(
-        [*pin, sys.executable, "-m", "intentserve.controller.server"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
+    proc = _start(
+        folder / "controller.log",
+        [sys.executable, "-m", "intentserve.controller.server"],
+        cpus,
+        env,
     )
-    log.close()
+    return Front(f"127.0.0.1:{port}", proc.pid, f"127.0.0.1:{registry}", pki, proc)
+
+
+def start_router(controller: Front, folder: Path, cpus: str | None = None) -> Front:
+    """A separate router (`intentserve router`) of `controller`'s deployment, with a router
+    certificate of its CA, pinned to `cpus` when given; it watches `controller`'s table and
+    streams from the workers itself."""
+    folder.mkdir(parents=True)
+    identity = controller.pki.ca.router_identity()
+    (folder / "ca.crt").write_bytes(controller.pki.ca.cert_pem)
+    (folder / "router.crt").write_bytes(identity.cert_pem)
+    (folder / "router.key").write_bytes(identity.key_pem)
+    (folder / "admin-token").write_text("bench\n")  # a router's status is for operators only
+    manifest = folder / "router.yaml"
+    manifest.write_text(
+        "apiVersion: intentserve/v1\nkind: Deployment\n"
+        f"metadata: {{name: {controller.deployment}}}\n"
+        f"spec: {{security: {{adminTokenFile: {folder / 'admin-token'}}}}}\n"
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "intentserve.controller.cli.main", "router", str(manifest)]
+    command += ["--controller", controller.registry, "--tls-dir", str(folder)]
+    proc = _start(folder / "router.log", [*command, "--port", str(port)], cpus, dict(os.environ))
+    return Front(f"127.0.0.1:{port}", proc.pid, controller.registry, controller.pki, proc, ROUTER)
+
+
+def _start(log_path: Path, command: list[str], cpus: str | None, env: dict) -> subprocess.Popen:
+    """`command` (pinned to `cpus` when given), its output in `log_path`, once it says it is
+    listening."""
+    pin = ["taskset", "-c", cpus] if cpus else []
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([*pin, *command], stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while " listening on " not in (folder / "controller.log").read_text():
+    while " listening on " not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(
-                f"the controller did not start:\n{(folder / 'controller.log').read_text()}"
-            )
+            raise RuntimeError(f"{command[2:4]} did not start:\n{log_path.read_text()}")
         time.sleep(0.1)
-    return Front(f"127.0.0.1:{port}", proc.pid, f"127.0.0.1:{registry}", pki, proc)
+    return proc
 
 
 class SimWorkers:

@@ -32,6 +32,7 @@ import grpc
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve import convert
+from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.policy import (
     CacheKind,
     Capability,
@@ -53,14 +54,6 @@ from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker
 ABORT = inference_pb2.FINISH_REASON_ABORT
 LENGTH = inference_pb2.FINISH_REASON_LENGTH
 RPC_TIMEOUT_S = 10.0
-# NOTE: a gRPC server cancels calls it has not yet taken (CANCELLED, before any handler runs)
-# when too many are pending and when one waits 30 s: a busy worker offered 4096 streams at once
-# lost 1500-2500 of them so. A benchmark's worker takes every stream it is sent.
-PENDING_LIMITS = [
-    ("grpc.server.max_pending_requests", 1 << 16),
-    ("grpc.server.max_pending_requests_hard_limit", 1 << 17),
-    ("grpc.server_max_unrequested_time_in_server", 600),
-]
 
 
 def realized_for(
@@ -176,7 +169,7 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
     async def start(self, host: str = "127.0.0.1") -> str:
         """Serve, register, report what was realized and keep heartbeating; the address, once
         the controller verified the report (RuntimeError with its reason when it did not)."""
-        self._server = grpc.aio.server(options=PENDING_LIMITS)
+        self._server = grpc.aio.server(options=PENDING_CALL_LIMITS)  # takes every stream sent
         worker_pb2_grpc.add_WorkerStreamsServicer_to_server(self, self._server)
         inference_pb2_grpc.add_InferenceServicer_to_server(self, self._server)
         health = async_health.HealthServicer()

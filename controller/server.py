@@ -47,6 +47,7 @@ from intentserve.controller.settings import (
     describe_errors,
 )
 from intentserve.controller.status_codes import STATUS_CODES
+from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES
@@ -177,6 +178,7 @@ class ControllerServer:
                 ("grpc.so_reuseport", 0),  # a second controller on the port is an error
                 # a GenerateMany command: a request up to MAX_REQUEST_BYTES, its key and timeout
                 ("grpc.max_receive_message_length", MAX_COMMAND_BYTES),
+                *PENDING_CALL_LIMITS,  # a burst of streams is taken, not cancelled at the door
             ],
         )
         worker_pb2_grpc.add_WorkerRegistryServicer_to_server(

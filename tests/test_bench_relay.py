@@ -120,3 +120,14 @@ def test_a_front_end_started_by_hand_is_measured_and_left_running(tmp_path):
         assert front.proc.poll() is None, "the harness stopped a front end it did not start"
     finally:
         front.stop()
+
+
+def test_two_separate_routers_carry_every_token_and_are_the_ones_measured(tmp_path):
+    args = ("--case", "2:8", "--seconds", "0.3", "--step-ms", "10", "--rounds", "1")
+    result, stdout = run_bench(
+        "relay", *args, "--no-roofline", "--client-procs", "2", "--routers", "2", cache=tmp_path
+    )
+    (run,) = result["cases"]["2:8"]
+    assert (run["failed"], run["first_error"], run["tokens"]) == (0, None, 8 * 30)
+    assert run["relays"] == 2 and run["cpu_s"] > 0  # the two routers' own processes
+    assert "router x2      2:8 #1:" in stdout

@@ -35,6 +35,7 @@ from intentserve.controller.router.view import TableView
 from intentserve.controller.router.watch import TableWatch
 from intentserve.controller.router.watched import Freshness, WatchedTable
 from intentserve.controller.status_codes import STATUS_CODES
+from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.status import AsyncErrorInterceptor
 from intentserve.streaming import MAX_COMMAND_BYTES
 from intentserve.tls import CONTROLLER, secure_channel, server_credentials, server_name
@@ -215,6 +216,7 @@ class RouterServer:
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_COMMAND_BYTES),
+                *PENDING_CALL_LIMITS,
             ],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(

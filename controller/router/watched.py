@@ -12,9 +12,11 @@ table is STALE: the router keeps serving the last verified table and says so; on
 has been silent for `max_stale_s` it is EXPIRED: nothing is routed, readiness is
 `controller_unreachable` naming the controller and the bound.
 
-Requests in flight are counted here (this router's own), and a worker whose stream broke is
-suspect here until its connection answers this router again or the controller speaks of it again
-(a new revision of that worker), whichever comes first.
+Requests in flight are counted here (this router's own) and keep their worker's channel open
+until they end, even when the worker leaves the table (a new controller's first table lacks the
+workers it has yet to adopt). A worker whose stream broke is suspect here until its connection
+answers this router again or the controller speaks of it again (a new revision of that worker),
+whichever comes first.
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ class WatchedTable:
         self._lock = threading.Lock()
         self._workers: dict[str, TableEntry] = {}
         self._outstanding: dict[str, int] = {}
+        # NOTE: where this router's requests in flight run, kept while they run even when their
+        # worker leaves the table: a restarted controller's first table lacks the workers it has
+        # yet to adopt, and closing their channels would cut streams that are serving.
+        self._in_flight_at: dict[str, str] = {}  # worker id -> address
         self._suspects: dict[str, int] = {}  # worker id -> its revision when it became suspect
         self._readiness = Readiness(False, _NO_TABLE)
         self._revision = 0
@@ -181,6 +187,7 @@ class WatchedTable:
             if count >= max_outstanding:
                 return False
             self._outstanding[worker_id] = count + 1
+            self._in_flight_at[worker_id] = entry.address
             return True
 
     def release(self, worker_id: str) -> None:
@@ -190,6 +197,7 @@ class WatchedTable:
                 self._outstanding[worker_id] = count
             else:
                 self._outstanding.pop(worker_id, None)
+                self._in_flight_at.pop(worker_id, None)
 
     def suspect(self, worker_id: str, address: str, reason: Reason) -> bool:
         with self._lock:
@@ -211,9 +219,10 @@ class WatchedTable:
             self._suspects.pop(worker_id, None)
 
     def addresses(self) -> set[str]:
-        """Every worker's address in the table (a channel to any other can go)."""
+        """Every worker's address in the table, and where requests of this router still run (a
+        channel to any other can go)."""
         with self._lock:
-            return {e.address for e in self._workers.values()}
+            return {e.address for e in self._workers.values()} | set(self._in_flight_at.values())
 
     def num_outstanding(self) -> int:
         with self._lock:

@@ -1,7 +1,8 @@
 """A separate router on loopback: a real controller with scripted workers, and a RouterServer
 that learns the verified table from the controller's watch and streams from the workers itself.
 READY keeps its meaning (a drained worker is dropped), and while the controller is gone the
-router serves its last table, reports it stale, then stops serving naming why."""
+router serves its last table, reports it stale, then stops serving naming why; a stream in
+flight is not cut when a new controller's first table lacks its worker."""
 
 from __future__ import annotations
 
@@ -170,6 +171,29 @@ def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(cap
             assert "worker w0 is suspect: suspect: a stream broke mid-stream" in caplog.text
             eventually(lambda: [r.worker_id for r in router.table.routes()] == ["w0"], what="back")
             assert "worker w0 answers again: routed to again" in caplog.text
+            client.channel.close()
+    finally:
+        worker.stop()
+
+
+def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker():
+    """A restarted controller's first table holds only the workers registered with it yet: the
+    router routes nothing new to the one missing, but a stream on it is not cut."""
+    config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
+    worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=20, token_delay_s=0.05)
+    try:
+        with RouterServer(config, watch=False) as router:
+            client = Client(router.address)
+            ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
+            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
+            stream = client.generate(max_tokens=20, timeout=10)
+            chunks = [next(stream)]
+            pending = Readiness(False, Reason(ReasonCode.WORKER_PENDING, "w0 not registered"))
+            router.table.apply(TableUpdate(1, True, (), (), pending, keepalive_s=60.0))
+            eventually(lambda: client.health_status() == NOT_SERVING, what="the tick after it")
+            chunks += list(stream)
+            assert len(chunks) == 20 and chunks[-1].finish_reason
             client.channel.close()
     finally:
         worker.stop()

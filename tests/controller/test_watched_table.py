@@ -124,3 +124,23 @@ def test_requests_are_counted_per_worker_up_to_the_limit():
 def test_the_bound_must_be_positive():
     with pytest.raises(ValueError, match=r"max_stale_s: 0; allowed: seconds > 0"):
         WatchedTable(CONTROLLER, max_stale_s=0)
+
+
+def test_a_worker_left_out_of_a_new_controllers_table_keeps_its_channel_while_streams_run():
+    """A restarted controller's first table lacks the workers it has yet to adopt: nothing new
+    is routed to them, but the streams this router has on them run on (their channel stays)."""
+    table, _ = fed()
+    assert table.try_acquire("w0", 4) and table.try_acquire("w0", 4)
+    table.apply(update(1, entry("w1", 1), snapshot=True))  # a new controller: w0 not yet back
+    assert routed(table) == ["w1"]
+    assert table.addresses() == {"w0:1", "w1:1"}
+    table.release("w0")
+    assert table.addresses() == {"w0:1", "w1:1"}
+    table.release("w0")  # its last stream ended: its channel can go
+    assert table.addresses() == {"w1:1"}
+
+
+def test_a_worker_removed_with_no_streams_here_loses_its_channel():
+    table, _ = fed()
+    table.apply(update(3, removed=("w0",)))
+    assert table.addresses() == {"w1:1"}

@@ -14,20 +14,22 @@ from intentserve.policy import DeviceKind, Mode
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 YAML_FILES = sorted(DEPLOY.rglob("*.yaml"))
+CONTROLLER, ROUTER = "intentserve-controller", "intentserve-router"  # their Deployments
 
 
 def documents(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
-def k8s_object(kind: str) -> dict:
+def k8s_object(kind: str, name: str | None = None) -> dict:
+    """The one `kind` under deploy/k8s (named `name`, where there are several)."""
     found = [
         d
         for p in sorted((DEPLOY / "k8s").glob("*.yaml"))
         for d in documents(p)
-        if d["kind"] == kind
+        if d["kind"] == kind and name in (None, d["metadata"]["name"])
     ]
-    assert len(found) == 1, f"expected one {kind} under deploy/k8s, found {len(found)}"
+    assert len(found) == 1, f"expected one {kind} {name or ''} under deploy/k8s, found {len(found)}"
     return found[0]
 
 
@@ -109,7 +111,7 @@ def test_the_raycluster_is_kuberay_v1_with_a_head_and_a_worker_group():
 
 
 def test_the_controller_deployment_is_ready_only_when_grpc_health_says_serving():
-    deployment = k8s_object("Deployment")
+    deployment = k8s_object("Deployment", CONTROLLER)
     pod = deployment["spec"]["template"]
     assert (
         deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
@@ -147,14 +149,14 @@ def test_the_controller_deployment_is_ready_only_when_grpc_health_says_serving()
 
 
 def test_the_service_routes_grpc_and_http_to_the_controller_pods():
-    service = k8s_object("Service")
-    pod_labels = k8s_object("Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = k8s_object("Service", "intentserve")
+    pod_labels = k8s_object("Deployment", CONTROLLER)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["grpc", "http"]
 
 
 def test_prometheus_scrapes_the_controllers_http_port():
-    pod = k8s_object("Deployment")["spec"]["template"]
+    pod = k8s_object("Deployment", CONTROLLER)["spec"]["template"]
     annotations = pod["metadata"]["annotations"]
     container = pod["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -177,3 +179,40 @@ def test_make_run_brings_up_the_local_deployment():
     assert recipe, "Makefile has no run target"
     assert "setup" in recipe.group(1)
     assert "intentserve up deploy/local.yaml" in recipe.group(2)
+
+
+def test_the_routers_run_intentserve_router_on_the_manifest_watching_the_registry_service():
+    """Routers are a Deployment of their own: `intentserve router` on the controller's manifest,
+    watching the controller's registry port through a Service, serving where spec.router says,
+    Ready when their HTTPS /health says so; their Service sends clients to them."""
+    pod = k8s_object("Deployment", ROUTER)["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:2] == ["intentserve", "router"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "manifest")
+    key = Path(command[2]).relative_to(mount["mountPath"]).as_posix()
+    config_map = k8s_object("ConfigMap")
+    manifest = parse_manifest(yaml.safe_load(config_map["data"][key]), "ConfigMap")
+    registry = k8s_object("Service", "intentserve-registry")
+    controller_labels = k8s_object("Deployment", CONTROLLER)["spec"]["template"]["metadata"]
+    assert registry["spec"]["selector"].items() <= controller_labels["labels"].items()
+    (port,) = registry["spec"]["ports"]
+    assert port["targetPort"] == "registry"
+    assert command[command.index("--controller") + 1] == (
+        f"{registry['metadata']['name']}:{port['port']}"
+    )
+    assert port["port"] == manifest.spec.controller.registry_port
+    r = manifest.spec.router
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (r.host, r.port, r.http_port) == ("0.0.0.0", ports["grpc"], ports["http"])
+    probe = container["readinessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"], probe["scheme"]) == ("/health", "http", "HTTPS")
+    # Its certificate comes from the CA Secret; its admin token from the one the manifest names.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    security = manifest.spec.security
+    assert Path(security.ca_cert_file).parent.as_posix() == mounts["ca"]
+    assert Path(security.admin_token_file).parent.as_posix() == mounts["admin-token"]
+    service = k8s_object("Service", ROUTER)
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["grpc", "http"]
+    assert not service["spec"]["selector"].items() <= controller_labels["labels"].items()

@@ -22,7 +22,12 @@ from tests.deploy.test_manifest_schemas import (
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s"
 EXAMPLE = BASE / "overlays" / "example"
-SECRET_FILES = {"ca/ca.crt": b"CERT", "ca/ca.key": b"KEY", "api-keys.txt": b"k1\n"}
+SECRET_FILES = {
+    "ca/ca.crt": b"CERT",
+    "ca/ca.key": b"KEY",
+    "api-keys.txt": b"k1\n",
+    "admin-token.txt": b"t1\n",
+}
 # Room after the drain for the controller to kill the worker actors and exit.
 SHUTDOWN_MARGIN_S = 5
 
@@ -36,9 +41,9 @@ def by_kind(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o["kind"] == kind]
 
 
-def test_the_base_is_the_controller_and_the_raycluster():
+def test_the_base_is_the_controller_the_routers_and_the_raycluster():
     objects = render(BASE)
-    files = [BASE / "controller.yaml", BASE / "raycluster.yaml"]
+    files = [BASE / "controller.yaml", BASE / "router.yaml", BASE / "raycluster.yaml"]
     expected = [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
     assert objects == expected
 
@@ -72,19 +77,25 @@ def test_the_rendered_raycluster_is_valid_against_kuberays_crd(example):
 
 def test_everything_the_pods_and_the_scraper_name_is_rendered(example):
     made = {(o["kind"], o["metadata"]["name"]) for o in example}
-    (deployment,) = by_kind(example, "Deployment")
-    for volume in deployment["spec"]["template"]["spec"]["volumes"]:
-        if "secret" in volume:
-            assert ("Secret", volume["secret"]["secretName"]) in made
-        if "configMap" in volume:
-            assert ("ConfigMap", volume["configMap"]["name"]) in made
+    deployments = by_kind(example, "Deployment")
+    assert len(deployments) == 2  # the controller's and the routers'
+    for deployment in deployments:
+        for volume in deployment["spec"]["template"]["spec"]["volumes"]:
+            if "secret" in volume:
+                assert ("Secret", volume["secret"]["secretName"]) in made
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in made
     (monitor,) = by_kind(example, "ServiceMonitor")
     ca = monitor["spec"]["endpoints"][0]["tlsConfig"]["ca"]["configMap"]["name"]
     assert ("ConfigMap", ca) in made
 
 
 def test_the_controller_drains_within_the_grace_period_and_needs_an_api_key(example):
-    (deployment,) = by_kind(example, "Deployment")
+    (deployment,) = [
+        d
+        for d in by_kind(example, "Deployment")
+        if d["metadata"]["name"] == "intentserve-controller"
+    ]
     pod = deployment["spec"]["template"]["spec"]
     config_map = next(m for m in by_kind(example, "ConfigMap") if "deployment.yaml" in m["data"])
     manifest = parse_manifest(yaml.safe_load(config_map["data"]["deployment.yaml"]))

