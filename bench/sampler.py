@@ -72,6 +72,10 @@ class BaselineSampler:
         except (OSError, subprocess.CalledProcessError) as error:
             message = f"--baseline: cannot read {revision}'s sampler from git: {error}"
             raise SystemExit(message) from None
+        # The kernels it imports have moved rooms since (worker/kernels/, issue 44); same names.
+        source = source.replace(
+            "intentserve.worker.attention.cpu_kernels", "intentserve.worker.kernels"
+        )
         module = types.ModuleType("baseline_sampler")
         sys.modules[module.__name__] = module  # NOTE: its dataclasses look their module up
         exec(compile(source, f"{revision}:worker/engine/sampler.py", "exec"), module.__dict__)
