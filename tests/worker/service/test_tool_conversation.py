@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from intentserve.v1 import inference_pb2
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.model.tokenizer import Tokenizer
 from intentserve.worker.service import convert
@@ -57,7 +58,12 @@ class Recording:
 def engine(tokenizer) -> Engine:
     runner = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
     return Engine(
-        tokenizer=tokenizer, scheduler=None, runner=runner, realized=None, max_model_len=4096
+        tokenizer=tokenizer,
+        scheduler=None,
+        runner=runner,
+        realized=None,
+        grammars=GrammarCompiler(tokenizer),
+        max_model_len=4096,
     )
 
 
