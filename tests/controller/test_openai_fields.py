@@ -109,7 +109,7 @@ CHAT = {
     "safety_identifier": ("me", lambda pb: True),  # a label, as `user`
     "service_tier": ("flex", REFUSED),
     "store": (True, REFUSED),
-    "tool_choice": ("required", REFUSED),  # auto and none pass, below
+    "tool_choice": ("anything", REFUSED),  # auto, none, required and a named one pass, below
     "tools": (
         [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         lambda pb: [(t.name, t.parameters) for t in pb.tools] == [("f", '{"type": "object"}')],
@@ -188,24 +188,34 @@ def test_a_field_no_schema_knows_is_refused_naming_it(kind):
 
 @pytest.mark.parametrize(
     ("choice", "expected"),
-    [(None, "TOOL_CHOICE_UNSPECIFIED"), ("auto", "TOOL_CHOICE_AUTO"), ("none", "TOOL_CHOICE_NONE")],
+    [
+        (None, "TOOL_CHOICE_UNSPECIFIED"),
+        ("auto", "TOOL_CHOICE_AUTO"),
+        ("none", "TOOL_CHOICE_NONE"),
+        ("required", "TOOL_CHOICE_REQUIRED"),
+        ({"type": "function", "function": {"name": "f"}}, "TOOL_CHOICE_FUNCTION"),
+    ],
 )
 def test_tool_choice_reaches_the_request(choice, expected):
     body = _body("chat", "tools", CHAT["tools"][0]) | {"tool_choice": choice}
-    assert _outcome("chat", body).tool_choice == inference_pb2.ToolChoice.Value(expected)
+    request = _outcome("chat", body)
+    assert request.tool_choice == inference_pb2.ToolChoice.Value(expected)
+    assert request.tool_choice_function == ("f" if isinstance(choice, dict) else "")
 
 
 @pytest.mark.parametrize(
-    ("choice", "param"),
+    "choice",
     [
-        ("required", "tool_choice"),
-        ({"type": "function", "function": {"name": "f"}}, "tool_choice"),
+        "always",
+        {"type": "function"},
+        {"type": "function", "function": {"name": 3}},
+        {"type": "function", "function": {"name": "f", "strict": True}},
     ],
 )
-def test_tool_choices_that_need_a_constrained_reply_are_refused_naming_it(choice, param):
+def test_a_tool_choice_of_another_shape_is_refused_naming_it(choice):
     outcome = _outcome("chat", _body("chat", "tools", CHAT["tools"][0]) | {"tool_choice": choice})
-    assert (outcome.status, outcome.param) == (400, param)
-    assert "allowed: 'auto', 'none'" in outcome.message
+    assert (outcome.status, outcome.param) == (400, "tool_choice")
+    assert "allowed: 'auto', 'none', 'required'" in outcome.message
 
 
 def test_a_strict_function_is_refused_naming_it():

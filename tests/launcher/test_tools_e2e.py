@@ -144,15 +144,63 @@ def test_the_call_and_its_result_sent_back_give_a_text_reply(client):
     assert choice.message.content
 
 
-def test_tool_choice_none_gets_text_and_required_is_refused_naming_it(client):
+def test_tool_choice_none_gets_text(client):
     done = client.chat.completions.create(
         model=MODEL, messages=CONVERSATION, tools=[WEATHER], tool_choice="none", **GREEDY
     )
     assert done.choices[0].finish_reason != "tool_calls"
     assert not done.choices[0].message.tool_calls
+
+
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "utc": {"type": "boolean"}},
+            "required": ["city", "utc"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("choice", "name", "keys"),
+    [
+        ("required", "get_weather", {"city"}),
+        ({"type": "function", "function": {"name": "get_time"}}, "get_time", {"city", "utc"}),
+    ],
+    ids=["required", "named"],
+)
+def test_a_required_call_is_made_even_where_the_model_would_answer_in_text(
+    client, choice, name, keys
+):
+    """One question, no earlier calls: left to itself (auto) SmolLM2 answers in text; with
+    `required` or a named function the grammar holds the reply to one call that parses."""
+    asked = [_asked("Berlin")]
+    free = client.chat.completions.create(model=MODEL, messages=asked, tools=[WEATHER], **GREEDY)
+    assert not free.choices[0].message.tool_calls
+    tools = [WEATHER] if name == "get_weather" else [WEATHER, CLOCK]
+    done = client.chat.completions.create(
+        model=MODEL, messages=asked, tools=tools, tool_choice=choice, temperature=0, max_tokens=80
+    )
+    choice_ = done.choices[0]
+    assert choice_.finish_reason == "tool_calls", choice_.message
+    (call,) = choice_.message.tool_calls
+    assert call.function.name == name
+    arguments = json.loads(call.function.arguments)
+    assert arguments.keys() == keys and isinstance(arguments["city"], str)
+
+
+def test_a_named_function_the_tools_lack_is_refused_naming_tool_choice(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model=MODEL, messages=CONVERSATION, tools=[WEATHER], tool_choice="required"
+            model=MODEL,
+            messages=CONVERSATION,
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
         )
     assert info.value.body["param"] == "tool_choice"
 

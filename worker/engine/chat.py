@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from intentserve.worker.engine.constraint import Constraint, grammar_for_tool_choice
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.engine.tool_calls import ToolCall
 
@@ -38,6 +39,8 @@ RESERVED_TEMPLATE_VARIABLES = (
 class ToolChoice(enum.Enum):
     AUTO = "auto"  # the template is given the tools; the reply's calls are parsed
     NONE = "none"  # the template is not given the tools; the reply is text
+    REQUIRED = "required"  # as AUTO, and the reply is one call of any of them (a grammar)
+    FUNCTION = "function"  # as REQUIRED, of the one tool `Conversation.tool_function` names
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,14 @@ class Conversation:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = ToolChoice.AUTO
+    tool_function: str = ""  # with ToolChoice.FUNCTION only: the tool the reply calls
 
     def __post_init__(self) -> None:
+        if (self.tool_choice is ToolChoice.FUNCTION) != bool(self.tool_function):
+            raise InvalidRequestError(
+                "tool_choice_function",
+                "names the one tool to call with tool_choice FUNCTION, and only then",
+            )
         if not self.messages:
             raise InvalidRequestError("messages", "must not be empty")
         reserved = sorted(set(self.template_kwargs) & set(RESERVED_TEMPLATE_VARIABLES))
@@ -110,7 +119,17 @@ class Conversation:
     @property
     def parses_tool_calls(self) -> bool:
         """Whether the reply's tool calls are parsed out of its text."""
-        return bool(self.tools) and self.tool_choice is ToolChoice.AUTO
+        return bool(self.tools) and self.tool_choice is not ToolChoice.NONE
+
+    def tool_call_constraint(self) -> Constraint | None:
+        """What holds the reply to one call (REQUIRED, FUNCTION); None where nothing does."""
+        if self.tool_choice is ToolChoice.REQUIRED:
+            choice: str | dict[str, Any] = "required"
+        elif self.tool_choice is ToolChoice.FUNCTION:
+            choice = {"type": "function", "function": {"name": self.tool_function}}
+        else:
+            return None
+        return grammar_for_tool_choice(self._template_tools().get("tools", []), choice)
 
     def _template_messages(self) -> list[dict[str, Any]]:
         turns = []

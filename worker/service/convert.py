@@ -7,6 +7,7 @@ client reads the name of the field it set, not the engine's parameter name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -62,6 +63,8 @@ TOOL_CHOICES = {
     inference_pb2.TOOL_CHOICE_UNSPECIFIED: ToolChoice.AUTO,
     inference_pb2.TOOL_CHOICE_AUTO: ToolChoice.AUTO,
     inference_pb2.TOOL_CHOICE_NONE: ToolChoice.NONE,
+    inference_pb2.TOOL_CHOICE_REQUIRED: ToolChoice.REQUIRED,
+    inference_pb2.TOOL_CHOICE_FUNCTION: ToolChoice.FUNCTION,
 }
 
 
@@ -111,7 +114,17 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
             ),
             constraint=_constraint_from_pb(msg.sampling.constraint),
         )
-    return GenerateCall(_prompt_from_pb(msg), params, msg.request_id or None, msg.chat)
+        prompt = _prompt_from_pb(msg)
+        forced = prompt.tool_call_constraint() if isinstance(prompt, Conversation) else None
+        if forced is not None:
+            if params.constraint is not None:
+                raise InvalidRequestError(
+                    "tool_choice",
+                    "a required call holds the reply to it already; it cannot be combined "
+                    "with sampling.constraint",
+                )
+            params = dataclasses.replace(params, constraint=forced)
+    return GenerateCall(prompt, params, msg.request_id or None, msg.chat)
 
 
 @dataclass(frozen=True)
@@ -154,7 +167,8 @@ def _conversation_from_pb(msg, tool_choice: int) -> Conversation:
     tools) and `tool_choice`."""
     if tool_choice not in TOOL_CHOICES:
         raise InvalidRequestError(
-            "tool_choice", f"{tool_choice} is not a ToolChoice; allowed: AUTO, NONE"
+            "tool_choice",
+            f"{tool_choice} is not a ToolChoice; allowed: AUTO, NONE, REQUIRED, FUNCTION",
         )
     return Conversation(
         tuple(
@@ -169,6 +183,7 @@ def _conversation_from_pb(msg, tool_choice: int) -> Conversation:
         json_format.MessageToDict(msg.chat_template_kwargs),
         tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
         TOOL_CHOICES[tool_choice],
+        getattr(msg, "tool_choice_function", ""),  # a TokenizeRequest has no choice to make
     )
 
 

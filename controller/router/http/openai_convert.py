@@ -45,12 +45,14 @@ PARAMS = {
     "chat_template_kwargs": "chat_template_kwargs",
     "tools": "tools",
     "tool_choice": "tool_choice",
+    "tool_choice_function": "tool_choice",
     "tokens": "tokens",  # /detokenize
 }
 TOOL_CHOICES = {
     None: inference_pb2.TOOL_CHOICE_UNSPECIFIED,
     "auto": inference_pb2.TOOL_CHOICE_AUTO,
     "none": inference_pb2.TOOL_CHOICE_NONE,
+    "required": inference_pb2.TOOL_CHOICE_REQUIRED,
 }
 # OpenAI's newer name for the system turn.
 ROLE_ALIASES = {"developer": "system"}
@@ -135,7 +137,11 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
     limit = body.max_tokens if limit is None else limit
     request = _generate_request(body, limit, body.num_logprobs)
     fill_conversation(request, body.messages, body.chat_template_kwargs, body.tools)
-    request.tool_choice = TOOL_CHOICES[body.tool_choice]
+    if isinstance(body.tool_choice, dict):  # a named function (the schema checked its shape)
+        request.tool_choice = inference_pb2.TOOL_CHOICE_FUNCTION
+        request.tool_choice_function = body.tool_choice["function"]["name"]
+    else:
+        request.tool_choice = TOOL_CHOICES[body.tool_choice]
     return request
 
 

@@ -5,7 +5,8 @@ Only the JSON's shape is checked here (types, and the ranges the protobuf fields
 check of a value's meaning (temperature >= 0, top_p in (0, 1], max_tokens within the model length)
 is the worker's, for HTTP and gRPC alike. Nothing is accepted and dropped: a field this server
 does not know is refused naming it (`extra="forbid"`), and a known field whose value asks for
-what nothing here does (`echo: true` in chat, `tool_choice: "required"`) is refused naming it.
+what nothing here does (`echo: true` in chat, completions' `tool_choice: "required"`) is refused
+naming it.
 `user` and `safety_identifier` are labels for the client's own accounting: they ask for nothing
 and pass.
 
@@ -51,12 +52,24 @@ def _first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], boo
 
 
 TOOLS = "completions take no tools (tool calling is chat's)"
-# NOTE: `required` and a named function need the reply constrained to a call (structured outputs).
-TOOL_CHOICES = ("auto", "none")
+TOOL_CHOICES = ("auto", "none", "required")
+
+
+def names_a_function(value: Any) -> bool:
+    """OpenAI's named tool choice, `{"type": "function", "function": {"name": ...}}`."""
+    function = value.get("function") if isinstance(value, dict) else None
+    return (
+        isinstance(function, dict)
+        and value.keys() == {"type", "function"}
+        and value["type"] == "function"
+        and function.keys() == {"name"}
+        and isinstance(function["name"], str)
+    )
+
+
 CHAT_TOOL_CHOICE = (
-    lambda v: v not in TOOL_CHOICES,
-    "the model is not constrained to call a tool, so 'required' and a named function are not "
-    "honoured; allowed: 'auto', 'none'",
+    lambda v: v not in TOOL_CHOICES and not names_a_function(v),
+    "allowed: 'auto', 'none', 'required', {'type': 'function', 'function': {'name': ...}}",
 )
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {

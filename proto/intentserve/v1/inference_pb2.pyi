@@ -22,6 +22,8 @@ class ToolChoice(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_CHOICE_UNSPECIFIED: _ClassVar[ToolChoice]
     TOOL_CHOICE_AUTO: _ClassVar[ToolChoice]
     TOOL_CHOICE_NONE: _ClassVar[ToolChoice]
+    TOOL_CHOICE_REQUIRED: _ClassVar[ToolChoice]
+    TOOL_CHOICE_FUNCTION: _ClassVar[ToolChoice]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -30,6 +32,8 @@ FINISH_REASON_TOOL_CALLS: FinishReason
 TOOL_CHOICE_UNSPECIFIED: ToolChoice
 TOOL_CHOICE_AUTO: ToolChoice
 TOOL_CHOICE_NONE: ToolChoice
+TOOL_CHOICE_REQUIRED: ToolChoice
+TOOL_CHOICE_FUNCTION: ToolChoice
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "logprobs", "prompt_logprobs", "constraint")
@@ -131,7 +135,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "sampling", "stop", "chat", "messages", "chat_template_kwargs", "tools", "tool_choice")
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "sampling", "stop", "chat", "messages", "chat_template_kwargs", "tools", "tool_choice", "tool_choice_function")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +146,7 @@ class GenerateRequest(_message.Message):
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FUNCTION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -152,7 +157,8 @@ class GenerateRequest(_message.Message):
     chat_template_kwargs: _struct_pb2.Struct
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., chat: _Optional[bool] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, str]] = ...) -> None: ...
+    tool_choice_function: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., chat: _Optional[bool] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, str]] = ..., tool_choice_function: _Optional[str] = ...) -> None: ...
 
 class LogprobEntry(_message.Message):
     __slots__ = ("token_id", "token", "logprob")

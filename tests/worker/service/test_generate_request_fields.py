@@ -47,6 +47,19 @@ HONOURED = {
         },
         lambda c: c.prompt.tool_choice is ToolChoice.NONE and not c.prompt.parses_tool_calls,
     ),
+    "tool_choice_function": (
+        {
+            "messages": MESSAGES,
+            "tools": [inference_pb2.Tool(name="f"), inference_pb2.Tool(name="g")],
+            "tool_choice": inference_pb2.TOOL_CHOICE_FUNCTION,
+            "tool_choice_function": "g",
+        },
+        lambda c: (
+            c.prompt.tool_function == "g"
+            and c.params.constraint.kind is ConstraintKind.TOOL_CALL
+            and '"const": "g"' in c.params.constraint.text
+        ),
+    ),
     "sampling.temperature": (
         {"sampling": {"temperature": 0.5}},
         lambda c: c.params.temperature == 0.5,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from intentserve.v1 import inference_pb2
+from intentserve.worker.engine.constraint import ConstraintKind
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.sampling import InvalidRequestError
@@ -136,6 +137,68 @@ def test_tool_choice_none_gives_the_template_no_tools_and_parses_nothing():
         tool_choice=inference_pb2.TOOL_CHOICE_NONE,
     )
     assert "tools" not in tokenizer.given and not prepared.parses_tool_calls
+
+
+@pytest.mark.parametrize(
+    ("choice", "function", "names"),
+    [
+        (inference_pb2.TOOL_CHOICE_REQUIRED, "", ["get_time", "get_weather"]),
+        (inference_pb2.TOOL_CHOICE_FUNCTION, "get_time", ["get_time"]),
+    ],
+    ids=["required", "named"],
+)
+def test_a_required_or_named_call_constrains_the_reply_to_one_call(choice, function, names):
+    """The reply is held to one call of the allowed tools by the grammar engine (a TOOL_CALL
+    constraint), the template is given every tool, and the reply's call is parsed."""
+    clock = inference_pb2.Tool(name="get_time", parameters='{"type": "object"}')
+    tokenizer = Recording()
+    call = convert.generate_request_from_pb(
+        inference_pb2.GenerateRequest(
+            messages=ROUND_TRIP[:1],
+            tools=[WEATHER, clock],
+            tool_choice=choice,
+            tool_choice_function=function,
+        )
+    )
+    constraint = call.params.constraint
+    assert constraint.kind is ConstraintKind.TOOL_CALL
+    schema = json.loads(constraint.text)
+    calls = schema.get("anyOf", [schema])
+    assert [c["properties"]["name"]["const"] for c in calls] == names
+    call.prompt.render(tokenizer)
+    assert len(tokenizer.given["tools"]) == 2 and call.prompt.parses_tool_calls
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        (
+            {"tool_choice": inference_pb2.TOOL_CHOICE_FUNCTION, "tool_choice_function": "nope"},
+            "tool_choice",
+        ),
+        ({"tool_choice": inference_pb2.TOOL_CHOICE_FUNCTION}, "tool_choice_function"),
+        (
+            {"tool_choice": inference_pb2.TOOL_CHOICE_AUTO, "tool_choice_function": "get_weather"},
+            "tool_choice_function",
+        ),
+        (
+            {
+                "tool_choice": inference_pb2.TOOL_CHOICE_REQUIRED,
+                "sampling": inference_pb2.SamplingParams(
+                    constraint=inference_pb2.OutputConstraint(regex="a+")
+                ),
+            },
+            "tool_choice",
+        ),
+    ],
+    ids=["unknown-function", "no-function", "function-without-named-choice", "with-a-constraint"],
+)
+def test_a_call_that_cannot_be_enforced_is_refused_naming_the_field(fields, field):
+    with pytest.raises(InvalidRequestError) as info, convert.proto_field_names():
+        convert.generate_request_from_pb(
+            inference_pb2.GenerateRequest(messages=ROUND_TRIP[:1], tools=[WEATHER], **fields)
+        )
+    assert info.value.field == field
 
 
 def test_without_tools_nothing_is_parsed():
