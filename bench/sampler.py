@@ -103,7 +103,7 @@ def throughput(engine, params: SamplingParams, concurrency: int, max_tokens: int
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    assert all(len(o.new_token_ids) == max_tokens for o in outputs)
+    assert all(len(o.new_token_ids) == max_tokens for o in outputs), "a request ended early"
     return concurrency * max_tokens / elapsed
 
 

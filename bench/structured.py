@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT))
 from intentserve.worker.engine.constraint import Constraint  # noqa: E402
 from intentserve.worker.engine.grammar import GrammarCompiler  # noqa: E402
 from intentserve.worker.engine.sampling import SamplingParams  # noqa: E402
-from intentserve.worker.model.registry import load_model  # noqa: E402
 
 from bench.machine import machine_info  # noqa: E402
 from bench.out import default_out  # noqa: E402
-from bench.workloads import MAX_MODEL_LEN, MODEL, PROMPTS, Models, _bytes_per_token, _engine  # noqa: E402
+from bench.sampler import build_engine, throughput  # noqa: E402
+from bench.workloads import MODEL  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -51,24 +51,6 @@ RUNS = {
     "free": FREE,
     "schema": dataclasses.replace(FREE, constraint=Constraint.json_schema(SCHEMA)),
 }
-
-
-def build_engine(concurrency: int):
-    models = Models(load_model(MODEL, dtype="float32"), None)
-    return _engine(
-        models, "paged", concurrency, concurrency * MAX_MODEL_LEN * _bytes_per_token(models)
-    )
-
-
-def throughput(engine, params: SamplingParams, concurrency: int, max_tokens: int) -> float:
-    """Output tokens/s for `concurrency` requests submitted together, run to completion."""
-    params = dataclasses.replace(params, max_tokens=max_tokens)
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(concurrency)]
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    assert all(len(o.new_token_ids) == max_tokens for o in outputs), "a request ended early"
-    return concurrency * max_tokens / elapsed
 
 
 def compile_s(engine) -> dict[str, float]:
