@@ -32,6 +32,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto/ proto/
+COPY common/ common/
 COPY policy/ policy/
 COPY worker/ worker/
 COPY controller/ controller/

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import grpc
-from intentserve.tls import TlsIdentity, secure_aio_channel
+from intentserve.common.tls import TlsIdentity, secure_aio_channel
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 CONNECT_TIMEOUT_S = 30.0

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.common.tls import CONTROLLER, ROUTER, server_name
 from intentserve.controller.control.state import replica_ids
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.tls import CONTROLLER, ROUTER, server_name
 
 from bench.served import cpu_s, free_port
 

@@ -32,6 +32,13 @@ import grpc
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve import convert
+from intentserve.common.tls import (
+    CONTROLLER,
+    TlsIdentity,
+    secure_aio_channel,
+    server_credentials,
+    server_name,
+)
 from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.policy import (
     CacheKind,
@@ -41,13 +48,6 @@ from intentserve.policy import (
     Resolution,
     SchedulerKind,
     examples,
-)
-from intentserve.tls import (
-    CONTROLLER,
-    TlsIdentity,
-    secure_aio_channel,
-    server_credentials,
-    server_name,
 )
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 

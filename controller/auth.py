@@ -26,8 +26,8 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
-from intentserve.status import write_all
-from intentserve.tls import ROUTER, TlsIdentity, peer_common_name
+from intentserve.common.status import write_all
+from intentserve.common.tls import ROUTER, TlsIdentity, peer_common_name
 
 log = logging.getLogger(__name__)
 

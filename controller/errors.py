@@ -6,7 +6,7 @@ Messages are written for the operator or client who reads the status detail.
 
 from __future__ import annotations
 
-from intentserve.field_errors import FieldError, FieldViolation
+from intentserve.common.field_errors import FieldError, FieldViolation
 from intentserve.policy import Reason
 
 

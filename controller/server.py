@@ -25,6 +25,11 @@ import grpc.aio
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.common.status import AsyncErrorInterceptor
+from intentserve.common.streaming import MAX_COMMAND_BYTES
+from intentserve.common.tls import (
+    server_credentials,
+)
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor, SecurityError
 from intentserve.controller.control.deployment import Deployment, deployment_state
@@ -49,11 +54,6 @@ from intentserve.controller.settings import (
 from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.policy import Reason, ReasonCode, Verdict
-from intentserve.status import AsyncErrorInterceptor
-from intentserve.streaming import MAX_COMMAND_BYTES
-from intentserve.tls import (
-    server_credentials,
-)
 from intentserve.v1 import (
     admin_pb2,
     admin_pb2_grpc,

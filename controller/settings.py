@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from intentserve.common.tls import TlsIdentity
 from intentserve.controller.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.control.state import DEFAULT_MODEL, DesiredState
 from intentserve.controller.router.admission import (
@@ -34,7 +35,6 @@ from intentserve.policy import (
 )
 from intentserve.policy.config import MAX_BLOCK_SIZE
 from intentserve.policy.modes import allowed_values, lookup_choice
-from intentserve.tls import TlsIdentity
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 

@@ -1,4 +1,4 @@
-"""The controller's exception -> gRPC status table for the shared intentserve.status
+"""The controller's exception -> gRPC status table for the shared intentserve.common.status
 interceptor."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import math
 
 import grpc
 import pytest
-from intentserve.tls import TlsIdentity, secure_channel
+from intentserve.common.tls import TlsIdentity, secure_channel
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 from bench.relay_fleet import SimWorkers, start_controller

@@ -18,9 +18,9 @@ import pytest
 from intentserve import convert
 from intentserve.client import ControllerClient
 from intentserve.client.credentials import Credentials
+from intentserve.common.tls import TlsIdentity, secure_channel, server_name
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.policy import examples
-from intentserve.tls import TlsIdentity, secure_channel, server_name
 from intentserve.v1 import (
     admin_pb2,
     admin_pb2_grpc,

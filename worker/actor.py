@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from intentserve.logs import formatter
+from intentserve.common.logs import formatter
 from intentserve.worker.runtime.lifecycle import WorkerRuntime
 from intentserve.worker.runtime.spec import WorkerSpec
 

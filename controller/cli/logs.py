@@ -1,5 +1,5 @@
 """How `up` and `serve` log: `--log-format text|json` and `--log-level`, on stderr (the line
-shapes: intentserve.logs). The workers log in the same format (their `log_format`).
+shapes: intentserve.common.logs). The workers log in the same format (their `log_format`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import logging
 import sys
 
-from intentserve.logs import LOG_FORMATS, formatter
+from intentserve.common.logs import LOG_FORMATS, formatter
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

@@ -27,11 +27,11 @@ import threading
 from pathlib import Path
 
 from intentserve.client import credentials
+from intentserve.common.tls import ROUTER, TlsIdentity
 from intentserve.controller.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seconds
 from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
-from intentserve.tls import ROUTER, TlsIdentity
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from intentserve.chat_template import ChatTemplate
+from intentserve.common.chat_template import ChatTemplate
 from intentserve.controller.control.state import (
     DEFAULT_MODEL,
     DesiredState,

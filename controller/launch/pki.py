@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from intentserve.tls import CONTROLLER, ROUTER, TlsIdentity, server_name
+from intentserve.common.tls import CONTROLLER, ROUTER, TlsIdentity, server_name
 
 CERT_LIFETIME = datetime.timedelta(days=30)
 CLOCK_SKEW = datetime.timedelta(minutes=5)

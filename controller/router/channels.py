@@ -22,11 +22,11 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from intentserve.common.streaming import STREAM_READER_OPTIONS
+from intentserve.common.tls import TlsIdentity, secure_aio_channel, secure_channel, server_name
 from intentserve.controller.router.table import WorkerTable
 from intentserve.controller.router.worker_mux import WorkerMux
 from intentserve.policy import Reason, ReasonCode
-from intentserve.streaming import STREAM_READER_OPTIONS
-from intentserve.tls import TlsIdentity, secure_aio_channel, secure_channel, server_name
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf import any_pb2
+from intentserve.common.status import fit_status_message, lookup, status_details
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.status import fit_status_message, lookup, status_details
 from intentserve.v1 import inference_pb2
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
+from intentserve.common.status import lookup
 from intentserve.controller.router.admission import AdmissionQueue
 from intentserve.controller.router.routing import Router, deadline_passed
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.status import lookup
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from intentserve.common.tls import TlsIdentity
 from intentserve.controller.auth import Security
 from intentserve.controller.router.admission import QueueLimits
 from intentserve.controller.router.channels import worker_aio_channels, worker_channels
@@ -16,7 +17,6 @@ from intentserve.controller.router.routing import Router
 from intentserve.controller.router.table import WorkerTable
 from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.view import DeploymentView
-from intentserve.tls import TlsIdentity
 from prometheus_client import CollectorRegistry
 
 

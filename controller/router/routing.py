@@ -25,6 +25,9 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+from intentserve.common.field_errors import violation_of
+from intentserve.common.ids import new_request_id
+from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.controller.errors import (
     NotReady,
     Overloaded,
@@ -41,10 +44,7 @@ from intentserve.controller.router.admission import (
 from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.table import Route, WorkerTable
 from intentserve.controller.router.worker_mux import Stream
-from intentserve.field_errors import violation_of
-from intentserve.ids import new_request_id
 from intentserve.policy import Reason, ReasonCode
-from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2
 
 log = logging.getLogger(__name__)

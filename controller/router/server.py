@@ -24,6 +24,9 @@ import grpc.aio
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.common.status import AsyncErrorInterceptor
+from intentserve.common.streaming import MAX_COMMAND_BYTES
+from intentserve.common.tls import CONTROLLER, secure_channel, server_credentials, server_name
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor
 from intentserve.controller.router.http.server import HttpServer
@@ -36,9 +39,6 @@ from intentserve.controller.router.watch import TableWatch
 from intentserve.controller.router.watched import Freshness, WatchedTable
 from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.pending_calls import PENDING_CALL_LIMITS
-from intentserve.status import AsyncErrorInterceptor
-from intentserve.streaming import MAX_COMMAND_BYTES
-from intentserve.tls import CONTROLLER, secure_channel, server_credentials, server_name
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from prometheus_client import CollectorRegistry
 

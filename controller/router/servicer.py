@@ -10,13 +10,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
+from intentserve.common.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.controller.router import convert
 from intentserve.controller.router.client_mux import ClientStreams
 from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.controller.router.routing import Router
 from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.watched import WatchedTable
-from intentserve.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.v1 import admin_pb2_grpc, inference_pb2_grpc
 
 

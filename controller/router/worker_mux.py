@@ -42,8 +42,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 import grpc
-from intentserve.field_errors import FieldViolation, violation_in
-from intentserve.streaming import END, HandOver
+from intentserve.common.field_errors import FieldViolation, violation_in
+from intentserve.common.streaming import END, HandOver
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)

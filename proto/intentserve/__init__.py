@@ -7,9 +7,10 @@
         print(out.text)
 
 The parts live in subpackages: `intentserve.policy` (pure decisions), `intentserve.worker` (the
-engine and its server), `intentserve.controller` (the policy engine, CLI and launcher) and
-`intentserve.v1` (the generated gRPC contract). `LLM` and `SamplingParams` are loaded on first
-use, so `import intentserve` stays light (no torch).
+engine and its server), `intentserve.controller` (the policy engine, CLI and launcher),
+`intentserve.common` (what they share), and the contract, `intentserve.v1` (the generated gRPC
+modules) with `intentserve.convert`. This module only hands names on: `LLM` and `SamplingParams`
+are loaded on first use, so `import intentserve` loads nothing beyond the standard library.
 """
 
 from __future__ import annotations

@@ -20,7 +20,15 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from intentserve import convert
-from intentserve.field_errors import FieldError, FieldViolation, details_of
+from intentserve.common.field_errors import FieldError, FieldViolation, details_of
+from intentserve.common.status import rich_status
+from intentserve.common.tls import (
+    CONTROLLER,
+    TlsIdentity,
+    secure_channel,
+    server_credentials,
+    server_name,
+)
 from intentserve.policy import (
     BackendKind,
     CacheKind,
@@ -33,14 +41,6 @@ from intentserve.policy import (
     SchedulerKind,
 )
 from intentserve.policy.examples import LLAMA, kv_bytes_per_token
-from intentserve.status import rich_status
-from intentserve.tls import (
-    CONTROLLER,
-    TlsIdentity,
-    secure_channel,
-    server_credentials,
-    server_name,
-)
 from intentserve.v1 import (
     inference_pb2,
     inference_pb2_grpc,

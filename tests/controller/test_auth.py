@@ -12,12 +12,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from intentserve.client import AsyncControllerClient, ControllerClient
 from intentserve.client.credentials import Credentials
+from intentserve.common.tls import TlsIdentity
 from intentserve.controller.auth import Security
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import examples
-from intentserve.tls import TlsIdentity
 from intentserve.v1 import admin_pb2, admin_pb2_grpc
 from intentserve.worker.runtime.registry_client import CertificateRefused, RegistryClient
 

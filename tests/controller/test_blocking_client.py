@@ -19,7 +19,7 @@ from intentserve.client import (
     RequestValueError,
 )
 from intentserve.client.requests import generate_request
-from intentserve.streaming import GENERATE_MANY_ACCEPTED, MAX_REQUEST_BYTES
+from intentserve.common.streaming import GENERATE_MANY_ACCEPTED, MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 from tests.controller.conftest import DEPLOYMENT, PLAINTEXT, eventually, ready

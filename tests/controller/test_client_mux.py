@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 
 import grpc
+from intentserve.common.field_errors import FieldViolation, violation_in
 from intentserve.controller.errors import UpstreamError
 from intentserve.controller.router.client_mux import ClientStreams
-from intentserve.field_errors import FieldViolation, violation_in
 from intentserve.v1 import inference_pb2
 
 

@@ -13,9 +13,9 @@ import openai
 import pytest
 from intentserve.client import ControllerClient
 from intentserve.client.credentials import Credentials
+from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.controller.router.http.app import MAX_BODY_BYTES
 from intentserve.policy import Reason, ReasonCode, examples
-from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controller.conftest import DEPLOYMENT, eventually

@@ -6,6 +6,12 @@ import collections
 
 import grpc
 import pytest
+from intentserve.common.status import (
+    MAX_STATUS_MESSAGE_BYTES,
+    AsyncErrorInterceptor,
+    ErrorInterceptor,
+    lookup,
+)
 from intentserve.controller.errors import (
     NotReady,
     Overloaded,
@@ -16,12 +22,6 @@ from intentserve.controller.errors import (
 )
 from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.policy import IntentError, PolicyViolationError, Reason, ReasonCode
-from intentserve.status import (
-    MAX_STATUS_MESSAGE_BYTES,
-    AsyncErrorInterceptor,
-    ErrorInterceptor,
-    lookup,
-)
 from intentserve.v1 import admin_pb2
 
 REASON = Reason(ReasonCode.MODEL_HAS_NO_KV_CACHE, "the model (BertModel) has no KV cache")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from intentserve.common.field_errors import FieldViolation
 from intentserve.controller.errors import (
     NotReady,
     Overloaded,
@@ -25,7 +26,6 @@ from intentserve.controller.router.http.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from intentserve.field_errors import FieldViolation
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from pydantic import ValidationError

@@ -5,13 +5,13 @@ import threading
 
 import grpc
 import pytest
+from intentserve.common.field_errors import violation_of
+from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.controller.control.convert import worker_state_from_pb
 from intentserve.controller.control.state import WorkerState
 from intentserve.controller.errors import RequestTooLarge
 from intentserve.controller.router.routing import check_size
-from intentserve.field_errors import violation_of
 from intentserve.policy import examples
-from intentserve.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2
 
 from tests.controller.conftest import eventually

@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import httpx2 as httpx
 import pytest
-from intentserve.field_errors import violation_of
+from intentserve.common.field_errors import violation_of
 from intentserve.policy import ReasonCode, examples
 from intentserve.v1 import inference_pb2
 

@@ -8,11 +8,11 @@ import dataclasses
 
 import grpc
 import pytest
+from intentserve.common.tls import CONTROLLER, secure_channel, server_name
 from intentserve.controller.auth import Security
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
-from intentserve.tls import CONTROLLER, secure_channel, server_name
 from intentserve.v1 import admin_pb2, admin_pb2_grpc
 
 from tests.controller.conftest import DEPLOYMENT, FAST

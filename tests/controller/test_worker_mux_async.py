@@ -5,8 +5,8 @@ import asyncio
 
 import grpc
 import pytest
+from intentserve.common.streaming import END
 from intentserve.controller.router.worker_mux import AsyncMuxStream, StreamFailed, _hand_over
-from intentserve.streaming import END
 from intentserve.v1 import inference_pb2
 
 

@@ -7,8 +7,8 @@ import json
 import logging
 
 import pytest
+from intentserve.common.logs import formatter
 from intentserve.controller.cli.logs import configure_logging
-from intentserve.logs import formatter
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import textwrap
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from intentserve.common.tls import ROUTER, server_name
 from intentserve.controller.auth import Security
 from intentserve.controller.cli.main import main
 from intentserve.controller.cli.router import router_security
@@ -23,7 +24,6 @@ from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
 from intentserve.policy.examples import cpu
-from intentserve.tls import ROUTER, server_name
 
 from tests.controller.conftest import DEPLOYMENT, FAST, eventually
 from tests.controller.scripted_worker import ScriptedWorker

@@ -12,7 +12,8 @@ POLICY = Path(__file__).resolve().parents[2] / "policy"
 FORBIDDEN = {
     "grpc", "google", "torch", "ray", "numpy", "logging", "os", "io", "socket",
     "subprocess", "pathlib", "shutil", "threading", "asyncio", "time", "random",
-    "intentserve.worker", "intentserve.controller", "intentserve.v1",
+    "intentserve.worker", "intentserve.controller", "intentserve.v1", "intentserve.common",
+    "intentserve.client",
 }  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-from intentserve.chat_template import ChatTemplate
+from intentserve.common.chat_template import ChatTemplate
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
     Capability,

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
-from intentserve.ids import new_request_id, request_id_problem
+from intentserve.common.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.realized import RealizedReport

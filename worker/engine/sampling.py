@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from intentserve.worker.engine.constraint import Constraint
 
-from intentserve.field_errors import FieldError
+from intentserve.common.field_errors import FieldError
 
 # Bounds on what the engine checks after every token of a request (on the engine-loop thread).
 MAX_STOP_STRINGS = 32

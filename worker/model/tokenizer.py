@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tokenizers
-from intentserve.chat_template import ChatTemplate
+from intentserve.common.chat_template import ChatTemplate
 from intentserve.worker.model.token_bound import token_bound
 
 # Tokens of prompt context the streaming decoder starts from: decoders that strip a leading

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 from intentserve import convert
+from intentserve.common.tls import CONTROLLER, TlsIdentity, secure_channel, server_name
 from intentserve.policy import Capability, KvBudget, PagedAttentionConfig, Reason, Resolution
-from intentserve.tls import CONTROLLER, TlsIdentity, secure_channel, server_name
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.service.convert import heartbeat_request_to_pb

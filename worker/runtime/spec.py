@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from intentserve.common.tls import TlsIdentity
 from intentserve.policy import KvBudget, PagedAttentionConfig, WeightFormat
-from intentserve.tls import TlsIdentity
 from intentserve.worker.engine.builder import EngineConfig
 from intentserve.worker.runtime.ports import advertised_host
 
@@ -37,7 +37,7 @@ class WorkerSpec:
     # the controller's certificate. None: plaintext (an insecure deployment).
     tls: dict[str, str] | None = None
     deployment: str = ""
-    log_format: str = "text"  # or "json": the controller's `--log-format` (intentserve.logs)
+    log_format: str = "text"  # or "json": the controller's `--log-format` (intentserve.common.logs)
 
     @property
     def tls_identity(self) -> TlsIdentity | None:

@@ -1,4 +1,5 @@
-"""The worker's exception -> gRPC status table, for the shared intentserve.status interceptor."""
+"""The worker's exception -> gRPC status table, for the shared interceptor
+(intentserve.common.status)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from intentserve.status import fit_status_message, lookup, status_details
+from intentserve.common.status import fit_status_message, lookup, status_details
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
 from intentserve.worker.service import convert
 from intentserve.worker.service.engine_loop import EngineLoop
@@ -255,9 +255,9 @@ def pieces(batch: list[tuple[int, object]]) -> Iterator[list[tuple[int, object]]
 
 
 def _size_bound(item: object) -> int:
-    """At least an event's encoded size: its ids (up to 256 characters each, intentserve.ids),
-    4 bytes a character of text (tool calls' too), 5 a token id, and the fixed fields' tags and
-    numbers."""
+    """At least an event's encoded size: its ids (up to 256 characters each,
+    intentserve.common.ids), 4 bytes a character of text (tool calls' too), 5 a token id, and the
+    fixed fields' tags and numbers."""
     if isinstance(item, BaseException):
         return 1024 + 64  # the details are cut to 1 KiB (fit_status_message)
     calls = sum(16 + len(c.id) + len(c.name) + len(c.arguments) for c in item.tool_calls)

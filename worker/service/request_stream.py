@@ -17,7 +17,7 @@ import dataclasses
 import queue
 from collections.abc import Callable
 
-from intentserve.streaming import END, HandOver
+from intentserve.common.streaming import END, HandOver
 from intentserve.worker.engine.request import RequestOutput
 from intentserve.worker.sched.sequence import FinishReason
 

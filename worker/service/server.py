@@ -18,10 +18,10 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from intentserve.common.status import ErrorInterceptor
+from intentserve.common.streaming import MAX_COMMAND_BYTES
+from intentserve.common.tls import CONTROLLER, ROUTER, PeerGate, TlsIdentity, server_credentials
 from intentserve.policy import Capability
-from intentserve.status import ErrorInterceptor
-from intentserve.streaming import MAX_COMMAND_BYTES
-from intentserve.tls import CONTROLLER, ROUTER, PeerGate, TlsIdentity, server_credentials
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.service.engine_loop import EngineLoop

@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import time
 
+from intentserve.common.ids import new_request_id, request_id_problem
 from intentserve.controller.router.http.errors import OpenAIError
-from intentserve.ids import new_request_id, request_id_problem
 from prometheus_client import CollectorRegistry, Counter
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

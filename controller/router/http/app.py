@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from intentserve import __version__
+from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.controller.auth import Security
 from intentserve.controller.router.http import openai_convert
 from intentserve.controller.router.http.access import (
@@ -52,7 +53,6 @@ from intentserve.controller.router.http.tokenize import add_tokenize_routes
 from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.view import DeploymentView
-from intentserve.streaming import MAX_REQUEST_BYTES
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 

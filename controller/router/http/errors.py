@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from intentserve.common.field_errors import violation_of
+from intentserve.common.status import lookup
 from intentserve.controller.errors import NotReady
 from intentserve.controller.router.http.openai_convert import param_of
 from intentserve.controller.router.http.openai_schema import (
@@ -20,8 +22,6 @@ from intentserve.controller.router.http.openai_schema import (
     UnsupportedField,
 )
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.field_errors import violation_of
-from intentserve.status import lookup
 from pydantic import ValidationError
 
 HTTP_STATUS = {

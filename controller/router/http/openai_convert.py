@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from intentserve.common.ids import new_request_id
 from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -20,7 +21,6 @@ from intentserve.controller.router.http.openai_schema import (
     ToolDefinition,
 )
 from intentserve.controller.router.request_metrics import FINISH_REASONS
-from intentserve.ids import new_request_id
 from intentserve.v1 import inference_pb2
 
 # The worker names a bad field by its GenerateRequest path; the client named it this way.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
-from intentserve.tls import TlsIdentity
+from intentserve.common.tls import TlsIdentity
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0

@@ -12,8 +12,8 @@ import grpc
 
 from intentserve.client.credentials import Credentials
 from intentserve.client.data import to_data
-from intentserve.streaming import GENERATE_MANY_ACCEPTED, STREAM_READER_OPTIONS
-from intentserve.tls import server_name
+from intentserve.common.streaming import GENERATE_MANY_ACCEPTED, STREAM_READER_OPTIONS
+from intentserve.common.tls import server_name
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 

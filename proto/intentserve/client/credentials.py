@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from intentserve.tls import CONTROLLER
+from intentserve.common.tls import CONTROLLER
 
 ENV_HOME = "INTENTSERVE_HOME"
 

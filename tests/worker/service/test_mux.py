@@ -10,8 +10,8 @@ import time
 
 import grpc
 import pytest
-from intentserve.field_errors import FieldViolation, violation_in
-from intentserve.streaming import MAX_REQUEST_BYTES
+from intentserve.common.field_errors import FieldViolation, violation_in
+from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.service.server import WorkerServer

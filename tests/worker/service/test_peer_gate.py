@@ -7,8 +7,8 @@ from concurrent import futures
 
 import grpc
 import pytest
+from intentserve.common.tls import PeerGate, secure_channel, server_credentials, server_name
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.tls import PeerGate, secure_channel, server_credentials, server_name
 from intentserve.v1 import worker_pb2, worker_pb2_grpc
 from intentserve.worker.service.server import PEERS
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from intentserve.field_errors import violation_of
+from intentserve.common.field_errors import violation_of
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.chat import Conversation

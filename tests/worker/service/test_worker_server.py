@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from intentserve.field_errors import violation_of
+from intentserve.common.field_errors import violation_of
 from intentserve.v1 import (
     common_pb2,
     inference_pb2,

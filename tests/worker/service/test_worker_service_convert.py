@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
+from intentserve.common.status import lookup
 from intentserve.policy import IntentError, PagedAttentionRequiredError, Reason, ReasonCode
-from intentserve.status import lookup
 from intentserve.v1 import inference_pb2
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.grammar import GrammarCompiler

@@ -7,11 +7,11 @@ from __future__ import annotations
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
+from intentserve.common.ids import MAX_REQUEST_ID_CHARS, check_request_id, request_id_problem
+from intentserve.common.malformed import describe_parse_error
+from intentserve.common.status import MAX_STATUS_MESSAGE_BYTES, fit_status_message
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
-from intentserve.ids import MAX_REQUEST_ID_CHARS, check_request_id, request_id_problem
-from intentserve.malformed import describe_parse_error
-from intentserve.status import MAX_STATUS_MESSAGE_BYTES, fit_status_message
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2
 
 from tests.controller.conftest import FAST

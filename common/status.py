@@ -3,8 +3,8 @@
 Each side passes its own table (first match wins); handlers stay free of try/except. The
 interceptor wraps only our services (`/intentserve.` methods): health and reflection abort alone.
 
-A refused field (an error carrying a `field_violation`, intentserve.field_errors) ends its call
-with the violation as a `google.rpc.BadRequest` detail beside the message.
+A refused field (an error carrying a `field_violation`, intentserve.common.field_errors) ends its
+call with the violation as a `google.rpc.BadRequest` detail beside the message.
 
 Two kinds of bad input never reach a handler as an exception of its own, so the interceptor
 answers them itself:
@@ -32,9 +32,8 @@ import grpc.aio
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 from grpc_status import rpc_status
-
-from intentserve.field_errors import FieldError, FieldViolation, details_of, violation_of
-from intentserve.malformed import describe_parse_error
+from intentserve.common.field_errors import FieldError, FieldViolation, details_of, violation_of
+from intentserve.common.malformed import describe_parse_error
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,7 @@ a varint that runs past the end, a wire type that does not exist.
 from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-
-from intentserve.field_errors import FieldViolation
+from intentserve.common.field_errors import FieldViolation
 
 _MAX_DEPTH = 32  # our messages nest two deep; a bound keeps a hostile one from recursing far
 

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 import pytest
-from intentserve.streaming import STREAM_READER_OPTIONS
+from intentserve.common.streaming import STREAM_READER_OPTIONS
 
 METHOD = "/test.Streams/Count"
 

@@ -13,8 +13,12 @@ import grpc.aio
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from intentserve.field_errors import FieldError, FieldViolation, violation_of
-from intentserve.status import MAX_STATUS_MESSAGE_BYTES, AsyncErrorInterceptor, ErrorInterceptor
+from intentserve.common.field_errors import FieldError, FieldViolation, violation_of
+from intentserve.common.status import (
+    MAX_STATUS_MESSAGE_BYTES,
+    AsyncErrorInterceptor,
+    ErrorInterceptor,
+)
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 TABLE = ((ValueError, grpc.StatusCode.INVALID_ARGUMENT),)
