@@ -39,7 +39,7 @@ from intentserve.common.tls import (
     server_credentials,
     server_name,
 )
-from intentserve.pending_calls import PENDING_CALL_LIMITS
+from intentserve.controller.pending_calls import PENDING_CALL_LIMITS
 from intentserve.policy import (
     CacheKind,
     Capability,

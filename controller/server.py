@@ -43,6 +43,7 @@ from intentserve.controller.control.servicers import (
 from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable, EmbeddedView
+from intentserve.controller.pending_calls import PENDING_CALL_LIMITS
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_path import RequestPath
 from intentserve.controller.router.servicer import InferenceServicer
@@ -52,7 +53,6 @@ from intentserve.controller.settings import (
     describe_errors,
 )
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.policy import Reason, ReasonCode, Verdict
 from intentserve.v1 import (
     admin_pb2,

@@ -29,6 +29,7 @@ from intentserve.common.streaming import MAX_COMMAND_BYTES
 from intentserve.common.tls import CONTROLLER, secure_channel, server_credentials, server_name
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor
+from intentserve.controller.pending_calls import PENDING_CALL_LIMITS
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_path import RequestPath
 from intentserve.controller.router.servicer import InferenceServicer, RouterAdminServicer
@@ -38,7 +39,6 @@ from intentserve.controller.router.view import TableView
 from intentserve.controller.router.watch import TableWatch
 from intentserve.controller.router.watched import Freshness, WatchedTable
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.pending_calls import PENDING_CALL_LIMITS
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from prometheus_client import CollectorRegistry
 

@@ -1,10 +1,11 @@
-"""How many calls a gRPC server of ours lets wait before it takes them, and for how long.
+"""How many calls the controller's and the routers' gRPC servers let wait before they take them,
+and for how long.
 
 NOTE: gRPC's server cancels calls it has not yet taken (CANCELLED, before any handler runs) once
 more than `grpc.server.max_pending_requests` (default 1000; all past the hard limit, 3000) are
 pending, and any that has waited 30 s. A Python asyncio server busy with thousands of streams
 takes new calls slowly, so a burst is cut at the door: through the relay, 72-85% of a
-4096-stream burst ended so (docs/scale.md). Our servers take every call they are sent, and
+4096-stream burst ended so (docs/scale.md). These servers take every call they are sent, and
 answer load with their own admission (RESOURCE_EXHAUSTED, the queue), never a silent cancel.
 """
 
