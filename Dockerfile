@@ -33,6 +33,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto/ proto/
 COPY common/ common/
+COPY client/ client/
 COPY policy/ policy/
 COPY worker/ worker/
 COPY controller/ controller/

@@ -18,7 +18,7 @@ from intentserve.worker.kernels.table import KERNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = {"intentserve": "proto/intentserve", "intentserve.policy": "policy"}
-PACKAGE_DIRS |= {"intentserve.common": "common"}
+PACKAGE_DIRS |= {"intentserve.common": "common", "intentserve.client": "client"}
 PACKAGE_DIRS |= {"intentserve.worker": "worker", "intentserve.controller": "controller"}
 # Every library's C source (from the kernels' table) and the headers they share.
 KERNEL_SOURCES = (*(kernel.source for kernel in KERNELS), "common/vec16.h", "gemm/amx.h")
@@ -99,9 +99,10 @@ def test_the_cpu_kernel_sources_are_in_the_wheel(wheel):
 def test_the_installed_package_imports_from_the_venv_and_the_old_names_are_gone(venv):
     probe = (
         "import importlib.util, intentserve, intentserve.v1.worker_pb2_grpc, intentserve.convert\n"
-        "import intentserve.policy, intentserve.common.tls, intentserve.controller.server\n"
+        "import intentserve.policy, intentserve.common.tls, intentserve.client\n"
+        "import intentserve.controller.server\n"
         "print(intentserve.__file__)\n"
-        "folders = ('policy', 'worker', 'controller', 'common')\n"
+        "folders = ('policy', 'worker', 'controller', 'common', 'client')\n"
         "print([n for n in folders if importlib.util.find_spec(n)])"
     )
     out = _run(venv, "python", "-c", probe)

@@ -1,4 +1,4 @@
-"""What `up` writes for the CLI (proto/intentserve/client/credentials.py): a reader that finds
+"""What `up` writes for the CLI (client/credentials.py): a reader that finds
 credentials.json finds all of it, the CA included, and owner-only; there is no moment in which the
 file exists half-written or before the CA (a CLI, or a test, that read it then would talk
 plaintext to a TLS controller or fail on the JSON)."""

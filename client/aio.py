@@ -8,7 +8,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from intentserve.client.calls import ClientError, SharedCall, Streams, bearer, chunk_of
 from intentserve.client.credentials import Credentials
 from intentserve.client.credentials import load as load_credentials

@@ -19,7 +19,6 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import grpc
-
 from intentserve.client.aio import DEFAULT_CONTROLLER, AsyncControllerClient
 from intentserve.client.calls import DEADLINE_GRACE_S, ClientError, chunk_of
 from intentserve.client.credentials import Credentials

@@ -9,7 +9,6 @@ import itertools
 from typing import Any
 
 import grpc
-
 from intentserve.client.credentials import Credentials
 from intentserve.client.data import to_data
 from intentserve.common.streaming import GENERATE_MANY_ACCEPTED, STREAM_READER_OPTIONS
