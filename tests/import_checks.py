@@ -64,6 +64,24 @@ def parts_loaded_by(modules: Iterable[str], watched: Iterable[str]) -> list[str]
         " for m in sys.modules}\n"
         "print(','.join(sorted(loaded & watched)))"
     )
+    return _names_printed_by(code)
+
+
+def loaded_beyond_stdlib(module: str) -> list[str]:
+    """Every module outside the standard library that importing `module` loads in a fresh
+    interpreter (the module itself included), by full name. A subprocess, as above."""
+    code = (
+        "import importlib, sys\n"
+        "before = set(sys.modules)\n"
+        f"importlib.import_module({module!r})\n"
+        "new = set(sys.modules) - before\n"
+        "print(','.join(sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names)))"
+    )
+    return _names_printed_by(code)
+
+
+def _names_printed_by(code: str) -> list[str]:
+    """The comma-separated names the `code` prints, run in a fresh interpreter in the checkout."""
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
     )
