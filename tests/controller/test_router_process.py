@@ -19,7 +19,7 @@ from intentserve.controller.cli.render import status_text
 from intentserve.controller.router.server import RouterServer
 from intentserve.controller.router.settings import RouterConfig
 from intentserve.controller.router.table import Readiness
-from intentserve.controller.router.watched import TableEntry, TableUpdate
+from intentserve.controller.router.watched import EntryState, TableEntry, TableUpdate
 from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.v1 import admin_pb2
 
@@ -144,7 +144,7 @@ def test_a_router_fed_by_hand_needs_no_controller():
             client = Client(router.address)
             assert client.health_status() == NOT_SERVING
             ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
-            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            entry = TableEntry("w0", worker.address, EntryState.READY, 4, 1)
             router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
             eventually(lambda: client.serving(), what="SERVING")
             assert served_by(client, 2) == {"w0"}
@@ -163,7 +163,7 @@ def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(cap
         with RouterServer(config, watch=False) as router:
             client = Client(router.address)
             ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
-            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            entry = TableEntry("w0", worker.address, EntryState.READY, 4, 1)
             router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
             with pytest.raises(grpc.RpcError) as broken:
                 list(client.generate(timeout=5))
@@ -177,20 +177,32 @@ def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(cap
 
 
 def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker():
-    """A restarted controller's first table holds only the workers registered with it yet: the
-    router routes nothing new to the one missing, but a stream on it is not cut."""
+    """A restarted controller's first table holds only the workers registered with it yet: a
+    stream on the one missing is not cut, and while that controller's verdict is PENDING new
+    requests still go to it (the last verified table); the same controller's PENDING verdict
+    routes nothing new."""
     config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
     worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=20, token_delay_s=0.05)
     try:
         with RouterServer(config, watch=False) as router:
             client = Client(router.address)
             ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
-            entry = TableEntry("w0", worker.address, True, False, 4, 1)
-            router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
+            entry = TableEntry("w0", worker.address, EntryState.READY, 4, 1)
+            router.table.apply(
+                TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0, controller_id="a")
+            )
+            eventually(lambda: client.serving(), what="SERVING")
             stream = client.generate(max_tokens=20, timeout=10)
             chunks = [next(stream)]
             pending = Readiness(False, Reason(ReasonCode.WORKER_PENDING, "w0 not registered"))
-            router.table.apply(TableUpdate(1, True, (), (), pending, keepalive_s=60.0))
+            for controller_id in ("b", "a"):  # a new controller, then the one that verified it
+                router.table.apply(
+                    TableUpdate(
+                        1, True, (), (), pending, 60.0, controller_id=controller_id, pending=True
+                    )
+                )
+                if controller_id == "b":
+                    assert served_by(client, 1) == {"w0"} and client.health_status() == SERVING
             eventually(lambda: client.health_status() == NOT_SERVING, what="the tick after it")
             chunks += list(stream)
             assert len(chunks) == 20 and chunks[-1].finish_reason
