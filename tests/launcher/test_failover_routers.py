@@ -19,13 +19,13 @@ import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from intentserve.client import ControllerClient
 from intentserve.worker.model.registry import SHORT_NAMES
 
 from tests.launcher.ray_head import RayHead
+from tests.launcher.router_process import RouterProcess
 from tests.launcher.test_up_adopts import (
     LOADING_LINE,
     READY_AGAIN_S,
@@ -75,38 +75,6 @@ class Stream:
     error: str | None = None
 
 
-class Router:
-    """`intentserve router` in a process of its own, on a free port."""
-
-    def __init__(self, manifest: Path, controller: str, pki: Path, env: dict, log: Path) -> None:
-        # NOTE: its stderr goes to a file: a pipe nobody reads could fill and block its logging.
-        with log.open("w") as err:
-            self.proc = subprocess.Popen(
-                [str(INTENTSERVE), "router", str(manifest), "--controller", controller]
-                + ["--tls-dir", str(pki), "--port", "0"],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=env,
-            )
-        line = self.proc.stdout.readline()
-        assert line.startswith("router of adopted listening on 127.0.0.1:"), line + log.read_text()
-        self.address = "127.0.0.1:" + line.split("127.0.0.1:")[1].split(",")[0]
-
-    def freshness(self) -> str:
-        with ControllerClient(self.address, timeout_s=2) as client:
-            return client.status()["router"]["freshness"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
 def head():
     head = RayHead(num_cpus=2)
@@ -133,7 +101,7 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         **{name: head.env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
     }
     ups: list[UpProcess] = []
-    routers: list[Router] = []
+    routers: list[RouterProcess] = []
     clients: list[ControllerClient] = []
     try:
         (tmp_path / "first").mkdir()
@@ -142,11 +110,13 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         registry = ups[0].registry_address()
         router_env = {k: v for k, v in ups[0].env.items() if k != "RAY_ADDRESS"}
         routers = [
-            Router(manifest, registry, pki, router_env, tmp_path / f"router{i}.err")
+            RouterProcess(
+                "adopted", manifest, registry, pki, router_env, tmp_path / f"router{i}.err"
+            )
             for i in range(2)
         ]
         for router in routers:
-            _wait_for(lambda r=router: _router_state(r) == "ready", 60, "a router READY")
+            _wait_for(lambda r=router: r.status()["state"] == "ready", 60, "a router READY")
 
         clients = [ControllerClient(r.address, timeout_s=10) for r in routers]
         streams, threads = _start_streams(clients)
@@ -268,11 +238,6 @@ def _run(client: ControllerClient, stream: Stream, max_tokens: int) -> None:
             stream.finish_reason = chunk["finish_reason"]  # the last chunk's: how it ended
     except Exception as error:  # noqa: BLE001 - the test reports every stream's failure
         stream.error = repr(error)
-
-
-def _router_state(router: Router) -> str:
-    with ControllerClient(router.address, timeout_s=2) as client:
-        return client.status()["state"]
 
 
 def _wait_for(condition, timeout_s: float, what: str) -> None:
