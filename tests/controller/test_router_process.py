@@ -95,7 +95,7 @@ def test_without_the_controller_it_serves_its_last_table_stale_then_stops(deploy
     )
     assert status.router.max_stale_s == 2.0 and status.router.controller == server.address
     text = status_text(to_data(status))
-    assert "STALE: the controller silent for" in text
+    assert "STALE: the last verified table, unconfirmed for" in text
     assert "(a stale table is served for 2 s at most)" in text
     assert client.serving() and served_by(client) == {"w0", "w1"}
     scraped = get(router, "/metrics")[1]
