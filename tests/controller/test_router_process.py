@@ -29,6 +29,7 @@ from tests.controller.scripted_worker import Behaviour, ScriptedWorker
 pytestmark = pytest.mark.integration
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+RE_ESTABLISHING = "worker table stale: ready: fed by hand; a new controller at nowhere:1"
 
 
 @pytest.fixture
@@ -176,11 +177,12 @@ def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(cap
         worker.stop()
 
 
-def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker():
+def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker(caplog):
     """A restarted controller's first table holds only the workers registered with it yet: a
     stream on the one missing is not cut, and while that controller's verdict is PENDING new
     requests still go to it (the last verified table); the same controller's PENDING verdict
     routes nothing new."""
+    caplog.set_level(logging.INFO, logger="intentserve.controller.router.server")
     config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
     worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=20, token_delay_s=0.05)
     try:
@@ -195,6 +197,8 @@ def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker():
             stream = client.generate(max_tokens=20, timeout=10)
             chunks = [next(stream)]
             pending = Readiness(False, Reason(ReasonCode.WORKER_PENDING, "w0 not registered"))
+            router.table.lost_contact("UNAVAILABLE: the controller went away")
+            eventually(lambda: "worker table stale" in caplog.text, what="the router stale")
             for controller_id in ("b", "a"):  # a new controller, then the one that verified it
                 router.table.apply(
                     TableUpdate(
@@ -203,6 +207,7 @@ def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker():
                 )
                 if controller_id == "b":
                     assert served_by(client, 1) == {"w0"} and client.health_status() == SERVING
+                    eventually(lambda: RE_ESTABLISHING in caplog.text, what="the router saying so")
             eventually(lambda: client.health_status() == NOT_SERVING, what="the tick after it")
             chunks += list(stream)
             assert len(chunks) == 20 and chunks[-1].finish_reason

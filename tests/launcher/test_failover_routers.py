@@ -19,6 +19,7 @@ import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from intentserve.client import ControllerClient
@@ -143,7 +144,8 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
             f"{sum(len(s.token_times_s) for s in streams)} tokens in all; "
             f"{len(probes.sent)} new requests during the outage, "
             f"{probes.num_sent_between(ups[1].started_s, back_s)} of them after the new `up` "
-            f"started, {len(probes.refused())} refused"
+            f"started, {len(probes.refused())} refused; routers that held the new controller's "
+            f"PENDING table: {sum(_held_pending(tmp_path / f'router{i}.err') for i in range(2))}"
         )
         assert not probes.refused(), probes.refused()
         assert all(len(s.token_times_s) == PROBE_TOKENS for _, s in probes.sent)
@@ -238,6 +240,12 @@ def _run(client: ControllerClient, stream: Stream, max_tokens: int) -> None:
             stream.finish_reason = chunk["finish_reason"]  # the last chunk's: how it ended
     except Exception as error:  # noqa: BLE001 - the test reports every stream's failure
         stream.error = repr(error)
+
+
+def _held_pending(router_log: Path) -> bool:
+    """Whether the router said it routed to its last verified table while a new controller
+    re-established its own (its watch may come back only after the worker registered again)."""
+    return "re-establishes its table" in router_log.read_text()
 
 
 def _wait_for(condition, timeout_s: float, what: str) -> None:
