@@ -19,7 +19,7 @@ from intentserve.controller.cli.render import status_text
 from intentserve.controller.router.server import RouterServer
 from intentserve.controller.router.settings import RouterConfig
 from intentserve.controller.router.table import Readiness
-from intentserve.controller.router.watched import EntryState, TableEntry, TableUpdate
+from intentserve.controller.router.watched import EntryState, Freshness, TableEntry, TableUpdate
 from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.v1 import admin_pb2
 
@@ -214,3 +214,48 @@ def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker(ca
             client.channel.close()
     finally:
         worker.stop()
+
+
+def test_new_requests_go_to_the_last_verified_table_while_a_new_controller_starts(
+    start_controller, make_worker
+):
+    """A real controller restart: the new controller on the same port holds no worker until
+    they register again (its verdict PENDING), and the router, watching it, still routes new
+    requests to both workers of the last verified table; once they are verified again its
+    table is the new controller's, fresh."""
+    settings = {"paged_attention": "on", "replicas": 2, "min_ready": 2, "heartbeat_timeout_s": 10}
+    server, _ = start_controller(**settings)
+    workers = [make_worker(server, f"w{i}", examples.cpu()) for i in range(2)]
+    for worker in workers:
+        assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    config = RouterConfig(DEPLOYMENT, controller=server.address, port=0, max_stale_s=30.0)
+    with RouterServer(config) as router:
+        client = Client(router.address)
+        eventually(client.serving, what="the router SERVING")
+        server.stop(grace_s=0)
+        port = int(server.address.rsplit(":", 1)[1])
+        again, _ = start_controller(**settings, port=port)
+        eventually(lambda: not again.verdict().ready and again.table_feed.revision > 0)
+        eventually(
+            lambda: router.table.status().revision == again.table_feed.revision,
+            what="the router watching the new controller",
+        )
+        assert served_by(client, 4) == {"w0", "w1"}  # none refused
+        assert router.table.status().freshness is Freshness.STALE
+        for worker in workers:
+            assert eventually(lambda w=worker: _up_again(w), what="registered again").verified
+        eventually(lambda: router.table.status().freshness is Freshness.FRESH, what="fresh")
+        assert served_by(client, 4) == {"w0", "w1"}
+        client.channel.close()
+
+
+def _up_again(worker: ScriptedWorker):
+    """Its verification by the new controller; None while its channel still waits to reconnect
+    (it saw the old controller go)."""
+    try:
+        return worker.up()
+    except grpc.RpcError as error:
+        if error.code() is grpc.StatusCode.UNAVAILABLE:
+            return None
+        raise
