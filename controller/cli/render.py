@@ -159,7 +159,8 @@ def _router_status_text(status: dict[str, Any], reason: dict, router: dict[str, 
         table_line = "fresh"
     else:
         table_line = (
-            f"{freshness.upper()}: the controller silent for {router['stale_for_s']:.1f} s "
+            f"{freshness.upper()}: the last verified table, unconfirmed for "
+            f"{router['stale_for_s']:.1f} s "
             f"(a stale table is served for {router['max_stale_s']:g} s at most)"
         )
     return "\n".join(

@@ -36,7 +36,9 @@ from intentserve.controller.launch.manifest import Manifest, ManifestError, load
 
 def run(args: argparse.Namespace) -> int:
     try:
-        manifest = load_manifest(args.manifest)
+        # NOTE: not checked as one node's: where workers go (placement, memory shares) is `up`'s
+        # concern, and a router runs on any node of a cluster.
+        manifest = load_manifest(args.manifest, one_node=False)
     except ManifestError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

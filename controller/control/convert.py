@@ -206,4 +206,5 @@ def table_event_to_pb(event: TableEvent) -> admin_pb2.WorkerTableEvent:
         state=_to_pb(readiness.state, admin_pb2.DeploymentState, "DEPLOYMENT_STATE_"),
         reason=convert.reason_to_pb(readiness.reason),
         keepalive_s=event.keepalive_s,
+        controller_id=event.controller_id,
     )

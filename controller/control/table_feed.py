@@ -5,13 +5,16 @@ The reconcile loop publishes the registry's workers and the readiness verdict on
 A revision counts the table's changes; each worker carries the revision at which it last changed.
 Watchers are handlers on the gRPC server's event loop: a publication wakes each on its loop, and
 each sends what changed since its own last message (so a slow watcher skips straight to the
-newest table), or a keepalive when nothing did within `keepalive_s`.
+newest table), or a keepalive when nothing did within `keepalive_s`. Every message carries the
+feed's `controller_id`, drawn when the controller starts: a router tells a restarted controller's
+table, PENDING while its workers register again, from a verdict of the one it had (watched.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -50,6 +53,7 @@ class TableEvent:
     removed_worker_ids: tuple[str, ...]
     readiness: TableReadiness
     keepalive_s: float
+    controller_id: str
 
 
 _NOTHING_YET = TableReadiness(
@@ -60,6 +64,7 @@ _NOTHING_YET = TableReadiness(
 class TableFeed:
     def __init__(self, keepalive_s: float = DEFAULT_KEEPALIVE_S) -> None:
         self.keepalive_s = keepalive_s
+        self.controller_id = secrets.token_hex(8)
         self._lock = threading.Lock()
         self._revision = 0
         self._workers: dict[str, TableWorker] = {}
@@ -105,7 +110,15 @@ class TableFeed:
                     revision, workers, readiness = self._revision, self._workers, self._readiness
                 changed = tuple(w for k, w in workers.items() if sent.get(k) != w)
                 removed = tuple(k for k in sent if k not in workers)
-                yield TableEvent(revision, snapshot, changed, removed, readiness, self.keepalive_s)
+                yield TableEvent(
+                    revision,
+                    snapshot,
+                    changed,
+                    removed,
+                    readiness,
+                    self.keepalive_s,
+                    self.controller_id,
+                )
                 sent, snapshot = workers, False
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), self.keepalive_s)

@@ -80,19 +80,28 @@ class AdmissionQueue(Generic[T]):
     def num_waiting(self) -> int:
         return len(self._waiters)
 
-    async def take(self, try_take: Callable[[], T | None], deadline_s: float | None) -> T:
+    async def take(
+        self,
+        try_take: Callable[[], T | None],
+        deadline_s: float | None,
+        *,
+        again_since_s: float | None = None,
+    ) -> T:
         """A slot: at once when one is free and nobody waits, else after waiting in line.
         QueueFull when the queue holds its most; QueueTimeout when `deadline_s` (the request's
         remaining time, less DEADLINE_MARGIN_S; None: none) or the longest wait passes first;
-        whatever `try_take` raises (e.g. the deployment stopped being ready) ends the wait too."""
+        whatever `try_take` raises (e.g. the deployment stopped being ready) ends the wait too.
+        `again_since_s`: the request had its turn and the worker refused it as full; it came
+        at this time (`time.monotonic()`): it waits at the head of the line (it overtakes
+        nobody, and no bound refuses it), and its longest wait counts from then."""
         with self._lock:
             if not self._waiters and (slot := try_take()) is not None:
                 self._wait_times.observe(0.0)
                 return slot
-            waiter = self._enqueue(try_take)
+            waiter = self._enqueue(try_take, again=again_since_s is not None)
         started_s = time.monotonic()
         try:
-            return await self._wait(waiter, deadline_s, started_s)
+            return await self._wait(waiter, deadline_s, again_since_s or started_s)
         finally:
             self._leave(waiter)
             self._wait_times.observe(time.monotonic() - started_s)
@@ -103,7 +112,11 @@ class AdmissionQueue(Generic[T]):
             if self._waiters:
                 self._waiters[0].wake()
 
-    def _enqueue(self, try_take: Callable[[], T | None]) -> _Waiter:
+    def _enqueue(self, try_take: Callable[[], T | None], *, again: bool) -> _Waiter:
+        if again:
+            waiter = _Waiter(try_take)
+            self._waiters.appendleft(waiter)
+            return waiter
         num_waiting = len(self._waiters)
         if self.limits.max_queued is not None:
             limit = self.limits.max_queued
@@ -126,8 +139,9 @@ class AdmissionQueue(Generic[T]):
 
     async def _wait(self, waiter: _Waiter, deadline_s: float | None, started_s: float) -> T:
         max_wait_s = self.limits.max_wait_s
-        if deadline_s is None or deadline_s > max_wait_s + DEADLINE_MARGIN_S:
-            wait_s, by_deadline = max_wait_s, False
+        left_s = max(max_wait_s - (time.monotonic() - started_s), 0.0)
+        if deadline_s is None or deadline_s > left_s + DEADLINE_MARGIN_S:
+            wait_s, by_deadline = left_s, False
         else:
             wait_s, by_deadline = max(deadline_s - DEADLINE_MARGIN_S, 0.0), True
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from intentserve import convert
 from intentserve.controller.router.table import Readiness, Route
 from intentserve.controller.router.watched import (
+    EntryState,
     Freshness,
     TableEntry,
     TableStatus,
@@ -14,7 +15,15 @@ from intentserve.controller.router.watched import (
 from intentserve.v1 import admin_pb2
 
 _READY = admin_pb2.WORKER_STATE_READY
-_LOST = admin_pb2.WORKER_STATE_LOST
+_ENTRY_STATES = {
+    _READY: EntryState.READY,
+    admin_pb2.WORKER_STATE_REGISTERED: EntryState.VERIFYING,
+    admin_pb2.WORKER_STATE_LOADING: EntryState.VERIFYING,
+    admin_pb2.WORKER_STATE_REJECTED: EntryState.OUT,
+    admin_pb2.WORKER_STATE_DRAINING: EntryState.OUT,
+    admin_pb2.WORKER_STATE_SUSPECT: EntryState.OUT,
+    admin_pb2.WORKER_STATE_LOST: EntryState.LOST,
+}  # NOTE: a state this router does not know is OUT: nothing new is routed to it
 _FRESHNESS = {
     Freshness.FRESH: admin_pb2.TABLE_FRESHNESS_FRESH,
     Freshness.STALE: admin_pb2.TABLE_FRESHNESS_STALE,
@@ -30,8 +39,7 @@ def table_update_from_pb(msg: admin_pb2.WorkerTableEvent) -> TableUpdate:
             TableEntry(
                 w.worker_id,
                 w.address,
-                ready=w.state == _READY,
-                lost=w.state == _LOST,
+                _ENTRY_STATES.get(w.state, EntryState.OUT),
                 max_num_seqs=w.max_num_seqs,
                 revision=w.revision,
             )
@@ -40,6 +48,8 @@ def table_update_from_pb(msg: admin_pb2.WorkerTableEvent) -> TableUpdate:
         removed_worker_ids=tuple(msg.removed_worker_ids),
         readiness=Readiness(msg.ready, convert.reason_from_pb(msg.reason)),
         keepalive_s=msg.keepalive_s,
+        controller_id=msg.controller_id,
+        pending=msg.state == admin_pb2.DEPLOYMENT_STATE_PENDING,
     )
 
 

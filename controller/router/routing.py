@@ -2,7 +2,10 @@
 slot (as many as the sequence slots it realized, or `max_outstanding_per_worker` when the
 operator set it), and forward `Generate` on that worker's multiplexed call with the client's
 remaining deadline and cancellation. While every slot is taken, a request waits in the
-admission queue (admission.py), in arrival order, until one frees. The request's content is
+admission queue (admission.py), in arrival order, until one frees. A worker that refuses a
+request as full (its own admission, which counts every router's requests) is skipped for a
+moment and the request waits at the head of the queue again (full_workers.py); a worker that
+refuses otherwise before streaming (unreachable) sends it to the next one. The request's content is
 checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) passes through.
 A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
 stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
@@ -22,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -42,6 +46,7 @@ from intentserve.controller.router.admission import (
     WaitTimes,
 )
 from intentserve.controller.router.channels import WorkerChannels
+from intentserve.controller.router.full_workers import FullWorkers
 from intentserve.controller.router.table import Route, WorkerTable
 from intentserve.controller.router.worker_mux import Stream
 from intentserve.policy import Reason, ReasonCode
@@ -94,6 +99,7 @@ class Router:
             queue_limits, num_slots=self._num_slots, wait_times=queue_wait_times
         )
         self.channels = WorkerChannels(table, channel_factory, aio_channel_factory)
+        self._full = FullWorkers()
         self._lock = threading.Lock()
         self._streams: dict[str, set[_Stream]] = {}
         self._turn = itertools.count()  # breaks ties between equally loaded workers
@@ -106,8 +112,12 @@ class Router:
         (`time_remaining`, `cancelled`)."""
         self._admit(request)
         tried: dict[str, Exception] = {}
+        arrived_s, again_since_s = time.monotonic(), None
         while True:
-            route = await self.queue.take(lambda: self._acquire(tried), _timeout_s(context))
+            route = await self.queue.take(
+                lambda: self._acquire(tried), _timeout_s(context), again_since_s=again_since_s
+            )
+            full = False
             try:
                 forwarded = self._aforward(route, request, context)
                 async with contextlib.aclosing(forwarded) as responses:
@@ -115,8 +125,16 @@ class Router:
                         yield response
                 return
             except _TryAnother as refusal:
-                tried[route.worker_id] = refusal.failure
+                full = isinstance(refusal.failure, Overloaded)
+                if full:  # it waits at the head of the queue, as since it came
+                    again_since_s = arrived_s
+                    delay_s = self._full.mark(route.worker_id)
+                    asyncio.get_running_loop().call_later(delay_s, self.queue.wake)
+                else:
+                    tried[route.worker_id] = refusal.failure
             finally:
+                if not full:
+                    self._full.clear(route.worker_id)  # a slot of it freed, if it took one
                 self._table.release(route.worker_id)
                 self.queue.wake()
 
@@ -159,21 +177,21 @@ class Router:
 
     def _acquire(self, tried: dict[str, Exception]) -> Route | None:
         """The READY worker with the fewest outstanding requests that has room for one more;
-        None when every READY worker not yet tried is full (the request waits)."""
+        None when every READY worker not yet tried is full, by this router's count or its own
+        refusal (the request waits)."""
         ready = [r for r in self._table.routes() if r.worker_id not in tried]
         if ready:  # rotate, so that equally loaded workers take turns (the sort is stable)
             shift = next(self._turn) % len(ready)
             ready = ready[shift:] + ready[:shift]
         for route in sorted(ready, key=lambda r: r.num_outstanding):
+            if self._full.is_full(route.worker_id):
+                continue
             if self._table.try_acquire(route.worker_id, self._limit(route)):
                 return route
         if ready:
             return None
         if tried:
-            failures = list(tried.values())
-            if all(isinstance(f, Overloaded) for f in failures):
-                raise Overloaded(f"every READY worker's queue is full ({len(failures)} tried)")
-            raise next(f for f in reversed(failures) if not isinstance(f, Overloaded))
+            raise list(tried.values())[-1]  # what the last worker tried said
         readiness = self._table.readiness()
         reason = readiness.reason if not readiness.ready else NO_READY_WORKER
         raise NotReady(reason)

@@ -39,6 +39,7 @@ from intentserve.controller.router.view import TableView
 from intentserve.controller.router.watch import TableWatch
 from intentserve.controller.router.watched import Freshness, WatchedTable
 from intentserve.controller.status_codes import STATUS_CODES
+from intentserve.policy import Reason
 from intentserve.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from prometheus_client import CollectorRegistry
 
@@ -88,7 +89,7 @@ class RouterServer:
         self._loop = EventLoopThread("router-rpc")
         self._health = HealthPublisher(self._loop, async_health.HealthServicer(), None)
         self._health_status: int | None = None
-        self._freshness: Freshness | None = None
+        self._said: tuple[Freshness, Reason] | None = None  # what the log last said
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="router-health", daemon=True)
         try:
@@ -180,13 +181,19 @@ class RouterServer:
 
     def _follow_table(self) -> None:
         """Health says what the table allows (SERVING while it is ready and not expired); each
-        change of freshness is logged once."""
+        change of freshness is logged once, and while the table is stale each change of why (a
+        new controller re-establishing its table is said so). An expired table's reason counts
+        the seconds: it is said once."""
         readiness = self.table.readiness()
         status = self.table.status()
-        if status.freshness is not self._freshness and self._freshness is not None:
+        said = (status.freshness, readiness.reason)
+        if self._said is not None and (
+            status.freshness is not self._said[0]
+            or (status.freshness is Freshness.STALE and readiness.reason != self._said[1])
+        ):
             level = logging.INFO if status.freshness is Freshness.FRESH else logging.WARNING
             log.log(level, "worker table %s: %s", status.freshness.value, readiness.reason)
-        self._freshness = status.freshness
+        self._said = said
         self._watch_suspects()
         serving = SERVING if readiness.ready else NOT_SERVING
         if serving != self._health_status:

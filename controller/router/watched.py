@@ -12,6 +12,13 @@ table is STALE: the router keeps serving the last verified table and says so; on
 has been silent for `max_stale_s` it is EXPIRED: nothing is routed, readiness is
 `controller_unreachable` naming the controller and the bound.
 
+A restarted controller's table starts empty and its verdict PENDING until its workers register
+again. A table from another controller (another `controller_id`) than the one that verified the
+last READY table, with a PENDING verdict, is therefore not a verdict against that table: the
+router keeps routing to it (STALE, within `max_stale_s` of the old controller's last word),
+leaving out only the workers the new table says are out (rejected, draining, suspect, lost, or
+back at another address). The new controller's READY (or FAILED) verdict replaces it.
+
 Requests in flight are counted here (this router's own) and keep their worker's channel open
 until they end, even when the worker leaves the table (a new controller's first table lacks the
 workers it has yet to adopt). A worker whose stream broke is suspect here until its connection
@@ -41,13 +48,22 @@ class Freshness(enum.Enum):
 
 
 @dataclass(frozen=True)
+class EntryState(enum.Enum):
+    """A worker's state in the controller's table, as far as routing goes."""
+
+    READY = "ready"  # verified: requests go to it
+    VERIFYING = "verifying"  # registered or loading: this controller has yet to verify it
+    OUT = "out"  # rejected, draining or suspect: nothing new goes to it
+    LOST = "lost"  # its process is gone: its streams end
+
+
+@dataclass(frozen=True)
 class TableEntry:
     """One worker of the controller's table, as the watch says it."""
 
     worker_id: str
     address: str
-    ready: bool  # READY per the controller's verdict
-    lost: bool  # LOST: its process is gone (its streams end)
+    state: EntryState
     max_num_seqs: int
     revision: int
 
@@ -62,6 +78,8 @@ class TableUpdate:
     removed_worker_ids: tuple[str, ...]
     readiness: Readiness
     keepalive_s: float
+    controller_id: str = ""  # which controller sent it (a new one draws a new id when it starts)
+    pending: bool = False  # the verdict is PENDING: waiting for workers (not FAILED)
 
 
 @dataclass(frozen=True)
@@ -92,14 +110,23 @@ class WatchedTable:
         self.max_stale_s = max_stale_s
         self._clock = clock
         self._lock = threading.Lock()
+        # The table as the controller last sent it, and which controller sent it.
         self._workers: dict[str, TableEntry] = {}
+        self._readiness = Readiness(False, _NO_TABLE)
+        self._controller_id = ""
+        self._pending = False
+        # The READY workers of the last READY table, which controller said so, and when it last
+        # did: served while a new controller re-establishes its table.
+        self._verified: dict[str, TableEntry] = {}
+        self._verified_readiness = self._readiness
+        self._verified_by = ""
+        self._verified_s = 0.0
         self._outstanding: dict[str, int] = {}
         # NOTE: where this router's requests in flight run, kept while they run even when their
         # worker leaves the table: a restarted controller's first table lacks the workers it has
         # yet to adopt, and closing their channels would cut streams that are serving.
         self._in_flight_at: dict[str, str] = {}  # worker id -> address
-        self._suspects: dict[str, int] = {}  # worker id -> its revision when it became suspect
-        self._readiness = Readiness(False, _NO_TABLE)
+        self._suspects: dict[str, TableEntry] = {}  # worker id -> its entry when it became suspect
         self._revision = 0
         self._keepalive_s = 1.0
         self._heard_s: float | None = None  # when the controller was last heard from
@@ -114,16 +141,26 @@ class WatchedTable:
                 self._workers.pop(worker_id, None)
             for entry in update.workers:
                 self._workers[entry.worker_id] = entry
-            for worker_id, revision in list(self._suspects.items()):
-                entry = self._workers.get(worker_id)
-                if entry is None or entry.revision != revision:
-                    del self._suspects[worker_id]  # the controller has spoken of it since
             self._revision = update.revision
             self._readiness = update.readiness
+            self._controller_id = update.controller_id
+            self._pending = update.pending
             self._keepalive_s = update.keepalive_s
             self._heard_s = self._clock()
             self._broken = None
-            return tuple(e.worker_id for e in update.workers if e.lost)
+            if update.readiness.ready:
+                self._verified = {
+                    k: e for k, e in self._workers.items() if e.state is EntryState.READY
+                }
+                self._verified_readiness = update.readiness
+                self._verified_by, self._verified_s = update.controller_id, self._heard_s
+            elif update.controller_id == self._verified_by:
+                self._verified = {}  # the controller that verified it no longer says READY
+            kept = self._candidates()
+            for worker_id, entry in list(self._suspects.items()):
+                if kept.get(worker_id) != entry:
+                    del self._suspects[worker_id]  # the controller has spoken of it since
+            return tuple(e.worker_id for e in update.workers if e.state is EntryState.LOST)
 
     def lost_contact(self, why: str) -> None:
         """The watch broke (or could not be opened): the table goes stale from its last word."""
@@ -132,12 +169,12 @@ class WatchedTable:
 
     def status(self) -> TableStatus:
         with self._lock:
-            freshness, silent_s = self._freshness()
+            freshness, stale_for_s = self._freshness()
             return TableStatus(
                 self.controller,
                 self._revision,
                 freshness,
-                silent_s if freshness is not Freshness.FRESH else 0.0,
+                stale_for_s if freshness is not Freshness.FRESH else 0.0,
                 self.max_stale_s,
             )
 
@@ -153,35 +190,42 @@ class WatchedTable:
                     ),
                 )
             freshness, silent_s = self._freshness()
-            if freshness is not Freshness.EXPIRED:
+            if freshness is Freshness.EXPIRED:
+                why = f" ({self._broken})" if self._broken else ""
+                return Readiness(
+                    False,
+                    Reason(
+                        ReasonCode.CONTROLLER_UNREACHABLE,
+                        f"the controller at {self.controller} has not been heard from for "
+                        f"{silent_s:.1f} s{why}; a router serves its last worker table for "
+                        f"{self.max_stale_s:g} s at most (spec.router.maxStaleS)",
+                    ),
+                )
+            if self._establishing_s() is None:
                 return self._readiness
-            why = f" ({self._broken})" if self._broken else ""
+            verified = self._verified_readiness.reason
             return Readiness(
-                False,
+                True,
                 Reason(
-                    ReasonCode.CONTROLLER_UNREACHABLE,
-                    f"the controller at {self.controller} has not been heard from for "
-                    f"{silent_s:.1f} s{why}; a router serves its last worker table for "
-                    f"{self.max_stale_s:g} s at most (spec.router.maxStaleS)",
+                    verified.code,
+                    f"{verified.message}; a new controller at {self.controller} re-establishes "
+                    f"its table ({self._readiness.reason.message}): this router routes to the "
+                    f"last verified one for {self.max_stale_s:g} s at most "
+                    "(spec.router.maxStaleS)",
                 ),
             )
 
     def routes(self) -> tuple[Route, ...]:
         with self._lock:
-            if self._freshness()[0] is Freshness.EXPIRED or not self._readiness.ready:
-                return ()
             return tuple(
-                Route(e.worker_id, e.address, e.max_num_seqs, self._outstanding.get(k, 0))
-                for k, e in sorted(self._workers.items())
-                if e.ready and k not in self._suspects
+                Route(k, e.address, e.max_num_seqs, self._outstanding.get(k, 0))
+                for k, e in sorted(self._routable().items())
             )
 
     def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
         with self._lock:
-            entry = self._workers.get(worker_id)
-            if entry is None or not entry.ready or worker_id in self._suspects:
-                return False
-            if self._freshness()[0] is Freshness.EXPIRED:
+            entry = self._routable().get(worker_id)
+            if entry is None:
                 return False
             count = self._outstanding.get(worker_id, 0)
             if count >= max_outstanding:
@@ -201,16 +245,16 @@ class WatchedTable:
 
     def suspect(self, worker_id: str, address: str, reason: Reason) -> bool:
         with self._lock:
-            entry = self._workers.get(worker_id)
+            entry = self._candidates().get(worker_id)
             if entry is None or entry.address != address or worker_id in self._suspects:
                 return False
-            self._suspects[worker_id] = entry.revision
+            self._suspects[worker_id] = entry
             return True
 
     def suspects(self) -> dict[str, str]:
         """The workers suspect here: address -> worker id (their connections are watched)."""
         with self._lock:
-            return {self._workers[k].address: k for k in self._suspects if k in self._workers}
+            return {e.address: k for k, e in self._suspects.items()}
 
     def restore(self, worker_id: str) -> None:
         """Its connection answers again: route to it again (while the controller calls it
@@ -219,21 +263,61 @@ class WatchedTable:
             self._suspects.pop(worker_id, None)
 
     def addresses(self) -> set[str]:
-        """Every worker's address in the table, and where requests of this router still run (a
-        channel to any other can go)."""
+        """Every worker's address in the table (and in the verified one while it is served), and
+        where requests of this router still run (a channel to any other can go)."""
         with self._lock:
-            return {e.address for e in self._workers.values()} | set(self._in_flight_at.values())
+            listed = [*self._workers.values(), *self._candidates().values()]
+            return {e.address for e in listed} | set(self._in_flight_at.values())
 
     def num_outstanding(self) -> int:
         with self._lock:
             return sum(self._outstanding.values())
 
+    def _candidates(self) -> dict[str, TableEntry]:
+        """Under the lock: the workers the table may route to, suspect or not: the READY ones
+        of the controller's table, and while a new controller re-establishes it, those of the
+        last verified table that it says nothing against."""
+        ready = {k: e for k, e in self._workers.items() if e.state is EntryState.READY}
+        if self._establishing_s() is None:
+            return ready
+        kept = {k: e for k, e in self._verified.items() if self._not_dropped(k, e)}
+        return kept | ready
+
+    def _routable(self) -> dict[str, TableEntry]:
+        """Under the lock: the workers requests may go to now."""
+        if self._freshness()[0] is Freshness.EXPIRED:
+            return {}
+        if not self._readiness.ready and self._establishing_s() is None:
+            return {}
+        return {k: e for k, e in self._candidates().items() if k not in self._suspects}
+
+    def _not_dropped(self, worker_id: str, verified: TableEntry) -> bool:
+        """Under the lock: the new controller has not spoken of the worker yet, or is verifying
+        the same process (at the same address) again."""
+        entry = self._workers.get(worker_id)
+        return entry is None or (
+            entry.state is EntryState.VERIFYING and entry.address == verified.address
+        )
+
+    def _establishing_s(self) -> float | None:
+        """Under the lock: while a new controller's PENDING table follows another controller's
+        READY one, the seconds since that one last said so (up to `max_stale_s`); else None."""
+        if not self._verified or not self._pending or self._readiness.ready:
+            return None
+        if self._controller_id == self._verified_by:
+            return None
+        since_s = self._clock() - self._verified_s
+        return since_s if since_s <= self.max_stale_s else None
+
     def _freshness(self) -> tuple[Freshness, float]:
-        """Under the lock: fresh, stale or expired, and seconds since the controller spoke."""
+        """Under the lock: fresh, stale or expired, and for how long it has been stale."""
         if self._heard_s is None:  # never heard: nothing to serve from, and nothing stale
             return (Freshness.FRESH, 0.0) if self._broken is None else (Freshness.EXPIRED, 0.0)
         silent_s = self._clock() - self._heard_s
         if self._broken is None and silent_s <= KEEPALIVES_MISSED * self._keepalive_s:
+            establishing_s = self._establishing_s()
+            if establishing_s is not None:
+                return Freshness.STALE, establishing_s
             return Freshness.FRESH, silent_s
         if silent_s <= self.max_stale_s:
             return Freshness.STALE, silent_s

@@ -6,6 +6,8 @@ started there plays the same script as a direct `Generate`.
 It streams fake tokens, or blocks until cancelled (recording that the cancel arrived), or answers
 RESOURCE_EXHAUSTED as a worker whose queue is full would, or INVALID_ARGUMENT as its engine does
 for a bad field, or breaks a stream with UNAVAILABLE as a worker whose engine loop closed does.
+With `max_in_flight`, it admits as a worker does: a request past that many in flight (on every
+call, from every router) is refused RESOURCE_EXHAUSTED, and the most it held is recorded.
 """
 
 from __future__ import annotations
@@ -175,6 +177,20 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
 
         if w.behaviour is Behaviour.BUSY:
             return error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{w.worker_id}: queue full")
+        with w.lock:
+            if w.max_in_flight is not None and w.num_in_flight >= w.max_in_flight:
+                w.num_refused += 1
+                full = f"{w.worker_id}: all {w.max_in_flight} slots are taken"
+                return error(grpc.StatusCode.RESOURCE_EXHAUSTED, full)
+            w.num_in_flight += 1
+            w.peak_in_flight = max(w.peak_in_flight, w.num_in_flight)
+        try:
+            self._script(w, cancelled, ended, request, output, error)
+        finally:
+            with w.lock:
+                w.num_in_flight -= 1
+
+    def _script(self, w, cancelled, ended, request, output, error) -> None:
         if w.behaviour is Behaviour.INVALID:
             return error(
                 grpc.StatusCode.INVALID_ARGUMENT, INVALID_DETAILS, details_of(INVALID_FIELD)
@@ -284,6 +300,7 @@ class ScriptedWorker:
         token_delay_s: float = 0.0,
         tls: TlsIdentity | None = None,
         deployment: str = "",
+        max_in_flight: int | None = None,
     ) -> None:
         """With `tls` (this worker's certificate and key, of `deployment`'s CA), it registers
         on the controller's mutual-TLS port and serves the controller over TLS, as a real
@@ -293,6 +310,10 @@ class ScriptedWorker:
         self.behaviour = behaviour
         self.num_tokens = num_tokens
         self.token_delay_s = token_delay_s
+        self.max_in_flight = max_in_flight  # None: no limit of its own
+        self.num_in_flight = 0
+        self.peak_in_flight = 0
+        self.num_refused = 0  # requests refused as past `max_in_flight`
         self.lock = threading.Lock()
         self.requests: list[inference_pb2.GenerateRequest] = []
         self.deadlines_s: list[float] = []

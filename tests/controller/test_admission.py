@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from intentserve.controller.errors import NotReady, QueueFull, QueueTimeout
@@ -201,5 +202,27 @@ def test_a_refusal_while_waiting_ends_every_waiter_with_it():
             with pytest.raises(NotReady):
                 await asyncio.wait_for(task, 1)
         assert queue.num_waiting == 0
+
+    asyncio.run(main())
+
+
+def test_a_request_a_worker_refused_as_full_waits_first_past_the_bound_and_from_its_arrival():
+    """It had its turn already: it goes to the head of the line, the queue's bound does not
+    refuse it, and its longest wait counts from when it first came."""
+
+    async def main():
+        queue, slots, _ = make(0, max_queued=1, max_wait_s=0.5)
+        waiting = await enqueue(queue, slots)
+        came_s = time.monotonic() - 0.4
+        again = asyncio.create_task(queue.take(slots.try_take, None, again_since_s=came_s))
+        while queue.num_waiting == 1:
+            await asyncio.sleep(0)
+        slots.give()
+        assert await asyncio.wait_for(again, 1) == "slot" and not waiting.done()
+        late = asyncio.create_task(queue.take(slots.try_take, None, again_since_s=came_s))
+        with pytest.raises(QueueTimeout) as expired:
+            await asyncio.wait_for(late, 0.3)  # 0.1 s left of its 0.5 s, not 0.5 s more
+        assert "the longest a request waits" in str(expired.value)
+        waiting.cancel()
 
     asyncio.run(main())

@@ -19,7 +19,7 @@ from intentserve.controller.cli.render import status_text
 from intentserve.controller.router.server import RouterServer
 from intentserve.controller.router.settings import RouterConfig
 from intentserve.controller.router.table import Readiness
-from intentserve.controller.router.watched import TableEntry, TableUpdate
+from intentserve.controller.router.watched import EntryState, Freshness, TableEntry, TableUpdate
 from intentserve.policy import Reason, ReasonCode, examples
 from intentserve.v1 import admin_pb2
 
@@ -29,6 +29,7 @@ from tests.controller.scripted_worker import Behaviour, ScriptedWorker
 pytestmark = pytest.mark.integration
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+RE_ESTABLISHING = "worker table stale: ready: fed by hand; a new controller at nowhere:1"
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_without_the_controller_it_serves_its_last_table_stale_then_stops(deploy
     )
     assert status.router.max_stale_s == 2.0 and status.router.controller == server.address
     text = status_text(to_data(status))
-    assert "STALE: the controller silent for" in text
+    assert "STALE: the last verified table, unconfirmed for" in text
     assert "(a stale table is served for 2 s at most)" in text
     assert client.serving() and served_by(client) == {"w0", "w1"}
     scraped = get(router, "/metrics")[1]
@@ -144,7 +145,7 @@ def test_a_router_fed_by_hand_needs_no_controller():
             client = Client(router.address)
             assert client.health_status() == NOT_SERVING
             ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
-            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            entry = TableEntry("w0", worker.address, EntryState.READY, 4, 1)
             router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
             eventually(lambda: client.serving(), what="SERVING")
             assert served_by(client, 2) == {"w0"}
@@ -163,7 +164,7 @@ def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(cap
         with RouterServer(config, watch=False) as router:
             client = Client(router.address)
             ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
-            entry = TableEntry("w0", worker.address, True, False, 4, 1)
+            entry = TableEntry("w0", worker.address, EntryState.READY, 4, 1)
             router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
             with pytest.raises(grpc.RpcError) as broken:
                 list(client.generate(timeout=5))
@@ -176,24 +177,85 @@ def test_a_worker_whose_stream_broke_is_suspect_until_its_connection_answers(cap
         worker.stop()
 
 
-def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker():
-    """A restarted controller's first table holds only the workers registered with it yet: the
-    router routes nothing new to the one missing, but a stream on it is not cut."""
+def test_a_stream_runs_on_when_a_new_controllers_first_table_lacks_its_worker(caplog):
+    """A restarted controller's first table holds only the workers registered with it yet: a
+    stream on the one missing is not cut, and while that controller's verdict is PENDING new
+    requests still go to it (the last verified table); the same controller's PENDING verdict
+    routes nothing new."""
+    caplog.set_level(logging.INFO, logger="intentserve.controller.router.server")
     config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
     worker = ScriptedWorker("127.0.0.1:9", "w0", examples.cpu(), num_tokens=20, token_delay_s=0.05)
     try:
         with RouterServer(config, watch=False) as router:
             client = Client(router.address)
             ready = Readiness(True, Reason(ReasonCode.READY, "fed by hand"))
-            entry = TableEntry("w0", worker.address, True, False, 4, 1)
-            router.table.apply(TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0))
+            entry = TableEntry("w0", worker.address, EntryState.READY, 4, 1)
+            router.table.apply(
+                TableUpdate(1, True, (entry,), (), ready, keepalive_s=60.0, controller_id="a")
+            )
+            eventually(lambda: client.serving(), what="SERVING")
             stream = client.generate(max_tokens=20, timeout=10)
             chunks = [next(stream)]
             pending = Readiness(False, Reason(ReasonCode.WORKER_PENDING, "w0 not registered"))
-            router.table.apply(TableUpdate(1, True, (), (), pending, keepalive_s=60.0))
+            router.table.lost_contact("UNAVAILABLE: the controller went away")
+            eventually(lambda: "worker table stale" in caplog.text, what="the router stale")
+            for controller_id in ("b", "a"):  # a new controller, then the one that verified it
+                router.table.apply(
+                    TableUpdate(
+                        1, True, (), (), pending, 60.0, controller_id=controller_id, pending=True
+                    )
+                )
+                if controller_id == "b":
+                    assert served_by(client, 1) == {"w0"} and client.health_status() == SERVING
+                    eventually(lambda: RE_ESTABLISHING in caplog.text, what="the router saying so")
             eventually(lambda: client.health_status() == NOT_SERVING, what="the tick after it")
             chunks += list(stream)
             assert len(chunks) == 20 and chunks[-1].finish_reason
             client.channel.close()
     finally:
         worker.stop()
+
+
+def test_new_requests_go_to_the_last_verified_table_while_a_new_controller_starts(
+    start_controller, make_worker
+):
+    """A real controller restart: the new controller on the same port holds no worker until
+    they register again (its verdict PENDING), and the router, watching it, still routes new
+    requests to both workers of the last verified table; once they are verified again its
+    table is the new controller's, fresh."""
+    settings = {"paged_attention": "on", "replicas": 2, "min_ready": 2, "heartbeat_timeout_s": 10}
+    server, _ = start_controller(**settings)
+    workers = [make_worker(server, f"w{i}", examples.cpu()) for i in range(2)]
+    for worker in workers:
+        assert worker.up().verified
+    eventually(lambda: server.verdict().ready, what="READY")
+    config = RouterConfig(DEPLOYMENT, controller=server.address, port=0, max_stale_s=30.0)
+    with RouterServer(config) as router:
+        client = Client(router.address)
+        eventually(client.serving, what="the router SERVING")
+        server.stop(grace_s=0)
+        port = int(server.address.rsplit(":", 1)[1])
+        again, _ = start_controller(**settings, port=port)
+        eventually(lambda: not again.verdict().ready and again.table_feed.revision > 0)
+        eventually(
+            lambda: router.table.status().revision == again.table_feed.revision,
+            what="the router watching the new controller",
+        )
+        assert served_by(client, 4) == {"w0", "w1"}  # none refused
+        assert router.table.status().freshness is Freshness.STALE
+        for worker in workers:
+            assert eventually(lambda w=worker: _up_again(w), what="registered again").verified
+        eventually(lambda: router.table.status().freshness is Freshness.FRESH, what="fresh")
+        assert served_by(client, 4) == {"w0", "w1"}
+        client.channel.close()
+
+
+def _up_again(worker: ScriptedWorker):
+    """Its verification by the new controller; None while its channel still waits to reconnect
+    (it saw the old controller go)."""
+    try:
+        return worker.up()
+    except grpc.RpcError as error:
+        if error.code() is grpc.StatusCode.UNAVAILABLE:
+            return None
+        raise

@@ -175,11 +175,22 @@ def test_a_full_worker_queue_sends_the_request_elsewhere(start_controller, make_
     w0.behaviour = Behaviour.BUSY
     for _ in range(4):
         assert {r.worker_id for r in client.generate(timeout=5)} == {"w1"}
-    w1.behaviour = Behaviour.BUSY
+
+
+def test_a_request_every_worker_refuses_as_full_waits_in_the_queue(start_controller, make_worker):
+    """A worker's refusal counts every router's requests: the request is kept queued and sent
+    again when a worker has room, until its deadline."""
+    server, client, (w0, w1) = ready_workers(start_controller, make_worker, 2)
+    w0.behaviour = w1.behaviour = Behaviour.BUSY
     with pytest.raises(grpc.RpcError) as error:
-        list(client.generate(timeout=5))
-    assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert error.value.details() == "every READY worker's queue is full (2 tried)"
+        list(client.generate(timeout=1))
+    assert error.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "in the admission queue, waiting for a worker slot" in error.value.details()
+    num_refused = w0.num_requests + w1.num_requests
+    assert num_refused > 2  # each worker was tried again, not once
+    waiting = client.generate(timeout=10)
+    threading.Timer(0.3, lambda: setattr(w1, "behaviour", Behaviour.STREAM)).start()
+    assert {r.worker_id for r in waiting} == {"w1"}
 
 
 def test_a_client_cancel_reaches_the_worker(start_controller, make_worker):

@@ -68,3 +68,21 @@ def test_a_workers_load_is_no_change_and_an_unchanged_worker_keeps_its_revision(
         return {w.worker_id: w.revision for w in snapshot.workers}
 
     assert asyncio.run(watch()) == {"w0": 1, "w1": 2}
+
+
+def test_each_controller_sends_an_id_of_its_own():
+    """A router tells a restarted controller's table (being re-established) from a verdict of
+    the controller that verified its table by this id."""
+    deployment, _, _ = make("on", min_ready=1, replicas=2)
+    first, second = TableFeed(), TableFeed()
+
+    async def ids(feed):
+        events = feed.watch()
+        taken = await take(events, 1)
+        await events.aclose()
+        return {e.controller_id for e in taken}
+
+    publish(first, deployment)
+    (first_id,) = asyncio.run(ids(first))
+    assert len(first_id) >= 16 and asyncio.run(ids(first)) == {first_id}
+    assert asyncio.run(ids(second)) != {first_id}

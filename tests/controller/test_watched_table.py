@@ -5,6 +5,7 @@ table is served for a bounded time and reported, then nothing is served, naming 
 import pytest
 from intentserve.controller.router.table import Readiness
 from intentserve.controller.router.watched import (
+    EntryState,
     Freshness,
     TableEntry,
     TableUpdate,
@@ -24,8 +25,8 @@ class Clock:
         return self.now_s
 
 
-def entry(worker_id, revision, *, ready=True, lost=False):
-    return TableEntry(worker_id, f"{worker_id}:1", ready, lost, 4, revision)
+def entry(worker_id, revision, state=EntryState.READY):
+    return TableEntry(worker_id, f"{worker_id}:1", state, 4, revision)
 
 
 def update(revision, *workers, snapshot=False, readiness=READY, removed=()):
@@ -55,10 +56,10 @@ def test_nothing_is_routed_before_the_first_table():
 def test_a_workers_verdict_flips_and_the_next_event_drops_it():
     table, _ = fed()
     assert routed(table) == ["w0", "w1"] and table.try_acquire("w0", 4)
-    assert table.apply(update(3, entry("w0", 3, ready=False))) == ()
+    assert table.apply(update(3, entry("w0", 3, EntryState.OUT))) == ()
     assert routed(table) == ["w1"]
     assert not table.try_acquire("w0", 4)  # no new request; the one in flight may end
-    assert table.apply(update(4, entry("w0", 4, ready=False, lost=True))) == ("w0",)
+    assert table.apply(update(4, entry("w0", 4, EntryState.LOST))) == ("w0",)
     table.apply(update(5, removed=("w1",)))
     assert routed(table) == []
 

@@ -3,6 +3,9 @@ SmolLM2 deployment on a joined Ray cluster while its `up` is SIGKILLed and a new
 deployment starts. Every stream ends with its full token count within its deadline, READY is back
 within 10 s of the new `up`'s start, the worker is the same process with its model loaded once,
 and each router says its table is stale while the controller is away and fresh once it is back.
+New requests sent through both routers from the SIGKILL until the new controller is READY are all
+admitted (none refused): a router routes them to its last verified table while the new controller
+re-establishes its own.
 
 Both `up`s and the routers share the deployment's CA (`intentserve ca DIR`, then `--router`) and
 a fixed registry port, so the routers' watch finds the new controller where the old one was.
@@ -23,6 +26,7 @@ from intentserve.client import ControllerClient
 from intentserve.worker.model.registry import SHORT_NAMES
 
 from tests.launcher.ray_head import RayHead
+from tests.launcher.router_process import RouterProcess
 from tests.launcher.test_up_adopts import (
     LOADING_LINE,
     READY_AGAIN_S,
@@ -43,6 +47,8 @@ NUM_STREAMS_PER_ROUTER = 32
 MAX_TOKENS = 96  # per stream: at a few tokens/s each on two shared cores, past the outage
 STREAM_DEADLINE_S = 300.0
 MAX_STALE_S = 120  # routers serve their last table this long: longer than any outage here
+PROBE_EVERY_S = 0.25  # a new request through each router this often during the outage
+PROBE_TOKENS = 2
 MANIFEST = """\
     apiVersion: intentserve/v1
     kind: Deployment
@@ -54,7 +60,7 @@ MANIFEST = """\
       startupTimeoutS: 240
       resources: {{device: cpu, numCpus: 1}}
       pagedAttention: {{mode: "on", kvCacheMemory: 512Mi}}
-      scheduler: {{maxNumSeqs: 64, maxModelLen: 160}}
+      scheduler: {{maxNumSeqs: 96, maxModelLen: 160}}
       controller: {{host: 127.0.0.1, advertiseHost: 127.0.0.1}}
       router: {{maxStaleS: {max_stale_s}}}
       security: {{caCertFile: {pki}/ca.crt, caKeyFile: {pki}/ca.key, adminTokenFile: {token}}}
@@ -68,38 +74,6 @@ class Stream:
     token_times_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
-
-
-class Router:
-    """`intentserve router` in a process of its own, on a free port."""
-
-    def __init__(self, manifest: Path, controller: str, pki: Path, env: dict, log: Path) -> None:
-        # NOTE: its stderr goes to a file: a pipe nobody reads could fill and block its logging.
-        with log.open("w") as err:
-            self.proc = subprocess.Popen(
-                [str(INTENTSERVE), "router", str(manifest), "--controller", controller]
-                + ["--tls-dir", str(pki), "--port", "0"],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=env,
-            )
-        line = self.proc.stdout.readline()
-        assert line.startswith("router of adopted listening on 127.0.0.1:"), line + log.read_text()
-        self.address = "127.0.0.1:" + line.split("127.0.0.1:")[1].split(",")[0]
-
-    def freshness(self) -> str:
-        with ControllerClient(self.address, timeout_s=2) as client:
-            return client.status()["router"]["freshness"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
@@ -128,7 +102,7 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         **{name: head.env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
     }
     ups: list[UpProcess] = []
-    routers: list[Router] = []
+    routers: list[RouterProcess] = []
     clients: list[ControllerClient] = []
     try:
         (tmp_path / "first").mkdir()
@@ -137,15 +111,18 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         registry = ups[0].registry_address()
         router_env = {k: v for k, v in ups[0].env.items() if k != "RAY_ADDRESS"}
         routers = [
-            Router(manifest, registry, pki, router_env, tmp_path / f"router{i}.err")
+            RouterProcess(
+                "adopted", manifest, registry, pki, router_env, tmp_path / f"router{i}.err"
+            )
             for i in range(2)
         ]
         for router in routers:
-            _wait_for(lambda r=router: _router_state(r) == "ready", 60, "a router READY")
+            _wait_for(lambda r=router: r.status()["state"] == "ready", 60, "a router READY")
 
         clients = [ControllerClient(r.address, timeout_s=10) for r in routers]
         streams, threads = _start_streams(clients)
         _wait_for(lambda: all(s.token_times_s for s in streams), 120, "every stream's 1st token")
+        probes = Probes(clients)
         killed_s = time.monotonic()
         ups[0].proc.kill()
         ups[0].proc.wait(10)
@@ -156,15 +133,23 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         ready_s = _seconds_to_ready(ups[1])
         back_s = time.monotonic()
         _wait_for(lambda: all(r.freshness() == "fresh" for r in routers), 30, "fresh routers")
-        for thread in threads:
+        probes.stop()
+        for thread in threads + probes.threads:
             thread.join(max(0.0, STREAM_DEADLINE_S - (time.monotonic() - killed_s)))
 
         during = sum(killed_s <= t <= back_s for s in streams for t in s.token_times_s)
         print(
             f"READY {ready_s:.2f} s after the new `up` started; outage (SIGKILL to READY) "
             f"{back_s - killed_s:.2f} s; {during} tokens served during it; "
-            f"{sum(len(s.token_times_s) for s in streams)} tokens in all"
+            f"{sum(len(s.token_times_s) for s in streams)} tokens in all; "
+            f"{len(probes.sent)} new requests during the outage, "
+            f"{probes.num_sent_between(ups[1].started_s, back_s)} of them after the new `up` "
+            f"started, {len(probes.refused())} refused; routers that held the new controller's "
+            f"PENDING table: {sum(_held_pending(tmp_path / f'router{i}.err') for i in range(2))}"
         )
+        assert not probes.refused(), probes.refused()
+        assert all(len(s.token_times_s) == PROBE_TOKENS for _, s in probes.sent)
+        assert probes.num_sent_between(ups[1].started_s, back_s) > 0
         hung = [i for i, t in enumerate(threads) if t.is_alive()]
         assert not hung, f"streams still running past {STREAM_DEADLINE_S} s: {hung}"
         failed = [(i, s.error) for i, s in enumerate(streams) if s.error is not None]
@@ -198,23 +183,8 @@ def _start_streams(
 ) -> tuple[list[Stream], list[threading.Thread]]:
     """NUM_STREAMS_PER_ROUTER streams through each router's client, a thread for each."""
     streams = [Stream() for _ in range(NUM_STREAMS_PER_ROUTER * len(clients))]
-
-    def run(client: ControllerClient, stream: Stream) -> None:
-        try:
-            for chunk in client.generate(
-                "Once upon a time",
-                max_tokens=MAX_TOKENS,
-                ignore_eos=True,
-                timeout_s=STREAM_DEADLINE_S,
-            ):
-                now = time.monotonic()
-                stream.token_times_s += [now] * len(chunk["token_ids"])
-                stream.finish_reason = chunk["finish_reason"]  # the last chunk's: how it ended
-        except Exception as error:  # noqa: BLE001 - the test reports every stream's failure
-            stream.error = repr(error)
-
     threads = [
-        threading.Thread(target=run, args=(clients[i % len(clients)], s), daemon=True)
+        threading.Thread(target=_run, args=(clients[i % len(clients)], s, MAX_TOKENS), daemon=True)
         for i, s in enumerate(streams)
     ]
     for thread in threads:
@@ -222,9 +192,60 @@ def _start_streams(
     return streams, threads
 
 
-def _router_state(router: Router) -> str:
-    with ControllerClient(router.address, timeout_s=2) as client:
-        return client.status()["state"]
+class Probes:
+    """New requests through each router, one every PROBE_EVERY_S, until stopped: when each was
+    sent and how it ended (None: served)."""
+
+    def __init__(self, clients: list[ControllerClient]) -> None:
+        self.sent: list[tuple[float, Stream]] = []
+        self.threads: list[threading.Thread] = []
+        self._clients = clients
+        self._stopped = threading.Event()
+        self._sender = threading.Thread(target=self._send, daemon=True)
+        self._sender.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._sender.join()
+
+    def refused(self) -> list[str]:
+        return [s.error for _, s in self.sent if s.error is not None]
+
+    def num_sent_between(self, start_s: float, end_s: float) -> int:
+        return sum(start_s <= t <= end_s for t, _ in self.sent)
+
+    def _send(self) -> None:
+        while not self._stopped.wait(PROBE_EVERY_S):
+            for client in self._clients:
+                stream = Stream()
+                thread = threading.Thread(
+                    target=_run, args=(client, stream, PROBE_TOKENS), daemon=True
+                )
+                self.sent.append((time.monotonic(), stream))
+                self.threads.append(thread)
+                thread.start()
+
+
+def _run(client: ControllerClient, stream: Stream, max_tokens: int) -> None:
+    """One request through `client`, recorded in `stream`."""
+    try:
+        for chunk in client.generate(
+            "Once upon a time",
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            timeout_s=STREAM_DEADLINE_S,
+        ):
+            now = time.monotonic()
+            stream.token_times_s += [now] * len(chunk["token_ids"])
+            stream.finish_reason = chunk["finish_reason"]  # the last chunk's: how it ended
+    except Exception as error:  # noqa: BLE001 - the test reports every stream's failure
+        stream.error = repr(error)
+
+
+def _held_pending(router_log: Path) -> bool:
+    """Whether the router said it routed to its last verified table while a new controller
+    re-established its own (its watch may come back only after the worker registered again)."""
+    return "re-establishes its table" in router_log.read_text()
 
 
 def _wait_for(condition, timeout_s: float, what: str) -> None:

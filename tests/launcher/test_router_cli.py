@@ -31,7 +31,7 @@ from tests.controller.scripted_worker import ScriptedWorker
 pytestmark = pytest.mark.integration
 
 
-def manifest(folder, security: str) -> str:
+def manifest(folder, security: str, more: str = "") -> str:
     path = folder / "router.yaml"
     path.write_text(
         textwrap.dedent(
@@ -44,6 +44,7 @@ def manifest(folder, security: str) -> str:
               security: {security}
             """
         )
+        + more
     )
     return str(path)
 
@@ -144,3 +145,16 @@ def test_ca_issues_a_router_certificate_that_router_takes_from_tls_dir(tmp_path,
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert server_name(DEPLOYMENT, ROUTER) in names.get_values_for_type(x509.DNSName)
     assert security.admin_tokens == frozenset({"t"})
+
+
+def test_a_router_takes_a_manifest_that_places_workers_on_several_nodes(
+    tmp_path, capsys, monkeypatch
+):
+    """A router runs on each node of a cluster: the checks of where workers go (custom resources
+    the embedded cluster lacks) are `up`'s, not its. Here it gets as far as its credentials."""
+    monkeypatch.setenv("INTENTSERVE_HOME", str(tmp_path / "home"))
+    placed = "  replicas: 2\n  placement: {replicaResources: [{node1: 1}, {node2: 1}]}\n"
+    code = main(["router", manifest(tmp_path, "{}", placed), "--controller", "127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 2 and "placement" not in err
+    assert "spec.security.adminTokenFile: a router needs the deployment's admin token" in err

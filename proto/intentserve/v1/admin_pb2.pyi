@@ -204,7 +204,7 @@ class TableWorker(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_num_seqs: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class WorkerTableEvent(_message.Message):
-    __slots__ = ("revision", "snapshot", "workers", "removed_worker_ids", "ready", "state", "reason", "keepalive_s")
+    __slots__ = ("revision", "snapshot", "workers", "removed_worker_ids", "ready", "state", "reason", "keepalive_s", "controller_id")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,7 @@ class WorkerTableEvent(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_S_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     revision: int
     snapshot: bool
     workers: _containers.RepeatedCompositeFieldContainer[TableWorker]
@@ -221,4 +222,5 @@ class WorkerTableEvent(_message.Message):
     state: DeploymentState
     reason: _common_pb2.Reason
     keepalive_s: float
-    def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[TableWorker, _Mapping]]] = ..., removed_worker_ids: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., keepalive_s: _Optional[float] = ...) -> None: ...
+    controller_id: str
+    def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[TableWorker, _Mapping]]] = ..., removed_worker_ids: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., state: _Optional[_Union[DeploymentState, str]] = ..., reason: _Optional[_Union[_common_pb2.Reason, _Mapping]] = ..., keepalive_s: _Optional[float] = ..., controller_id: _Optional[str] = ...) -> None: ...
