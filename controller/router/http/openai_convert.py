@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from intentserve.choices import choice_id, choice_seed
 from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -189,9 +190,9 @@ def choice_requests(
     for i in range(1, n):
         choice = inference_pb2.GenerateRequest()
         choice.CopyFrom(request)
-        choice.request_id = f"{request.request_id}-{i}"
+        choice.request_id = choice_id(request.request_id, i)
         if request.sampling.HasField("seed"):
-            choice.sampling.seed = (request.sampling.seed + i) % 2**64
+            choice.sampling.seed = choice_seed(request.sampling.seed, i)
         requests.append(choice)
     return requests
 
