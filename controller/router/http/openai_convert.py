@@ -143,6 +143,8 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
         request.tool_choice_function = body.tool_choice["function"]["name"]
     else:
         request.tool_choice = TOOL_CHOICES[body.tool_choice]
+    # OpenAI's default is true; with required or a named function, false holds it to one call.
+    request.parallel_tool_calls = bool(body.tools) and body.parallel_tool_calls is not False
     return request
 
 
