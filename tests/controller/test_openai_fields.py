@@ -96,7 +96,8 @@ CHAT = {
     "metadata": ({"k": "v"}, REFUSED),
     "modalities": (["text", "audio"], REFUSED),
     "moderation": ({"type": "auto"}, REFUSED),
-    "parallel_tool_calls": (False, REFUSED),  # true (the default) passes, below
+    # Without tools there is no call to hold to one (refused with tools under auto, below).
+    "parallel_tool_calls": (False, lambda pb: not pb.parallel_tool_calls),
     "prediction": ({"type": "content", "content": "x"}, REFUSED),
     "prompt_cache_key": ("k", REFUSED),
     "prompt_cache_options": ({}, REFUSED),
@@ -201,6 +202,34 @@ def test_tool_choice_reaches_the_request(choice, expected):
     request = _outcome("chat", body)
     assert request.tool_choice == inference_pb2.ToolChoice.Value(expected)
     assert request.tool_choice_function == ("f" if isinstance(choice, dict) else "")
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "expected"),
+    [
+        ("required", None, True),  # OpenAI's default
+        ("required", True, True),
+        ("required", False, False),
+        ({"type": "function", "function": {"name": "f"}}, False, False),
+        ("auto", None, True),
+        ("none", False, False),
+    ],
+)
+def test_parallel_tool_calls_reaches_the_request(choice, parallel, expected):
+    body = _body("chat", "tools", CHAT["tools"][0]) | {"tool_choice": choice}
+    if parallel is not None:
+        body["parallel_tool_calls"] = parallel
+    assert _outcome("chat", body).parallel_tool_calls is expected
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_one_call_under_tool_choice_auto_is_refused_naming_parallel_tool_calls(choice):
+    body = _body("chat", "tools", CHAT["tools"][0]) | {"parallel_tool_calls": False}
+    if choice is not None:
+        body["tool_choice"] = choice
+    outcome = _outcome("chat", body)
+    assert (outcome.status, outcome.param) == (400, "parallel_tool_calls")
+    assert "tool_choice 'required' or a named function" in outcome.message
 
 
 @pytest.mark.parametrize(

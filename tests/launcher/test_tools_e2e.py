@@ -178,13 +178,20 @@ def test_a_required_call_is_made_even_where_the_model_would_answer_in_text(
     client, choice, name, keys
 ):
     """One question, no earlier calls: left to itself (auto) SmolLM2 answers in text; with
-    `required` or a named function the grammar holds the reply to one call that parses."""
+    `required` or a named function and parallel_tool_calls false, the grammar holds the reply
+    to one call that parses."""
     asked = [_asked("Berlin")]
     free = client.chat.completions.create(model=MODEL, messages=asked, tools=[WEATHER], **GREEDY)
     assert not free.choices[0].message.tool_calls
     tools = [WEATHER] if name == "get_weather" else [WEATHER, CLOCK]
     done = client.chat.completions.create(
-        model=MODEL, messages=asked, tools=tools, tool_choice=choice, temperature=0, max_tokens=80
+        model=MODEL,
+        messages=asked,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=80,
     )
     choice_ = done.choices[0]
     assert choice_.finish_reason == "tool_calls", choice_.message
@@ -192,6 +199,44 @@ def test_a_required_call_is_made_even_where_the_model_would_answer_in_text(
     assert call.function.name == name
     arguments = json.loads(call.function.arguments)
     assert arguments.keys() == keys and isinstance(arguments["city"], str)
+
+
+def _called_both(first: str, second: str, call_id: str) -> dict:
+    calls = [
+        {
+            "id": f"{call_id}_{i}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+        }
+        for i, city in enumerate((first, second))
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def test_required_with_parallel_tool_calls_gets_both_calls(client):
+    """Earlier turns each asked about two cities and called the tool twice; under `required`
+    with parallel_tool_calls (OpenAI's default) the grammar admits the two calls and the client
+    gets both."""
+    both = [
+        {"role": "user", "content": "What is the weather in Paris and in Rome?"},
+        _called_both("Paris", "Rome", "call_1"),
+        {"role": "user", "content": "What is the weather in Oslo and in Lima?"},
+        _called_both("Oslo", "Lima", "call_2"),
+        {"role": "user", "content": "What is the weather in Berlin and in Madrid?"},
+    ]
+    done = client.chat.completions.create(
+        model=MODEL,
+        messages=both,
+        tools=[WEATHER],
+        tool_choice="required",
+        **GREEDY | {"max_tokens": 80},
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [
+        {"city": "Berlin"},
+        {"city": "Madrid"},
+    ]
 
 
 def test_a_named_function_the_tools_lack_is_refused_naming_tool_choice(client):

@@ -15,6 +15,12 @@ never-used ones last: the KV pool's pages are only touched when a token is writt
 memory really in use follows the work in flight, not the number of requests served. (With
 prefix caching, cached prefixes still fill the pool over time: that is the cache, and the pool
 is sized within the memory the worker can use.)
+
+Fork (n samples of one prompt): a new sequence with the same prompt shares the full blocks its
+parent has computed by reference count, with or without prefix caching. The block holding the
+next position it writes, when the parent has filled it only in part, is copied before it writes
+(copy on write): `fork` returns that copy as a (source, destination) pair of block ids, for the
+model runner to make before the step's forward.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ if TYPE_CHECKING:
 
 # (hash of the previous block's key or None for the first block, the block's token ids)
 BlockKey = tuple[int | None, tuple[int, ...]]
+# (source block id, destination block id): the KV rows the model runner copies before a step
+BlockCopy = tuple[int, int]
 
 
 class BlockAllocatorError(RuntimeError):
@@ -115,6 +123,40 @@ class BlockAllocator:
         self._publish_computed_blocks(seq)
         self._hold_tokens(seq, seq.num_computed_tokens + num_new_tokens)
 
+    def can_fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Whether `child` can share `parent`'s computed prompt (see `fork`)."""
+        num_new = self._num_blocks_for(child.num_tokens) - self._num_forked_tokens(parent, child)[0]
+        return num_new <= self.num_free_blocks
+
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[BlockCopy, ...]:
+        """Assigns blocks for all of `child`'s tokens, sharing those of `parent`'s computed
+        prompt that it need not compute (all but its last token, which gives it logits).
+
+        `child` holds no blocks and has `parent`'s prompt. Its full blocks are shared; the
+        block it writes next, if `parent` filled it in part, is a new block the returned copy
+        fills. Sets `child.num_cached_tokens` (the tokens it need not compute).
+        """
+        if child.block_table:
+            raise BlockAllocatorError(f"sequence {child.seq_id!r} already holds blocks")
+        if child.prompt_token_ids != parent.prompt_token_ids:
+            raise BlockAllocatorError(f"fork({child.seq_id!r}): its prompt is not its parent's")
+        if not self.can_fork(parent, child):
+            raise BlockAllocatorError(f"fork({child.seq_id!r}) without room; check first")
+        num_full, num_shared = self._num_forked_tokens(parent, child)
+        for block_id in parent.block_table[:num_full]:
+            self._share(self._blocks[block_id])
+        child.block_table = parent.block_table[:num_full]
+        child.num_cached_tokens = num_shared
+        copies: tuple[BlockCopy, ...] = ()
+        if num_shared > num_full * self.block_size:
+            copy = self._take_free_block()
+            copy.num_tokens = num_shared - num_full * self.block_size
+            self._num_live_tokens += copy.num_tokens
+            child.block_table.append(copy.block_id)
+            copies = ((parent.block_table[num_full], copy.block_id),)
+        self._hold_tokens(child, child.num_tokens)
+        return copies
+
     def free(self, seq: Sequence) -> None:
         """Releases `seq`'s blocks; those full of computed tokens stay cached until evicted."""
         if not seq.block_table:
@@ -155,6 +197,11 @@ class BlockAllocator:
     def _num_missing_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         num_needed = self._num_blocks_for(seq.num_computed_tokens + num_new_tokens)
         return max(0, num_needed - len(seq.block_table))
+
+    def _num_forked_tokens(self, parent: Sequence, child: Sequence) -> tuple[int, int]:
+        """(full blocks shared, tokens taken) when `child` forks from `parent`."""
+        num_shared = min(parent.num_computed_tokens, child.num_prompt_tokens - 1)
+        return num_shared // self.block_size, num_shared
 
     def _key(self, parent: BlockKey | None, seq: Sequence, index: int) -> BlockKey:
         start = index * self.block_size
@@ -202,7 +249,7 @@ class BlockAllocator:
             last = self._blocks[table[-1]]
             num_held = (len(table) - 1) * self.block_size + last.num_tokens
             extra = min(self.block_size - last.num_tokens, num_tokens - num_held)
-            if extra > 0:  # NOTE: a block that is not full is never shared
+            if extra > 0:  # NOTE: a block that is not full is never shared (fork copies it)
                 last.num_tokens += extra
                 self._num_live_tokens += extra
                 num_held += extra

@@ -108,6 +108,19 @@ class KvPool:
     def num_token_rows(self) -> int:
         return self.num_blocks * self.block_size
 
+    def copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        """Copies each (source, destination) block's K and V rows, in every layer (fork).
+
+        NOTE: as bytes: index_copy_ has no float8 kernel (on the CPU, at least)."""
+        if not copies:
+            return
+        device = self.k[0].device
+        src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=device)
+        for tensor in (*self.k, *self.v):
+            raw = tensor.view(torch.uint8)  # [num_blocks, block_size, Hkv, D * element bytes]
+            raw.index_copy_(0, dst, raw.index_select(0, src))
+
     def flat(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_blocks * block_size, num_kv_heads, head_dim] views of one layer's K and V."""
         rows = self.num_token_rows

@@ -39,7 +39,9 @@ RESERVED_TEMPLATE_VARIABLES = (
 class ToolChoice(enum.Enum):
     AUTO = "auto"  # the template is given the tools; the reply's calls are parsed
     NONE = "none"  # the template is not given the tools; the reply is text
-    REQUIRED = "required"  # as AUTO, and the reply is one call of any of them (a grammar)
+    # As AUTO, and the reply is one call of any of them (a grammar); one or more with
+    # `Conversation.parallel_tool_calls`.
+    REQUIRED = "required"
     FUNCTION = "function"  # as REQUIRED, of the one tool `Conversation.tool_function` names
 
 
@@ -81,6 +83,7 @@ class Conversation:
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = ToolChoice.AUTO
     tool_function: str = ""  # with ToolChoice.FUNCTION only: the tool the reply calls
+    parallel_tool_calls: bool = False  # REQUIRED, FUNCTION: one or more calls, not exactly one
 
     def __post_init__(self) -> None:
         if (self.tool_choice is ToolChoice.FUNCTION) != bool(self.tool_function):
@@ -122,14 +125,15 @@ class Conversation:
         return bool(self.tools) and self.tool_choice is not ToolChoice.NONE
 
     def tool_call_constraint(self) -> Constraint | None:
-        """What holds the reply to one call (REQUIRED, FUNCTION); None where nothing does."""
+        """What holds the reply to its calls (REQUIRED, FUNCTION); None where nothing does."""
         if self.tool_choice is ToolChoice.REQUIRED:
             choice: str | dict[str, Any] = "required"
         elif self.tool_choice is ToolChoice.FUNCTION:
             choice = {"type": "function", "function": {"name": self.tool_function}}
         else:
             return None
-        return grammar_for_tool_choice(self._template_tools().get("tools", []), choice)
+        tools = self._template_tools().get("tools", [])
+        return grammar_for_tool_choice(tools, choice, self.parallel_tool_calls)
 
     def _template_messages(self) -> list[dict[str, Any]]:
         turns = []

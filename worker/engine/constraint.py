@@ -3,8 +3,9 @@ one of a list of strings, a regular expression, or one Hermes-style tool call. A
 for shape where it is made; grammar.py compiles it against a model's vocabulary.
 
 `grammar_for_tool_choice` turns OpenAI's `tools` and `tool_choice` (`required`, or a named
-function) into the constraint that makes the reply one call the Hermes/Qwen tool parser reads:
-`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+function) into the constraint that makes the reply one call the Hermes/Qwen tool parser reads,
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, or (parallel tool calls) one or
+more such calls, a line apart.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class ConstraintKind(Enum):
     CHOICE = "choice"  # exactly one of `choices`
     REGEX = "regex"  # `text` is a pattern (Rust regex syntax, no look-around) the output matches
     TOOL_CALL = "tool_call"  # `text` is the schema of the call object inside the tags
+    TOOL_CALLS = "tool_calls"  # as TOOL_CALL, one or more calls a line apart
+
+
+TOOL_CALL_KINDS = (ConstraintKind.TOOL_CALL, ConstraintKind.TOOL_CALLS)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Constraint:
         size = len(self.text) + sum(len(c) for c in self.choices)
         if size > MAX_CONSTRAINT_CHARS:
             raise InvalidRequestError(where, f"{size} characters; at most {MAX_CONSTRAINT_CHARS}")
-        if self.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.TOOL_CALL):
+        if self.kind in (ConstraintKind.JSON_SCHEMA, *TOOL_CALL_KINDS):
             try:
                 schema = json.loads(self.text)
             except ValueError as error:
@@ -70,12 +75,15 @@ class Constraint:
 
 
 def grammar_for_tool_choice(
-    tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping[str, Any]
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: str | Mapping[str, Any],
+    parallel_tool_calls: bool = False,
 ) -> Constraint | None:
     """OpenAI's `tools` and `tool_choice` -> the constraint that enforces the call; None where
     nothing is enforced (`auto`, `none`). `required`: one call of any of the tools; a named
-    function (`{"type": "function", "function": {"name": ...}}`): one call of that one.
-    InvalidRequestError names `tools` or `tool_choice`."""
+    function (`{"type": "function", "function": {"name": ...}}`): one call of that one. With
+    `parallel_tool_calls`, one or more such calls. InvalidRequestError names `tools` or
+    `tool_choice`."""
     if tool_choice in ("auto", "none"):
         return None
     functions = _functions(tools)
@@ -107,7 +115,8 @@ def grammar_for_tool_choice(
         for name, parameters in sorted(chosen.items())
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return Constraint(ConstraintKind.TOOL_CALL, json.dumps(schema, sort_keys=True))
+    kind = ConstraintKind.TOOL_CALLS if parallel_tool_calls else ConstraintKind.TOOL_CALL
+    return Constraint(kind, json.dumps(schema, sort_keys=True))
 
 
 def _functions(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

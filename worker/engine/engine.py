@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
+from intentserve.common.choices import choice_id, choice_seed
 from intentserve.common.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.grammar import GrammarCompiler
@@ -119,22 +120,49 @@ class Engine:
 
     def add(self, request: PreparedRequest) -> str:
         """Queue a prepared request; its id must not be in flight already."""
-        request_id = request.request_id
-        if request_id in self._requests:
-            raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
-        seq = Sequence(
-            request_id,
-            list(request.prompt_ids),
-            request.params.max_tokens,
-            params=request.params,
-            reuses_prefix_cache=request.params.prompt_logprobs is None,
-        )
+        return self.add_choices(request, 1)[0]
+
+    def add_choices(self, request: PreparedRequest, n: int) -> list[str]:
+        """Queue `n` samples of one prepared request (OpenAI's `n`): the request, and choices
+        named and seeded as `choices.py` says. Their prompt is computed once: each choice forks
+        from the first, sharing its prompt's KV (a paged cache; with prompt logprobs asked for,
+        each computes its own prompt, whose logits it reports)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidRequestError("n", f"must be a positive integer, got {n!r}")
+        ids = [choice_id(request.request_id, i) for i in range(n)]
+        for request_id in ids:
+            if request_id in self._requests:
+                raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+
+        def alone(request_id: str, params: SamplingParams) -> Sequence:
+            return Sequence(
+                request_id,
+                list(request.prompt_ids),
+                params.max_tokens,
+                params=params,
+                reuses_prefix_cache=params.prompt_logprobs is None,
+            )
+
+        first = alone(ids[0], request.params)
+        self._queue(first, request.parses_tool_calls)
+        for i, request_id in enumerate(ids[1:], start=1):
+            params = request.params
+            if params.seed is not None:
+                params = dataclasses.replace(params, seed=choice_seed(params.seed, i))
+            if first.reuses_prefix_cache:
+                seq = first.fork(request_id, params)
+            else:
+                seq = alone(request_id, params)
+            self._queue(seq, request.parses_tool_calls)
+        return ids
+
+    def _queue(self, seq: Sequence, parses_tool_calls: bool) -> None:
+        request_id = seq.seq_id
         self.scheduler.add(seq)
-        decoder = IncrementalDecoder(self.tokenizer, list(request.prompt_ids))
-        parser = ToolCallParser() if request.parses_tool_calls else None
-        self._requests[request_id] = RequestState(request_id, request.params, decoder, parser)
+        decoder = IncrementalDecoder(self.tokenizer, list(seq.prompt_token_ids))
+        parser = ToolCallParser() if parses_tool_calls else None
+        self._requests[request_id] = RequestState(request_id, seq.params, decoder, parser)
         self._seqs[request_id] = seq
-        return request_id
 
     def add_request(
         self,

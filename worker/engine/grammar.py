@@ -50,8 +50,9 @@ def _grammar(constraint: Constraint) -> str:
             "start: " + " | ".join(json.dumps(c) for c in constraint.choices)
         )
     open_tag, close_tag = json.dumps(TOOL_CALL_OPEN), json.dumps(TOOL_CALL_CLOSE)
+    start = 'tool_call ("\\n" tool_call)*' if kind == ConstraintKind.TOOL_CALLS else "tool_call"
     return llguidance.LLMatcher.grammar_from_lark(
-        f"start: {open_tag} call {close_tag}\ncall: %json {constraint.text}"
+        f"start: {start}\ntool_call: {open_tag} call {close_tag}\ncall: %json {constraint.text}"
     )
 
 

@@ -49,6 +49,7 @@ class ModelRunner:
 
         An exception here is the step's own failure (the forward); a request's is a value."""
         scheduled = output.scheduled
+        self.attention.pool.copy_blocks(output.block_copies)  # before the forward writes any
         batch = build_step_batch(scheduled, self.block_size, self.device)
         input_ids = torch.tensor(
             [t for item in scheduled for t in item.token_ids], dtype=torch.int64, device=self.device

@@ -43,6 +43,19 @@ class PagedScheduler(Scheduler):
             )
 
     def _try_allocate(self, seq: Sequence) -> bool:
+        parent = seq.fork_of
+        if parent is not None and not parent.is_finished:
+            # NOTE: it waits for its parent's prompt KV (computed in an earlier step).
+            if parent.status is not SequenceStatus.RUNNING or (
+                parent.num_computed_tokens < seq.num_prompt_tokens - 1
+            ):
+                return False
+            if not self.allocator.can_fork(parent, seq):
+                return False
+            self._block_copies += self.allocator.fork(parent, seq)
+            seq.fork_of = None
+            return True
+        seq.fork_of = None  # its parent ended first: it computes its prompt alone
         if not self.allocator.can_allocate(seq):
             return False
         self.allocator.allocate(seq)

@@ -10,6 +10,10 @@ The engine loop is the same for either scheduler:
 There are no prefill and decode phases: each running sequence advances its num_computed_tokens
 by up to the remaining token budget (a prompt chunk, or the one token sampled last step).
 A subclass says only how KV is held: how to admit, how to make room, how to free.
+
+n > 1: a sequence that others fork from (`Sequence.fork`) computes its prompt less the last
+token first; they wait until it has, then share that KV (where the cache can: the paged one),
+and each computes the last prompt token itself, so that all sample their first token together.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Scheduler(ABC):
         self.running: list[Sequence] = []  # NOTE: kept sorted by arrival, newest last
         self.num_preemptions = 0
         self._unfinished: dict[str, Sequence] = {}
+        self._block_copies: list[tuple[int, int]] = []  # a subclass's, for the next output
 
     # -- the engine's surface --------------------------------------------------------------
 
@@ -89,7 +94,7 @@ class Scheduler(ABC):
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_new_tokens = self._num_new_tokens(seq, budget)
             if not self._make_room(seq, num_new_tokens, preempted):
                 break  # it preempted itself, the newest and so the last running
             scheduled.append(self._scheduled(seq, num_new_tokens))
@@ -107,10 +112,13 @@ class Scheduler(ABC):
             seq.status = SequenceStatus.RUNNING
             seq.num_computed_tokens = seq.num_cached_tokens
             bisect.insort(self.running, seq, key=_arrival)
-            num_new_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_new_tokens = self._num_new_tokens(seq, budget)
             scheduled.append(self._scheduled(seq, num_new_tokens))
             budget -= num_new_tokens
-        return SchedulerOutput(scheduled=tuple(scheduled), preempted_seq_ids=tuple(preempted))
+        copies, self._block_copies = tuple(self._block_copies), []
+        return SchedulerOutput(
+            scheduled=tuple(scheduled), preempted_seq_ids=tuple(preempted), block_copies=copies
+        )
 
     def postprocess(
         self,
@@ -161,6 +169,12 @@ class Scheduler(ABC):
         )
 
     # -- shared helpers --------------------------------------------------------------------
+
+    def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
+        end = seq.num_tokens
+        if seq.num_forks and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
+            end = seq.num_prompt_tokens - 1  # NOTE: its forks share what it computes up to here
+        return min(end - seq.num_computed_tokens, budget)
 
     def _scheduled(self, seq: Sequence, num_new_tokens: int) -> ScheduledSeq:
         start = seq.num_computed_tokens

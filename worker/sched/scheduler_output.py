@@ -33,6 +33,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: tuple[ScheduledSeq, ...]  # running sequences (oldest first), then admissions
     preempted_seq_ids: tuple[str, ...]  # sent back to waiting this step; KV freed
+    # (source, destination) block ids whose KV rows are copied before the forward (fork).
+    block_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -49,6 +49,10 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # paged cache: block ids, in order
     slot: int | None = None  # contiguous cache: the slot it owns while running
     num_preemptions: int = 0
+    # n > 1: the sequence whose computed prompt this one will share (until it forks), and the
+    # number of sequences that fork from this one.
+    fork_of: Sequence | None = None
+    num_forks: int = 0
     arrival_index: int = field(default_factory=lambda: next(_arrivals))
 
     @property
@@ -70,6 +74,18 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def fork(self, seq_id: str, params: object) -> Sequence:
+        """A new sequence with this one's prompt, to share its prompt's KV once computed."""
+        self.num_forks += 1
+        return Sequence(
+            seq_id,
+            list(self.prompt_token_ids),
+            self.max_tokens,
+            params=params,
+            reuses_prefix_cache=self.reuses_prefix_cache,
+            fork_of=self,
+        )
 
     def get_token_ids(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end) of prompt + output, without copying either whole."""

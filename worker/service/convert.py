@@ -18,7 +18,7 @@ from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
 from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool, ToolChoice
-from intentserve.worker.engine.constraint import FIELD, Constraint, ConstraintKind
+from intentserve.worker.engine.constraint import FIELD, TOOL_CALL_KINDS, Constraint, ConstraintKind
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import LogprobEntry, RequestOutput
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
@@ -49,7 +49,8 @@ PROTO_FIELDS = {
         for f in inference_pb2.OutputConstraint.DESCRIPTOR.oneofs_by_name["kind"].fields
     },
     FIELD: f"sampling.{FIELD}",
-    f"{FIELD}.{ConstraintKind.TOOL_CALL.value}": "tools",  # its schema is the tools' parameters
+    # Their schema is the tools' parameters.
+    **{f"{FIELD}.{kind.value}": "tools" for kind in TOOL_CALL_KINDS},
 }
 
 FINISH_REASONS = {
@@ -183,7 +184,9 @@ def _conversation_from_pb(msg, tool_choice: int) -> Conversation:
         json_format.MessageToDict(msg.chat_template_kwargs),
         tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
         TOOL_CHOICES[tool_choice],
-        getattr(msg, "tool_choice_function", ""),  # a TokenizeRequest has no choice to make
+        # A TokenizeRequest has no choice to make.
+        getattr(msg, "tool_choice_function", ""),
+        getattr(msg, "parallel_tool_calls", False),
     )
 
 
@@ -216,7 +219,9 @@ def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...]
                 "messages", "give a conversation or a prompt (prompt, prompt_token_ids), not both"
             )
         return _conversation_from_pb(msg, msg.tool_choice)
-    _refuse_without_messages(msg, ("chat_template_kwargs", "tools", "tool_choice"))
+    _refuse_without_messages(
+        msg, ("chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls")
+    )
     return tuple(msg.prompt_token_ids) if msg.prompt_token_ids else msg.prompt
 
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from intentserve.common.choices import choice_id, choice_seed
 from intentserve.common.ids import new_request_id
 from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -142,6 +143,8 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
         request.tool_choice_function = body.tool_choice["function"]["name"]
     else:
         request.tool_choice = TOOL_CHOICES[body.tool_choice]
+    # OpenAI's default is true; with required or a named function, false holds it to one call.
+    request.parallel_tool_calls = bool(body.tools) and body.parallel_tool_calls is not False
     return request
 
 
@@ -189,9 +192,9 @@ def choice_requests(
     for i in range(1, n):
         choice = inference_pb2.GenerateRequest()
         choice.CopyFrom(request)
-        choice.request_id = f"{request.request_id}-{i}"
+        choice.request_id = choice_id(request.request_id, i)
         if request.sampling.HasField("seed"):
-            choice.sampling.seed = (request.sampling.seed + i) % 2**64
+            choice.sampling.seed = choice_seed(request.sampling.seed, i)
         requests.append(choice)
     return requests
 

@@ -308,10 +308,6 @@ class ChatCompletionRequest(_Request):
     refusals: ClassVar = {
         **REFUSALS,
         "tool_choice": CHAT_TOOL_CHOICE,
-        "parallel_tool_calls": (
-            lambda v: not v,
-            "nothing keeps the model to one call; allowed: true (the default)",
-        ),
         "echo": (bool, "echo is not supported for chat (completions echo the prompt)"),
         "store": (bool, "nothing is stored by this server; allowed: false"),
         "modalities": (lambda v: v != ["text"], "only text is served; allowed: ['text']"),
@@ -341,6 +337,13 @@ class ChatCompletionRequest(_Request):
             "top_logprobs": (
                 self.top_logprobs is not None and not self.logprobs,
                 "only allowed when logprobs is true",
+            ),
+            "parallel_tool_calls": (
+                self.parallel_tool_calls is False
+                and bool(self.tools)
+                and self.tool_choice in (None, "auto"),
+                "with tool_choice 'auto' nothing keeps the model to one call; false is "
+                "honoured with tool_choice 'required' or a named function",
             ),
         }
 

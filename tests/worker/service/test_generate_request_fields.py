@@ -60,6 +60,17 @@ HONOURED = {
             and '"const": "g"' in c.params.constraint.text
         ),
     ),
+    "parallel_tool_calls": (
+        {
+            "messages": MESSAGES,
+            "tools": [inference_pb2.Tool(name="f")],
+            "tool_choice": inference_pb2.TOOL_CHOICE_REQUIRED,
+            "parallel_tool_calls": True,
+        },
+        lambda c: (
+            c.prompt.parallel_tool_calls and c.params.constraint.kind is ConstraintKind.TOOL_CALLS
+        ),
+    ),
     "sampling.temperature": (
         {"sampling": {"temperature": 0.5}},
         lambda c: c.params.temperature == 0.5,
