@@ -23,7 +23,9 @@
  *
  * Rows are taken RT at a time for each output channel: a sub-block is decoded once and meets
  * RT rows of activations, so larger batches spend less per weight on decoding. Output channels
- * are shared out to the threads. */
+ * are shared out to the threads. Q4_0, Q4_1 and Q8_0 tensors whose channels come in groups of
+ * 8 are read interleaved instead (`gguf_interleave`, rearranged once at load: gguf_x8.h), 8
+ * channels a vector. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -210,18 +212,24 @@ static inline void store(void *out, int64_t at, float v, int is_bf16) {
         ((float *)out)[at] = v;
 }
 
-/* rows[r] of w (all rows where rows is NULL) to out [count, k]. Returns -1 for a type not
- * served here or a k that is not whole blocks. */
+#include "gguf_x8.h"
+
+/* rows[r] of w (all rows where rows is NULL; w `interleaved` as gguf_x8.h lays it out, or as
+ * the file does) to out [count, k]. Returns -1 for a type not served here, a k that is not
+ * whole blocks, or a layout the type does not have. */
 int gguf_dequantize(int64_t type, const uint8_t *w, int64_t k, const int64_t *rows, int64_t count,
-                    void *out, int64_t is_bf16) {
+                    void *out, int64_t is_bf16, int64_t interleaved) {
     const int64_t row_bytes = gguf_row_bytes(type, k);
-    if (!row_bytes) return -1;
+    if (!row_bytes || (interleaved && !interleaves((int)type))) return -1;
 #pragma omp parallel for if (count * k >= (1 << 20))
     for (int64_t r = 0; r < count; ++r) {
-        const uint8_t *row = w + (rows ? rows[r] : r) * row_bytes;
+        const int64_t j = rows ? rows[r] : r;
         struct sub s;
         for (int64_t t = 0; t < k / 32; ++t) {
-            decode_sub((int)type, row, t, &s);
+            if (interleaved)
+                decode_sub_x8((int)type, w, k, j, t, &s);
+            else
+                decode_sub((int)type, w + j * row_bytes, t, &s);
             for (int i = 0; i < 32; ++i)
                 store(out, r * k + 32 * t + i, s.scale[i / 16] * s.v[i] + s.min, (int)is_bf16);
         }
@@ -403,9 +411,19 @@ static inline __attribute__((always_inline)) void gemm(const int type, const int
         gemm(T, V, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);                                \
         return 0;
 
+#define CASE_X8(T, V)                                                                           \
+    case T:                                                                                     \
+        gemm_x8(T, V, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);                             \
+        return 0;
+
 static inline __attribute__((always_inline)) int dispatch(int type, const int vnni, const uint8_t *w, int64_t n, int64_t k,
                     const int8_t *q, const float *d, const float *s, int64_t m, void *out,
-                    int64_t ldo, int64_t is_bf16) {
+                    int64_t ldo, int64_t is_bf16, int64_t interleaved) {
+    if (interleaved) {
+        if (n % X8) return -1;
+        switch (type) { CASE_X8(Q4_0, vnni) CASE_X8(Q4_1, vnni) CASE_X8(Q8_0, vnni) }
+        return -1;
+    }
     switch (type) {
         CASE(Q4_0, vnni) CASE(Q4_1, vnni) CASE(Q5_0, vnni) CASE(Q5_1, vnni) CASE(Q8_0, vnni)
         CASE(Q4_K, vnni) CASE(Q5_K, vnni) CASE(Q6_K, vnni)
@@ -414,17 +432,19 @@ static inline __attribute__((always_inline)) int dispatch(int type, const int vn
 }
 #endif
 
-/* Returns 0, or -1 (nothing written) for a type not served here, a k that is not whole
- * blocks, or a build without AVX2. */
+/* w in the file's order, or `interleaved` (gguf_x8.h). Returns 0, or -1 (nothing written) for
+ * a type not served here, a k that is not whole blocks, a layout the type (or n) does not
+ * have, or a build without AVX2. */
 int gguf_gemm(int64_t type, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
-              const float *d, const float *s, int64_t m, void *out, int64_t ldo, int64_t is_bf16) {
+              const float *d, const float *s, int64_t m, void *out, int64_t ldo, int64_t is_bf16,
+              int64_t interleaved) {
 #if HAVE_AVX2
     if (!gguf_row_bytes(type, k)) return -1;
-    if (use_vnni) return dispatch((int)type, 1, w, n, k, q, d, s, m, out, ldo, is_bf16);
-    return dispatch((int)type, 0, w, n, k, q, d, s, m, out, ldo, is_bf16);
+    if (use_vnni) return dispatch((int)type, 1, w, n, k, q, d, s, m, out, ldo, is_bf16, interleaved);
+    return dispatch((int)type, 0, w, n, k, q, d, s, m, out, ldo, is_bf16, interleaved);
 #else
     (void)type, (void)w, (void)n, (void)k, (void)q, (void)d, (void)s, (void)m, (void)out;
-    (void)ldo, (void)is_bf16;
+    (void)ldo, (void)is_bf16, (void)interleaved;
     return -1;
 #endif
 }
