@@ -392,43 +392,65 @@ channels(const int type, const int vnni, const uint8_t *w, int64_t row_bytes, in
     }
 }
 
-static inline __attribute__((always_inline)) void gemm(const int type, const int vnni, const uint8_t *w, int64_t n, int64_t k,
-                 const int8_t *q, const float *d, const float *s, int64_t m, void *out,
-                 int64_t ldo, const int is_bf16) {
-    const int64_t row_bytes = gguf_row_bytes(type, k), chunk = 8;
-#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
-        const int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
-        for (int64_t r0 = 0; r0 < m; r0 += RT) {
-            const int rows = m - r0 < RT ? (int)(m - r0) : RT;
-            channels(type, vnni, w, row_bytes, j0, j1, k, q, d, s, r0, rows, out, ldo, is_bf16);
-        }
+/* One share of the output channels, [j0, j1), for every row, by a kernel specialized for one
+ * type and dot product (the compiler then drops the other types' branches from its loops). */
+typedef void (*share_fn)(const uint8_t *w, int64_t j0, int64_t j1, int64_t k, const int8_t *q,
+                         const float *d, const float *s, int64_t m, void *out, int64_t ldo,
+                         int is_bf16);
+
+#define SHARES(T, V)                                                                            \
+    static void share_##T##_##V(const uint8_t *w, int64_t j0, int64_t j1, int64_t k,            \
+                                const int8_t *q, const float *d, const float *s, int64_t m,     \
+                                void *out, int64_t ldo, int is_bf16) {                          \
+        for (int64_t r0 = 0; r0 < m; r0 += RT)                                                  \
+            channels(T, V, w, gguf_row_bytes(T, k), j0, j1, k, q, d, s, r0,                     \
+                     m - r0 < RT ? (int)(m - r0) : RT, out, ldo, is_bf16);                      \
     }
-}
+#define SHARES_X8(T, V)                                                                         \
+    static void share_x8_##T##_##V(const uint8_t *w, int64_t j0, int64_t j1, int64_t k,         \
+                                   const int8_t *q, const float *d, const float *s, int64_t m,  \
+                                   void *out, int64_t ldo, int is_bf16) {                       \
+        /* whole passes and one row (a decode's) with the count known: accumulators in registers */ \
+        int64_t r0 = 0;                                                                         \
+        for (; r0 + RX <= m; r0 += RX)                                                          \
+            groups_x8(T, V, w, j0 / X8, j1 / X8, k, q, d, s, r0, RX, out, ldo, is_bf16);        \
+        if (m - r0 == 1)                                                                        \
+            groups_x8(T, V, w, j0 / X8, j1 / X8, k, q, d, s, r0, 1, out, ldo, is_bf16);         \
+        else if (m > r0)                                                                        \
+            groups_x8(T, V, w, j0 / X8, j1 / X8, k, q, d, s, r0, (int)(m - r0), out, ldo,       \
+                      is_bf16);                                                                 \
+    }
+SHARES(Q4_0, 0) SHARES(Q4_1, 0) SHARES(Q5_0, 0) SHARES(Q5_1, 0) SHARES(Q8_0, 0)
+SHARES(Q4_K, 0) SHARES(Q5_K, 0) SHARES(Q6_K, 0)
+SHARES(Q4_0, 1) SHARES(Q4_1, 1) SHARES(Q5_0, 1) SHARES(Q5_1, 1) SHARES(Q8_0, 1)
+SHARES(Q4_K, 1) SHARES(Q5_K, 1) SHARES(Q6_K, 1)
+SHARES_X8(Q4_0, 0) SHARES_X8(Q4_1, 0) SHARES_X8(Q8_0, 0)
+SHARES_X8(Q4_0, 1) SHARES_X8(Q4_1, 1) SHARES_X8(Q8_0, 1)
 
-#define CASE(T, V)                                                                              \
+#define PICK(P, T)                                                                              \
     case T:                                                                                     \
-        gemm(T, V, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);                                \
-        return 0;
+        return vnni ? P##T##_1 : P##T##_0;
 
-#define CASE_X8(T, V)                                                                           \
-    case T:                                                                                     \
-        gemm_x8(T, V, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);                             \
-        return 0;
-
-static inline __attribute__((always_inline)) int dispatch(int type, const int vnni, const uint8_t *w, int64_t n, int64_t k,
-                    const int8_t *q, const float *d, const float *s, int64_t m, void *out,
-                    int64_t ldo, int64_t is_bf16, int64_t interleaved) {
+static share_fn pick(int type, int vnni, int interleaved) {
     if (interleaved) {
-        if (n % X8) return -1;
-        switch (type) { CASE_X8(Q4_0, vnni) CASE_X8(Q4_1, vnni) CASE_X8(Q8_0, vnni) }
-        return -1;
+        switch (type) { PICK(share_x8_, Q4_0) PICK(share_x8_, Q4_1) PICK(share_x8_, Q8_0) }
+        return NULL;
     }
     switch (type) {
-        CASE(Q4_0, vnni) CASE(Q4_1, vnni) CASE(Q5_0, vnni) CASE(Q5_1, vnni) CASE(Q8_0, vnni)
-        CASE(Q4_K, vnni) CASE(Q5_K, vnni) CASE(Q6_K, vnni)
+        PICK(share_, Q4_0) PICK(share_, Q4_1) PICK(share_, Q5_0) PICK(share_, Q5_1)
+        PICK(share_, Q8_0) PICK(share_, Q4_K) PICK(share_, Q5_K) PICK(share_, Q6_K)
     }
-    return -1;
+    return NULL;
+}
+
+/* The output channels shared out to the threads, 8 at a time (one interleaved group). */
+static void share_out(share_fn share, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
+                      const float *d, const float *s, int64_t m, void *out, int64_t ldo,
+                      int is_bf16) {
+    const int64_t chunk = 8;
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
+    for (int64_t j0 = 0; j0 < n; j0 += chunk)
+        share(w, j0, j0 + chunk < n ? j0 + chunk : n, k, q, d, s, m, out, ldo, is_bf16);
 }
 #endif
 
@@ -439,9 +461,10 @@ int gguf_gemm(int64_t type, const uint8_t *w, int64_t n, int64_t k, const int8_t
               const float *d, const float *s, int64_t m, void *out, int64_t ldo, int64_t is_bf16,
               int64_t interleaved) {
 #if HAVE_AVX2
-    if (!gguf_row_bytes(type, k)) return -1;
-    if (use_vnni) return dispatch((int)type, 1, w, n, k, q, d, s, m, out, ldo, is_bf16, interleaved);
-    return dispatch((int)type, 0, w, n, k, q, d, s, m, out, ldo, is_bf16, interleaved);
+    const share_fn share = pick((int)type, use_vnni, (int)interleaved);
+    if (!gguf_row_bytes(type, k) || !share || (interleaved && n % X8)) return -1;
+    share_out(share, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);
+    return 0;
 #else
     (void)type, (void)w, (void)n, (void)k, (void)q, (void)d, (void)s, (void)m, (void)out;
     (void)ldo, (void)is_bf16, (void)interleaved;

@@ -151,14 +151,4 @@ groups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t 
     }
 }
 
-static inline __attribute__((always_inline)) void
-gemm_x8(const int type, const int vnni, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
-        const float *d, const float *s, int64_t m, void *out, int64_t ldo, const int is_bf16) {
-#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t g = 0; g < n / X8; ++g)
-        for (int64_t r0 = 0; r0 < m; r0 += RX) {
-            const int rows = m - r0 < RX ? (int)(m - r0) : RX;
-            groups_x8(type, vnni, w, g, g + 1, k, q, d, s, r0, rows, out, ldo, is_bf16);
-        }
-}
 #endif
