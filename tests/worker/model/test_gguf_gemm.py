@@ -136,6 +136,25 @@ def test_matmul_matches_gguf_dequantized_weights(kernel, qtype, rows, n):
     assert ((got.double() - x.double() @ w.T).abs() / scale).max() < 1e-2
 
 
+@pytest.mark.parametrize("qtype", [QType.Q4_1, QType.Q6_K], ids=lambda q: q.name)
+def test_a_matmul_shared_out_to_the_threads(kernel, qtype):
+    """8 x 520 x 1024 multiply-adds, past the kernel's threshold for a parallel region (4M): the
+    channel groups taken by 2 threads (520: 65 groups, an odd count), each written once."""
+    n, k, rows = 520, 1024, 8
+    data = random_blocks(qtype, n, k, seed=5)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = NativeLinear([blocks_of(qtype, data, k)], None, kernel)(x)
+    finally:
+        torch.set_num_threads(threads)
+    w = reference(qtype, data).double()
+    expected = quantized_activations(x).double() @ w.T
+    scale = (x.abs().double() @ w.abs().T).clamp(min=1e-6)
+    assert ((got.double() - expected).abs() / scale).max() < 1e-5
+
+
 @pytest.mark.parametrize("qtype", QUANTIZABLE, ids=lambda q: q.name)
 def test_blocks_written_by_gguf_quantize(kernel, qtype):
     """Blocks as gguf's own quantizer writes them (real values, not random bytes)."""
