@@ -23,9 +23,9 @@
  *
  * Rows are taken RT at a time for each output channel: a sub-block is decoded once and meets
  * RT rows of activations, so larger batches spend less per weight on decoding. Output channels
- * are shared out to the threads. Q4_0, Q4_1 and Q8_0 tensors whose channels come in groups of
- * 8 are read interleaved instead (`gguf_interleave`, rearranged once at load: gguf_x8.h), 8
- * channels a vector. */
+ * are shared out to the threads. Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors whose channels come
+ * in groups of 8 are read interleaved instead (`gguf_interleave`, rearranged once at load:
+ * gguf_x8.h), 8 channels a vector. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -424,8 +424,8 @@ SHARES(Q4_0, 0) SHARES(Q4_1, 0) SHARES(Q5_0, 0) SHARES(Q5_1, 0) SHARES(Q8_0, 0)
 SHARES(Q4_K, 0) SHARES(Q5_K, 0) SHARES(Q6_K, 0)
 SHARES(Q4_0, 1) SHARES(Q4_1, 1) SHARES(Q5_0, 1) SHARES(Q5_1, 1) SHARES(Q8_0, 1)
 SHARES(Q4_K, 1) SHARES(Q5_K, 1) SHARES(Q6_K, 1)
-SHARES_X8(Q4_0, 0) SHARES_X8(Q4_1, 0) SHARES_X8(Q8_0, 0)
-SHARES_X8(Q4_0, 1) SHARES_X8(Q4_1, 1) SHARES_X8(Q8_0, 1)
+SHARES_X8(Q4_0, 0) SHARES_X8(Q4_1, 0) SHARES_X8(Q5_0, 0) SHARES_X8(Q5_1, 0) SHARES_X8(Q8_0, 0)
+SHARES_X8(Q4_0, 1) SHARES_X8(Q4_1, 1) SHARES_X8(Q5_0, 1) SHARES_X8(Q5_1, 1) SHARES_X8(Q8_0, 1)
 
 #define PICK(P, T)                                                                              \
     case T:                                                                                     \
@@ -433,7 +433,10 @@ SHARES_X8(Q4_0, 1) SHARES_X8(Q4_1, 1) SHARES_X8(Q8_0, 1)
 
 static share_fn pick(int type, int vnni, int interleaved) {
     if (interleaved) {
-        switch (type) { PICK(share_x8_, Q4_0) PICK(share_x8_, Q4_1) PICK(share_x8_, Q8_0) }
+        switch (type) {
+            PICK(share_x8_, Q4_0) PICK(share_x8_, Q4_1) PICK(share_x8_, Q5_0)
+            PICK(share_x8_, Q5_1) PICK(share_x8_, Q8_0)
+        }
         return NULL;
     }
     switch (type) {
