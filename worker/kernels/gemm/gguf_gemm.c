@@ -51,9 +51,13 @@
 #define Q5_K 13
 #define Q6_K 14
 #define RT 8 /* activation rows per pass over a channel's blocks */
-/* Under this many multiply-adds a call runs on its thread alone: in the engine, one parallel
- * region per one-row projection took SmolLM2's one stream from 30 to 1.7 tok/s (2 threads). */
-#define PARALLEL_MIN_MACS (1 << 22)
+/* Under this many multiply-adds a call runs on its thread alone. With the file's order and the
+ * Python layers, one parallel region per one-row projection took SmolLM2's one stream from 30 to
+ * 1.7 tok/s (2 threads, a loaded host), so it was 4M (only the LM head shared out); interleaved
+ * and in the one-call step, SmolLM2's one-row projections (0.33M-1.8M) shared out took it from
+ * 142.5 to 198.6 tok/s on a quiet host, and from 86.8 to 93.4 beside a busy process (the Python
+ * layers, which still run Gemma's, from 56.7 to 33.2 there; docs/engine.md). */
+#define PARALLEL_MIN_MACS (1 << 18)
 
 static int use_vnni = HAVE_VNNI;
 
