@@ -18,13 +18,13 @@
  * each channel's own int32 lane. The scales convert 8 at a time. Q4's nibbles stay unsigned
  * (0..15; Q5's 0..31 with the fifth bits, 4 of each lane's 32 moved into its 4 bytes): Q4_0's
  * offset of 8 (Q5_0's 16) becomes a min of -8 d (-16 d) that multiplies s = d_x * sum(q), as
- * Q4_1's min does; Q8_0 goes through the sign trick. Per 32 weights of 8 channels and one row: 4 or 8
- * loads, 8 dot products and 4 float operations, so one row is bound by reading the bytes. A
- * tile is decoded once for up to RX rows (its 8 vectors stay in registers), every row keeping 8
- * float accumulators, one scale per sub-block and row.
+ * Q4_1's min does; Q8_0 goes through the sign trick. Per 32 weights of 8 channels and one
+ * row: 4 or 8 loads, 8 dot products and 4 float operations, so one row is bound by reading the
+ * bytes. A tile is decoded once for up to RX rows (its 8 vectors stay in registers), every row
+ * keeping 8 float accumulators, one scale per sub-block and row.
  *
- * NOTE: included by gguf_gemm.c after its block helpers (block_bytes, decode_sub, store); the tile's size is 8 blocks, so a tensor keeps its bytes and its [rows, row bytes]
- * shape. */
+ * NOTE: included by gguf_gemm.c after its block helpers (block_bytes, decode_sub, store); a
+ * tile's size is 8 blocks', so a tensor keeps its bytes and its [rows, row bytes] shape. */
 
 #define X8 8 /* channels per group */
 #if defined(__AVX512VL__)
@@ -48,7 +48,7 @@ static inline int64_t x8_head(int type) {
 static void x8_move(int type, uint8_t *file, uint8_t *tile, int c, int to_tile) {
     const int64_t head = x8_head(type), words = type == Q8_0 ? 8 : 4; /* of quants */
     for (int64_t at = 0; at < head;) { /* d, (m), (qh): 2, 2, 4 bytes a channel */
-        const int64_t size = at == 4 || (at == 2 && head == 6) ? 4 : 2;
+        const int64_t size = at == head - 4 && head > 4 ? 4 : 2; /* qh, the last, is 4 */
         if (to_tile)
             memcpy(tile + X8 * at + size * c, file + at, size);
         else
@@ -81,7 +81,7 @@ int gguf_interleave(int64_t type, const uint8_t *w, int64_t n, int64_t k, uint8_
 static void decode_sub_x8(int type, const uint8_t *w, int64_t k, int64_t j, int64_t t,
                           struct sub *o) {
     const int64_t bytes = block_bytes(type), subs = k / 32;
-    uint8_t block[34]; /* the largest of the three types' blocks (Q8_0) */
+    uint8_t block[34]; /* the largest of the interleaved types' blocks (Q8_0) */
     x8_move(type, block, (uint8_t *)(w + ((j / X8) * subs + t) * X8 * bytes), (int)(j % X8), 0);
     decode_sub(type, block, 0, o);
 }
@@ -99,7 +99,8 @@ static inline __attribute__((always_inline)) __m256i dot_add(__m256i acc, __m256
     }
 #endif
     (void)vnni;
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+    const __m256i pairs = _mm256_maddubs_epi16(u, x);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
 /* Bits [at, at + 4) of each 32-bit lane of qh -> 0x10 in the lane's bytes 0..3 (bit at + j in
@@ -130,10 +131,11 @@ groups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t 
             const uint8_t *tile = w + (g * subs + t) * tile_bytes, *qs = tile + head;
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
             const int with_min = type == Q4_1 || type == Q5_1;
-            const __m256 mw = with_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
-                              : type == Q4_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
-                              : type == Q5_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f))
-                                             : _mm256_setzero_ps();
+            const __m256 mw =
+                with_min       ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
+                : type == Q4_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
+                : type == Q5_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f))
+                               : _mm256_setzero_ps();
             __m256i u[8]; /* u[v]: 4 weights of each channel, meeting x[4v .. 4v + 3] */
             if (type == Q8_0) {
                 for (int v = 0; v < 8; ++v)
@@ -144,7 +146,7 @@ groups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t 
                     u[v] = _mm256_and_si256(b, low4);
                     u[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
                 }
-                if (type == Q5_0 || type == Q5_1) { /* each lane's 32 fifth bits, weight i's bit i */
+                if (type == Q5_0 || type == Q5_1) { /* a lane's 32 fifth bits: weight i's, bit i */
                     const __m256i qh = _mm256_loadu_si256((const __m256i *)(qs - 32));
                     for (int v = 0; v < 8; ++v) /* bits 4v..4v+3 -> 0x10 in bytes 0..3 */
                         u[v] = _mm256_or_si256(u[v], fifth_bits_x8(qh, 4 * v));
@@ -157,15 +159,18 @@ groups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t 
                 for (int v = 0; v < 8; v += 2) { /* two chains of dependent dot products */
                     __m256i x0 = broadcast4(x + 4 * v), x1 = broadcast4(x + 4 * v + 4);
                     if (type == Q8_0) {
-                        x0 = _mm256_sign_epi8(x0, _mm256_loadu_si256((const __m256i *)(qs + 32 * v)));
-                        x1 = _mm256_sign_epi8(x1, _mm256_loadu_si256((const __m256i *)(qs + 32 * v + 32)));
+                        const __m256i *raw = (const __m256i *)(qs + 32 * v);
+                        x0 = _mm256_sign_epi8(x0, _mm256_loadu_si256(raw));
+                        x1 = _mm256_sign_epi8(x1, _mm256_loadu_si256(raw + 1));
                     }
                     sum0 = dot_add(sum0, u[v], x0, vnni);
                     sum1 = dot_add(sum1, u[v + 1], x1, vnni);
                 }
                 const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1));
-                acc[i] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(d[r * subs + t])), acc[i]);
-                if (type != Q8_0) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(s[r * subs + t]), acc[i]);
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[r * subs + t]));
+                acc[i] = _mm256_fmadd_ps(p, scale, acc[i]);
+                if (type != Q8_0)
+                    acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(s[r * subs + t]), acc[i]);
             }
         }
         for (int i = 0; i < rows; ++i) {
