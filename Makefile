@@ -30,9 +30,11 @@ test-fast: setup
 	$(PY) -m pytest -m "not model and not integration and not gpu"
 
 ## The main job: a controller plus two CPU workers on an embedded Ray cluster (deploy/local.yaml),
-## PagedAttention required; serves gRPC on 127.0.0.1:50051 until Ctrl-C.
+## PagedAttention required; serves gRPC on 127.0.0.1:50051 until Ctrl-C. Another manifest:
+## `make run MANIFEST=deploy/native.yaml` (SmolLM2 from its GGUF file's own blocks).
+MANIFEST ?= deploy/local.yaml
 run: setup
-	$(VENV)/bin/intentserve up deploy/local.yaml
+	$(VENV)/bin/intentserve up $(MANIFEST)
 
 ## The GPU check (bench/gpu_check.py): on a CUDA machine with the project importable, writes
 ## gpu_check.json and gpu_check.md under OUT; DRY_RUN=1 runs every part on the CPU, at small shapes.

@@ -65,6 +65,9 @@ class RealizedCache:
     decode_graphs: str = ""
     # The ISA variant of the CPU kernels the worker loaded (e.g. "avx512"; "": none).
     kernel_variant: str = ""
+    # weights: native: the GGUF tensors held per type, and those dequantized, in words ("": another
+    # format).
+    weights_held: str = ""
     # Tokens per streamed message after a request's first (the worker's `streamInterval`; 0: a
     # worker that does not report it).
     stream_interval: int = 0

@@ -87,6 +87,8 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
         text += f", decode steps from {realized['decode_graphs']}"
     if realized.get("kernel_variant"):
         text += f", CPU kernels of the {realized['kernel_variant']} variant"
+    if realized.get("weights_held"):
+        text += f", {realized['weights_held']}"
     return text
 
 
@@ -118,6 +120,10 @@ def workers_text(workers: list[dict[str, Any]]) -> str:
     if not workers:
         return "no worker has registered"
     lines = [table(WORKER_COLUMNS, worker_rows(workers))]
+    held = [(w["worker_id"], (w["realized"] or {}).get("weights_held")) for w in workers]
+    if any(h for _, h in held):
+        lines += ["", "native weights:"]
+        lines += [f"  {wid}: {h}" for wid, h in held if h]
     reasons = [(w["worker_id"], r) for w in workers for r in w["reasons"]]
     if reasons:
         lines += ["", "reasons:"]

@@ -105,6 +105,8 @@ def describe_realized(realized: RealizedCache | None) -> str:
         parts.append(f"decode steps from {realized.decode_graphs}")
     if realized.kernel_variant:
         parts.append(f"CPU kernels of the {realized.kernel_variant} variant")
+    if realized.weights_held:
+        parts.append(realized.weights_held)
     text = ", ".join(parts)
     if realized.fallback_reasons:
         text += "; fallbacks: " + "; ".join(str(r) for r in realized.fallback_reasons)

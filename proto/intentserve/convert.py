@@ -239,6 +239,7 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         attention_kernel=realized.attention_kernel,
         decode_graphs=realized.decode_graphs,
         kernel_variant=realized.kernel_variant,
+        weights_held=realized.weights_held,
     )
 
 
@@ -270,6 +271,7 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         attention_kernel=msg.attention_kernel,
         decode_graphs=msg.decode_graphs,
         kernel_variant=msg.kernel_variant,
+        weights_held=msg.weights_held,
     )
 
 

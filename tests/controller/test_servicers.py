@@ -186,6 +186,19 @@ def test_status_and_the_cli_name_the_scheduler_settings_the_controller_checks():
     )
 
 
+def test_status_text_names_the_tensors_a_native_worker_holds(harness):
+    response = harness.register()
+    config, resolution, _ = convert.resolution_from_pb(response.config)
+    held = "tensors held as in the file: 210 Q4_1, 1 Q8_0; dequantized: none"
+    harness.report("w0", replace(realized_for(config, resolution), weights_held=held))
+    status = harness.call(ADMIN, "Status", admin_pb2.StatusRequest())
+    assert status.workers[0].realized.weights_held == held
+    lines = status_text(to_data(status)).splitlines()
+    assert lines[lines.index("native weights:") + 1] == f"  w0: {held}"
+    explained = harness.call(ADMIN, "Explain", admin_pb2.ExplainRequest(worker_id="w0")).lines
+    assert any(line.startswith("realized:") and held in line for line in explained)
+
+
 def test_explain_tells_the_chain_in_order(harness):
     harness.up()
     response = harness.call(ADMIN, "Explain", admin_pb2.ExplainRequest(worker_id="w0"))

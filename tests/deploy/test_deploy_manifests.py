@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from intentserve.controller.launch.manifest import API_VERSION, load_manifest, parse_manifest
-from intentserve.policy import DeviceKind, Mode
+from intentserve.policy import DeviceKind, Mode, WeightFormat
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -38,6 +38,7 @@ def test_the_expected_files_exist():
     assert {
         "local.yaml",
         "local-auto.yaml",
+        "native.yaml",
         "gemma.yaml",
         "cuda.yaml",
         "ray/cluster.yaml",
@@ -78,6 +79,17 @@ def test_local_auto_is_local_with_auto():
     assert auto.spec.scheduler == local.spec.scheduler
     assert auto.spec.controller.port != local.spec.controller.port  # both can run at once
     assert auto.spec.controller.http_port != local.spec.controller.http_port
+
+
+def test_native_is_local_smollm2_held_as_its_files_blocks_on_one_worker():
+    native, local = load_manifest(DEPLOY / "native.yaml"), load_manifest(DEPLOY / "local.yaml")
+    assert native.spec.model.weights is WeightFormat.NATIVE
+    assert (native.spec.model.name, native.spec.replicas) == (local.spec.model.name, 1)
+    assert native.spec.resources == local.spec.resources
+    assert native.spec.paged_attention.mode is Mode.ON
+    ports = {m.spec.controller.port for m in (native, local)}
+    http_ports = {m.spec.controller.http_port for m in (native, local)}
+    assert len(ports) == len(http_ports) == 2  # both can run at once
 
 
 def test_cuda_gives_each_worker_one_gpu_and_requires_paged_attention():
@@ -178,7 +190,9 @@ def test_make_run_brings_up_the_local_deployment():
     recipe = re.search(r"^run: (.*)\n((?:\t.*\n)+)", makefile, re.M)
     assert recipe, "Makefile has no run target"
     assert "setup" in recipe.group(1)
-    assert "intentserve up deploy/local.yaml" in recipe.group(2)
+    assert "intentserve up $(MANIFEST)" in recipe.group(2)
+    # deploy/local.yaml unless the command line names another (make run MANIFEST=...)
+    assert re.search(r"^MANIFEST \?= deploy/local\.yaml$", makefile, re.M)
 
 
 def test_the_routers_run_intentserve_router_on_the_manifest_watching_the_registry_service():

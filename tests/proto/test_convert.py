@@ -45,6 +45,7 @@ realized = st.builds(
     attention_kernel=st.text(max_size=40),
     decode_graphs=st.text(max_size=40),
     kernel_variant=st.sampled_from(["", "x86-64-v3", "avx512", "amx", "native"]),
+    weights_held=st.text(max_size=60),
 )
 
 

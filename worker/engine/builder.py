@@ -136,6 +136,7 @@ def build_engine(
             attention_kernel=kv.attention.decode_impl if kv.attention is not None else "",
             decode_graphs=_describe_graphs(runner),
             kernel_variant=kernel_variant,
+            weights_held=shaped.holding,
         ),
         model=config.model,
         shaping=shaped.steps,

@@ -56,6 +56,7 @@ class ShapingStep:
 class ShapedModel:
     model: torch.nn.Module | None  # the loaded model, rewritten in place (None: not generative)
     steps: tuple[ShapingStep, ...]  # the passes that did something, in order
+    holding: str = ""  # native: the tensors held per type, and those dequantized ("": not native)
 
 
 def shape_model(
@@ -80,7 +81,7 @@ def shape_model(
             steps.append(ShapingStep(DECODE_LAYERS, _compile_decode(loaded, attention)))
     elif holding:
         steps.append(ShapingStep(PROJECTIONS, holding))
-    return ShapedModel(loaded.model, tuple(s for s in steps if s.did))
+    return ShapedModel(loaded.model, tuple(s for s in steps if s.did), holding)
 
 
 def held_weight_format(loaded: LoadedModel) -> WeightFormat:

@@ -7,6 +7,11 @@ each in its own type) through gguf_gemm.c: the step's activations are quantized 
 values, then each part's matmul writes its own columns of the output. `NativeEmbedding` looks
 tokens up by dequantizing their rows. Numerics: the weights are the file's, bit for bit; the
 only rounding added is the activations' (int8, one scale per 32 values, as llama.cpp does).
+
+Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors whose rows come in groups of 8 are held interleaved
+(`interleave`, once at load: the same bytes, 8 channels' blocks side by side, so one vector
+load serves 8 channels; gguf_x8.h), the layout that makes a one-row matmul bound by reading
+them.
 """
 
 from __future__ import annotations
@@ -23,17 +28,22 @@ NATIVE_TYPES = (
     *(QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0),
     *(QType.Q4_K, QType.Q5_K, QType.Q6_K),
 )
+# The types with an interleaved kernel, and the channels it interleaves.
+INTERLEAVED_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0)
+INTERLEAVED_CHANNELS = 8
 SUB_BLOCK = 32  # activations are quantized 32 values to a scale
 _IO_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
 class GgufBlocks:
-    """One GGUF tensor's blocks: `data` uint8 [rows, row bytes] for a [rows, cols] weight."""
+    """One GGUF tensor's blocks: `data` uint8 [rows, row bytes] for a [rows, cols] weight, in
+    the file's order or `interleaved` (the same bytes, gguf_x8.h's order)."""
 
     qtype: QType
     data: Tensor
     cols: int
+    interleaved: bool = False
 
     @property
     def rows(self) -> int:
@@ -55,15 +65,38 @@ def dequantize_blocks(
         count,
         out.data_ptr(),
         int(dtype == torch.bfloat16),
+        int(blocks.interleaved),
     )
     if status != 0:
         raise ValueError(f"the GGUF kernel does not read {blocks.qtype.name} rows of {blocks.cols}")
     return out
 
 
+def interleave(kernel: GgufGemm, blocks: GgufBlocks) -> GgufBlocks:
+    """`blocks` interleaved where their type has the layout and their rows come in whole groups
+    of 8; else (or already interleaved) `blocks` themselves."""
+    if (
+        blocks.interleaved
+        or blocks.qtype not in INTERLEAVED_TYPES
+        or blocks.rows % INTERLEAVED_CHANNELS
+    ):
+        return blocks
+    data = blocks.data.contiguous()
+    out = torch.empty_like(data)
+    status = kernel.interleave(
+        blocks.qtype.value, data.data_ptr(), blocks.rows, blocks.cols, out.data_ptr()
+    )
+    if status != 0:
+        raise ValueError(
+            f"the GGUF kernel does not interleave {blocks.qtype.name} rows of {blocks.cols}"
+        )
+    return GgufBlocks(blocks.qtype, out, blocks.cols, interleaved=True)
+
+
 class NativeLinear(nn.Module):
-    """x [T, in] -> [T, out], out = the parts' outputs side by side (plus the bias). `out_dtype`
-    float32 keeps a head's logits unrounded; None gives x's dtype."""
+    """x [T, in] -> [T, out], out = the parts' outputs side by side (plus the bias), each part
+    interleaved where it can be. `out_dtype` float32 keeps a head's logits unrounded; None gives
+    x's dtype."""
 
     def __init__(
         self,
@@ -78,7 +111,9 @@ class NativeLinear(nn.Module):
             raise ValueError(f"the parts of one projection have different widths {widths}")
         self.in_features = widths.pop()
         self.out_features = sum(part.rows for part in parts)
+        parts = [interleave(kernel, part) for part in parts]
         self.qtypes = tuple(part.qtype for part in parts)
+        self.interleaved = tuple(part.interleaved for part in parts)
         for i, part in enumerate(parts):
             self.register_buffer(f"blocks{i}", part.data)
         self.bias = None if bias is None else bias.detach()
@@ -88,8 +123,10 @@ class NativeLinear(nn.Module):
     @property
     def parts(self) -> list[GgufBlocks]:
         return [
-            GgufBlocks(qtype, getattr(self, f"blocks{i}"), self.in_features)
-            for i, qtype in enumerate(self.qtypes)
+            GgufBlocks(qtype, getattr(self, f"blocks{i}"), self.in_features, interleaved)
+            for i, (qtype, interleaved) in enumerate(
+                zip(self.qtypes, self.interleaved, strict=True)
+            )
         ]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:  # [out, in]
@@ -128,6 +165,7 @@ class NativeLinear(nn.Module):
                 out.data_ptr() + column * out.element_size(),
                 self.out_features,
                 int(dtype == torch.bfloat16),
+                int(part.interleaved),
             )
             if status != 0:
                 raise RuntimeError(f"the GGUF kernel refused a {part.qtype.name} matmul")
@@ -144,12 +182,13 @@ class NativeEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("blocks", blocks.data)
         self.qtype, self.embedding_dim = blocks.qtype, blocks.cols
+        self.interleaved = blocks.interleaved
         self.kernel, self.dtype = kernel, dtype
 
     def forward(self, ids: Tensor) -> Tensor:  # [T] -> [T, hidden]
         num_tokens = self.blocks.shape[0]
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_tokens):
             raise IndexError(f"token ids must be in [0, {num_tokens}); got {ids.tolist()}")
-        rows = GgufBlocks(self.qtype, self.blocks, self.embedding_dim)
+        rows = GgufBlocks(self.qtype, self.blocks, self.embedding_dim, self.interleaved)
         out = dequantize_blocks(self.kernel, rows, self.dtype, ids.reshape(-1))
         return out.reshape(*ids.shape, self.embedding_dim)

@@ -26,6 +26,7 @@ from intentserve.worker.model.gguf_linear import (
     GgufBlocks,
     NativeEmbedding,
     NativeLinear,
+    interleave,
 )
 from intentserve.worker.model.gguf_loader import open_gguf, undo_rope_permutation
 from intentserve.worker.model.loaded import LoadedModel
@@ -110,7 +111,8 @@ def hold_native(loaded: LoadedModel, kernel: GgufGemm) -> NativeHolding:
         )
     dtype = loaded.dtype
     embedding = "token_embd.weight"
-    table = blocks(embedding) if holdable((embedding,)) else None
+    # interleaved here, where it is read as a tied head too: one buffer serves both
+    table = interleave(kernel, blocks(embedding)) if holdable((embedding,)) else None
     if table is not None:
         model.embed_tokens = NativeEmbedding(table, kernel, dtype)
     head_name = "output.weight" if "output.weight" in tensors else embedding

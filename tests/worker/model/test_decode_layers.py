@@ -9,7 +9,7 @@ import torch
 from intentserve.worker.attention.torch_paged import SHORT_PREFILL_READS
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
-from intentserve.worker.model.decode_layers import CompiledDecode
+from intentserve.worker.model.decode_layers import CompiledDecode, _why_not
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.registry import load_model
 
@@ -27,12 +27,12 @@ def folder(tmp_path, **overrides):
     return write_hf_folder(tmp_path, config, random_hf_weights(config))
 
 
-def engine(path, dtype="bfloat16", max_num_seqs=4, weights="auto"):
+def engine(path, dtype="bfloat16", max_num_seqs=4, weights="auto", kv_bytes=1 << 20):
     return (
         EngineBuilder()
         .weights(weights)
         .paged_attention("on")
-        .kv_cache_memory(bytes=1 << 20)
+        .kv_cache_memory(bytes=kv_bytes)
         .scheduler(max_model_len=64, max_num_seqs=max_num_seqs)
         .build(loaded=load_model(str(path), dtype=dtype))
     )
@@ -61,6 +61,25 @@ def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
     tmp_path, monkeypatch, architecture, weights, dtype
 ):
     eng = engine(folder(tmp_path, architecture=architecture), dtype=dtype, weights=weights)
+    same_hidden_states_both_ways(eng, monkeypatch)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_native_weights_decode_in_one_call_bit_for_bit(smollm2_path, monkeypatch, dtype):
+    """SmolLM2's GGUF file held native (weights: native): its projections on the file's blocks
+    (Q4_1, interleaved) and its embedding's rows dequantized from them (Q8_0), in the call."""
+    eng = engine(smollm2_path, dtype=dtype, weights="native", kv_bytes=16 << 20)
+    why = _why_not(eng.runner.model, eng.runner.attention)
+    if why == "the decode attention is not the compiled kernel":
+        pytest.skip(f"the compiled decode does not run on this host: {why}")
+    assert why == ""  # nothing of the native model keeps the Python layers
+    same_hidden_states_both_ways(eng, monkeypatch)
+
+
+def same_hidden_states_both_ways(eng, monkeypatch) -> None:
+    """Every step run by the Python layers and again with the compiled call (where it applies):
+    equal hidden states, decode steps of every sequence among them."""
     model = compiled_or_skip(eng)
     compared, ran = [], []
     forward, run = LlamaModel.forward, model.compiled_decode.run
@@ -103,7 +122,10 @@ def test_where_the_call_does_not_apply_the_python_layers_run_and_the_report_says
 ):
     path = folder(tmp_path)
     int8 = engine(path, weights="int8")
-    said = "per-layer Python (a projection is not on the dtype's GEMM kernel or the int8 one)"
+    said = (
+        "per-layer Python (a projection is not on the dtype's GEMM kernel, the int8 one or the "
+        "GGUF one)"
+    )
     assert said in int8.realized.describe()
     assert int8.runner.model.compiled_decode is None
     out = int8.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))

@@ -9,11 +9,13 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from intentserve.worker.kernels import gguf_gemm_kernel
 from intentserve.worker.model.gguf_linear import (
+    INTERLEAVED_TYPES,
     NATIVE_TYPES,
     GgufBlocks,
     NativeEmbedding,
     NativeLinear,
     dequantize_blocks,
+    interleave,
 )
 
 from tests.worker.model.kernel_paths import built_or_skip
@@ -84,13 +86,45 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
     return (q * scale).reshape(x.shape)
 
 
+@pytest.mark.parametrize("qtype", INTERLEAVED_TYPES, ids=lambda q: q.name)
+def test_interleaved_blocks_are_the_file_bytes_rearranged(kernel, qtype):
+    """Eight channels' blocks interleaved (one vector load serves eight channels): the same
+    bytes in another order, which dequantize to gguf's values, whole or row by row."""
+    data = random_blocks(qtype, 24, 256)
+    blocks = interleave(kernel, blocks_of(qtype, data, 256))
+    assert blocks.interleaved and blocks.data.shape == data.shape
+    assert not torch.equal(blocks.data, torch.from_numpy(data))
+    assert torch.equal(
+        blocks.data.flatten().sort().values, torch.from_numpy(data).flatten().sort().values
+    )
+    assert interleave(kernel, blocks) is blocks
+    expected = reference(qtype, data)
+    assert torch.equal(dequantize_blocks(kernel, blocks, torch.float32), expected)
+    rows = torch.tensor([17, 0, 9, 23])
+    assert torch.equal(dequantize_blocks(kernel, blocks, torch.float32, rows), expected[rows])
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda q: q.name)
+def test_which_blocks_are_interleaved(kernel, qtype):
+    """The types with an interleaved kernel, where the channels come in whole groups of 8;
+    every other type or width keeps the file's order."""
+    assert interleave(kernel, blocks_of(qtype, random_blocks(qtype, 16, 256), 256)).interleaved == (
+        qtype in INTERLEAVED_TYPES
+    )
+    assert not interleave(kernel, blocks_of(qtype, random_blocks(qtype, 12, 256), 256)).interleaved
+
+
+@pytest.mark.parametrize("n", [40, 44])
 @pytest.mark.parametrize("rows", [1, 3, 8, 19])
 @pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda q: q.name)
-def test_matmul_matches_gguf_dequantized_weights(kernel, qtype, rows):
-    n, k = 40, 512
+def test_matmul_matches_gguf_dequantized_weights(kernel, qtype, rows, n):
+    """n = 40: five groups of 8 channels (interleaved where the type has it), 44: not whole
+    groups (the file's order)."""
+    k = 512
     data = random_blocks(qtype, n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     module = NativeLinear([blocks_of(qtype, data, k)], None, kernel)
+    assert module.parts[0].interleaved == (qtype in INTERLEAVED_TYPES and n % 8 == 0)
     got = module(x)
     w = reference(qtype, data).double()
     # The same products in float64, from the activations the kernel rounds to int8: what is
@@ -100,6 +134,25 @@ def test_matmul_matches_gguf_dequantized_weights(kernel, qtype, rows):
     assert ((got.double() - expected).abs() / scale).max() < 1e-5
     # Against the float activations: the int8 rounding, a few parts in a thousand of |x| |w|.
     assert ((got.double() - x.double() @ w.T).abs() / scale).max() < 1e-2
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_1, QType.Q6_K], ids=lambda q: q.name)
+def test_a_matmul_shared_out_to_the_threads(kernel, qtype):
+    """8 x 520 x 1024 multiply-adds, past the kernel's threshold for a parallel region (4M): the
+    channel groups taken by 2 threads (520: 65 groups, an odd count), each written once."""
+    n, k, rows = 520, 1024, 8
+    data = random_blocks(qtype, n, k, seed=5)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = NativeLinear([blocks_of(qtype, data, k)], None, kernel)(x)
+    finally:
+        torch.set_num_threads(threads)
+    w = reference(qtype, data).double()
+    expected = quantized_activations(x).double() @ w.T
+    scale = (x.abs().double() @ w.abs().T).clamp(min=1e-6)
+    assert ((got.double() - expected).abs() / scale).max() < 1e-5
 
 
 @pytest.mark.parametrize("qtype", QUANTIZABLE, ids=lambda q: q.name)
@@ -134,10 +187,15 @@ def test_fused_parts_of_different_types_and_bf16(kernel):
     assert torch.equal(module.dequantize(), w)
 
 
-def test_embedding_rows_and_range(kernel):
-    data = random_blocks(QType.Q6_K, 10, 256)
-    embedding = NativeEmbedding(blocks_of(QType.Q6_K, data, 256), kernel, torch.float32)
+@pytest.mark.parametrize(("qtype", "num_tokens"), [(QType.Q6_K, 10), (QType.Q8_0, 16)])
+def test_embedding_rows_and_range(kernel, qtype, num_tokens):
+    """Q8_0 [16, 256]: a table interleaved as a tied head's (one buffer serves both)."""
+    data = random_blocks(qtype, num_tokens, 256)
+    table = interleave(kernel, blocks_of(qtype, data, 256))
+    embedding = NativeEmbedding(table, kernel, torch.float32)
     ids = torch.tensor([[3, 9], [0, 3]])
-    assert torch.equal(embedding(ids), reference(QType.Q6_K, data)[ids])
-    with pytest.raises(IndexError, match=r"\[0, 10\)"):
-        embedding(torch.tensor([10]))
+    assert torch.equal(embedding(ids), reference(qtype, data)[ids])
+    head = NativeLinear([table], None, kernel, torch.float32)
+    assert head.parts[0].data.data_ptr() == embedding.blocks.data_ptr()
+    with pytest.raises(IndexError, match=rf"\[0, {num_tokens}\)"):
+        embedding(torch.tensor([num_tokens]))

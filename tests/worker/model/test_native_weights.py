@@ -124,7 +124,10 @@ def test_an_engine_serves_the_file_native_and_reports_what_it_holds(smollm2_path
         )
     realized = engines["native"].realized
     assert realized.cache.weight_format is WeightFormat.NATIVE
-    assert "210 Q4_1, 1 Q8_0; dequantized: none" in realized.describe()
+    held = "tensors held as in the file: 210 Q4_1, 1 Q8_0; dequantized: none"
+    assert held in realized.describe()
+    assert realized.cache.weights_held == held  # what the controller's status shows
+    assert engines["dequantized"].realized.cache.weights_held == ""
     file_bytes = file_tensor_bytes(smollm2_path)
     assert abs(realized.cache.weight_bytes - file_bytes) <= 0.1 * file_bytes
     assert engines["dequantized"].realized.cache.weight_bytes > 2.5 * file_bytes

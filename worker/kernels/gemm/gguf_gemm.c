@@ -23,7 +23,9 @@
  *
  * Rows are taken RT at a time for each output channel: a sub-block is decoded once and meets
  * RT rows of activations, so larger batches spend less per weight on decoding. Output channels
- * are shared out to the threads. */
+ * are shared out to the threads. Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors whose channels come
+ * in groups of 8 are read interleaved instead (`gguf_interleave`, rearranged once at load:
+ * gguf_x8.h), 8 channels a vector. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -49,9 +51,13 @@
 #define Q5_K 13
 #define Q6_K 14
 #define RT 8 /* activation rows per pass over a channel's blocks */
-/* Under this many multiply-adds a call runs on its thread alone: in the engine, one parallel
- * region per one-row projection took SmolLM2's one stream from 30 to 1.7 tok/s (2 threads). */
-#define PARALLEL_MIN_MACS (1 << 22)
+/* Under this many multiply-adds a call runs on its thread alone. With the file's order and the
+ * Python layers, one parallel region per one-row projection took SmolLM2's one stream from 30 to
+ * 1.7 tok/s (2 threads, a loaded host), so it was 4M (only the LM head shared out); interleaved
+ * and in the one-call step, SmolLM2's one-row projections (0.33M-1.8M) shared out took it from
+ * 142.5 to 198.6 tok/s on a quiet host, and from 86.8 to 93.4 beside a busy process (the Python
+ * layers, which still run Gemma's, from 56.7 to 33.2 there; docs/engine.md). */
+#define PARALLEL_MIN_MACS (1 << 18)
 
 static int use_vnni = HAVE_VNNI;
 
@@ -210,18 +216,24 @@ static inline void store(void *out, int64_t at, float v, int is_bf16) {
         ((float *)out)[at] = v;
 }
 
-/* rows[r] of w (all rows where rows is NULL) to out [count, k]. Returns -1 for a type not
- * served here or a k that is not whole blocks. */
+#include "gguf_x8.h"
+
+/* rows[r] of w (all rows where rows is NULL; w `interleaved` as gguf_x8.h lays it out, or as
+ * the file does) to out [count, k]. Returns -1 for a type not served here, a k that is not
+ * whole blocks, or a layout the type does not have. */
 int gguf_dequantize(int64_t type, const uint8_t *w, int64_t k, const int64_t *rows, int64_t count,
-                    void *out, int64_t is_bf16) {
+                    void *out, int64_t is_bf16, int64_t interleaved) {
     const int64_t row_bytes = gguf_row_bytes(type, k);
-    if (!row_bytes) return -1;
+    if (!row_bytes || (interleaved && !interleaves((int)type))) return -1;
 #pragma omp parallel for if (count * k >= (1 << 20))
     for (int64_t r = 0; r < count; ++r) {
-        const uint8_t *row = w + (rows ? rows[r] : r) * row_bytes;
+        const int64_t j = rows ? rows[r] : r;
         struct sub s;
         for (int64_t t = 0; t < k / 32; ++t) {
-            decode_sub((int)type, row, t, &s);
+            if (interleaved)
+                decode_sub_x8((int)type, w, k, j, t, &s);
+            else
+                decode_sub((int)type, w + j * row_bytes, t, &s);
             for (int i = 0; i < 32; ++i)
                 store(out, r * k + 32 * t + i, s.scale[i / 16] * s.v[i] + s.min, (int)is_bf16);
         }
@@ -384,47 +396,85 @@ channels(const int type, const int vnni, const uint8_t *w, int64_t row_bytes, in
     }
 }
 
-static inline __attribute__((always_inline)) void gemm(const int type, const int vnni, const uint8_t *w, int64_t n, int64_t k,
-                 const int8_t *q, const float *d, const float *s, int64_t m, void *out,
-                 int64_t ldo, const int is_bf16) {
-    const int64_t row_bytes = gguf_row_bytes(type, k), chunk = 8;
-#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
-        const int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
-        for (int64_t r0 = 0; r0 < m; r0 += RT) {
-            const int rows = m - r0 < RT ? (int)(m - r0) : RT;
-            channels(type, vnni, w, row_bytes, j0, j1, k, q, d, s, r0, rows, out, ldo, is_bf16);
-        }
+/* One share of the output channels, [j0, j1), for every row, by a kernel specialized for one
+ * type and dot product (the compiler then drops the other types' branches from its loops). */
+typedef void (*share_fn)(const uint8_t *w, int64_t j0, int64_t j1, int64_t k, const int8_t *q,
+                         const float *d, const float *s, int64_t m, void *out, int64_t ldo,
+                         int is_bf16);
+
+#define SHARES(T, V)                                                                            \
+    static void share_##T##_##V(const uint8_t *w, int64_t j0, int64_t j1, int64_t k,            \
+                                const int8_t *q, const float *d, const float *s, int64_t m,     \
+                                void *out, int64_t ldo, int is_bf16) {                          \
+        for (int64_t r0 = 0; r0 < m; r0 += RT)                                                  \
+            channels(T, V, w, gguf_row_bytes(T, k), j0, j1, k, q, d, s, r0,                     \
+                     m - r0 < RT ? (int)(m - r0) : RT, out, ldo, is_bf16);                      \
     }
+#define SHARES_X8(T, V)                                                                         \
+    static void share_x8_##T##_##V(const uint8_t *w, int64_t j0, int64_t j1, int64_t k,         \
+                                   const int8_t *q, const float *d, const float *s, int64_t m,  \
+                                   void *out, int64_t ldo, int is_bf16) {                       \
+        /* whole passes and one row (a decode's) with the count known: accumulators in registers */ \
+        int64_t r0 = 0;                                                                         \
+        for (; r0 + RX <= m; r0 += RX)                                                          \
+            groups_x8(T, V, w, j0 / X8, j1 / X8, k, q, d, s, r0, RX, out, ldo, is_bf16);        \
+        if (m - r0 == 1)                                                                        \
+            groups_x8(T, V, w, j0 / X8, j1 / X8, k, q, d, s, r0, 1, out, ldo, is_bf16);         \
+        else if (m > r0)                                                                        \
+            groups_x8(T, V, w, j0 / X8, j1 / X8, k, q, d, s, r0, (int)(m - r0), out, ldo,       \
+                      is_bf16);                                                                 \
+    }
+SHARES(Q4_0, 0) SHARES(Q4_1, 0) SHARES(Q5_0, 0) SHARES(Q5_1, 0) SHARES(Q8_0, 0)
+SHARES(Q4_K, 0) SHARES(Q5_K, 0) SHARES(Q6_K, 0)
+SHARES(Q4_0, 1) SHARES(Q4_1, 1) SHARES(Q5_0, 1) SHARES(Q5_1, 1) SHARES(Q8_0, 1)
+SHARES(Q4_K, 1) SHARES(Q5_K, 1) SHARES(Q6_K, 1)
+SHARES_X8(Q4_0, 0) SHARES_X8(Q4_1, 0) SHARES_X8(Q5_0, 0) SHARES_X8(Q5_1, 0) SHARES_X8(Q8_0, 0)
+SHARES_X8(Q4_0, 1) SHARES_X8(Q4_1, 1) SHARES_X8(Q5_0, 1) SHARES_X8(Q5_1, 1) SHARES_X8(Q8_0, 1)
+
+#define PICK(P, T)                                                                              \
+    case T:                                                                                     \
+        return vnni ? P##T##_1 : P##T##_0;
+
+static share_fn pick(int type, int vnni, int interleaved) {
+    if (interleaved) {
+        switch (type) {
+            PICK(share_x8_, Q4_0) PICK(share_x8_, Q4_1) PICK(share_x8_, Q5_0)
+            PICK(share_x8_, Q5_1) PICK(share_x8_, Q8_0)
+        }
+        return NULL;
+    }
+    switch (type) {
+        PICK(share_, Q4_0) PICK(share_, Q4_1) PICK(share_, Q5_0) PICK(share_, Q5_1)
+        PICK(share_, Q8_0) PICK(share_, Q4_K) PICK(share_, Q5_K) PICK(share_, Q6_K)
+    }
+    return NULL;
 }
 
-#define CASE(T, V)                                                                              \
-    case T:                                                                                     \
-        gemm(T, V, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);                                \
-        return 0;
-
-static inline __attribute__((always_inline)) int dispatch(int type, const int vnni, const uint8_t *w, int64_t n, int64_t k,
-                    const int8_t *q, const float *d, const float *s, int64_t m, void *out,
-                    int64_t ldo, int64_t is_bf16) {
-    switch (type) {
-        CASE(Q4_0, vnni) CASE(Q4_1, vnni) CASE(Q5_0, vnni) CASE(Q5_1, vnni) CASE(Q8_0, vnni)
-        CASE(Q4_K, vnni) CASE(Q5_K, vnni) CASE(Q6_K, vnni)
-    }
-    return -1;
+/* The output channels shared out to the threads, 8 at a time (one interleaved group). */
+static void share_out(share_fn share, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
+                      const float *d, const float *s, int64_t m, void *out, int64_t ldo,
+                      int is_bf16) {
+    const int64_t chunk = 8;
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
+    for (int64_t j0 = 0; j0 < n; j0 += chunk)
+        share(w, j0, j0 + chunk < n ? j0 + chunk : n, k, q, d, s, m, out, ldo, is_bf16);
 }
 #endif
 
-/* Returns 0, or -1 (nothing written) for a type not served here, a k that is not whole
- * blocks, or a build without AVX2. */
+/* w in the file's order, or `interleaved` (gguf_x8.h). Returns 0, or -1 (nothing written) for
+ * a type not served here, a k that is not whole blocks, a layout the type (or n) does not
+ * have, or a build without AVX2. */
 int gguf_gemm(int64_t type, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
-              const float *d, const float *s, int64_t m, void *out, int64_t ldo, int64_t is_bf16) {
+              const float *d, const float *s, int64_t m, void *out, int64_t ldo, int64_t is_bf16,
+              int64_t interleaved) {
 #if HAVE_AVX2
-    if (!gguf_row_bytes(type, k)) return -1;
-    if (use_vnni) return dispatch((int)type, 1, w, n, k, q, d, s, m, out, ldo, is_bf16);
-    return dispatch((int)type, 0, w, n, k, q, d, s, m, out, ldo, is_bf16);
+    const share_fn share = pick((int)type, use_vnni, (int)interleaved);
+    if (!gguf_row_bytes(type, k) || !share || (interleaved && n % X8)) return -1;
+    share_out(share, w, n, k, q, d, s, m, out, ldo, (int)is_bf16);
+    return 0;
 #else
     (void)type, (void)w, (void)n, (void)k, (void)q, (void)d, (void)s, (void)m, (void)out;
-    (void)ldo, (void)is_bf16;
+    (void)ldo, (void)is_bf16, (void)interleaved;
     return -1;
 #endif
 }
