@@ -127,8 +127,7 @@ class Engine:
         named and seeded as `choices.py` says. Their prompt is computed once: each choice forks
         from the first, sharing its prompt's KV (a paged cache; with prompt logprobs asked for,
         each computes its own prompt, whose logits it reports)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InvalidRequestError("n", f"must be a positive integer, got {n!r}")
+        self.check_num_choices(n)
         ids = [choice_id(request.request_id, i) for i in range(n)]
         for request_id in ids:
             if request_id in self._requests:
@@ -144,7 +143,7 @@ class Engine:
             )
 
         first = alone(ids[0], request.params)
-        self._queue(first, request.parses_tool_calls)
+        self._queue(first, request.parses_tool_calls, 0)
         for i, request_id in enumerate(ids[1:], start=1):
             params = request.params
             if params.seed is not None:
@@ -153,15 +152,24 @@ class Engine:
                 seq = first.fork(request_id, params)
             else:
                 seq = alone(request_id, params)
-            self._queue(seq, request.parses_tool_calls)
+            self._queue(seq, request.parses_tool_calls, i)
         return ids
 
-    def _queue(self, seq: Sequence, parses_tool_calls: bool) -> None:
+    def check_num_choices(self, n: int) -> None:
+        """InvalidRequestError naming `n` unless 1 <= n <= max_num_seqs (every choice must be
+        able to run at once); any thread may call it (a server checks before taking slots)."""
+        limit = self.scheduler.max_num_seqs
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
+            raise InvalidRequestError(
+                "n", f"{n!r} choices; allowed: 1 to {limit} (this worker's maxNumSeqs)"
+            )
+
+    def _queue(self, seq: Sequence, parses_tool_calls: bool, index: int) -> None:
         request_id = seq.seq_id
         self.scheduler.add(seq)
         decoder = IncrementalDecoder(self.tokenizer, list(seq.prompt_token_ids))
         parser = ToolCallParser() if parses_tool_calls else None
-        self._requests[request_id] = RequestState(request_id, seq.params, decoder, parser)
+        self._requests[request_id] = RequestState(request_id, seq.params, decoder, parser, index)
         self._seqs[request_id] = seq
 
     def add_request(
@@ -383,6 +391,7 @@ class Engine:
             logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs(seq, state) if first else (),
             tool_calls=tool_calls,
+            index=state.index,
         )
 
     def _prompt_logprobs(self, seq: Sequence, state: RequestState) -> tuple[OutputLogprobs, ...]:
@@ -396,7 +405,7 @@ class Engine:
 
     def _fail(self, seq_id: str, cause: str) -> RequestOutput | None:
         """End one request that failed alone: its KV is freed, its last output says why."""
-        seq = self._seqs.get(seq_id)
+        seq, state = self._seqs.get(seq_id), self._requests.get(seq_id)
         if seq is None or not self.scheduler.abort(seq_id, FinishReason.ERROR):
             return None  # aborted since the step was scheduled
         log.error("request %s failed: %s", seq_id, cause)
@@ -410,6 +419,7 @@ class Engine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             error=cause,
+            index=state.index,
         )
 
     def _forget(self, request_id: str) -> None:

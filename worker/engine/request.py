@@ -54,6 +54,7 @@ class RequestOutput:
     prompt_logprobs: tuple[OutputLogprobs, ...] = ()
     # With tools: the calls completed since the previous output (new_text holds what is no call).
     tool_calls: tuple[ToolCall, ...] = ()
+    index: int = 0  # the choice's, among its request's n (Engine.add_choices)
 
 
 class RequestState:
@@ -66,8 +67,10 @@ class RequestState:
         params: SamplingParams,
         decoder: IncrementalDecoder,
         tool_parser: ToolCallParser | None = None,
+        index: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.index = index  # the choice's (Engine.add_choices)
         self.params = params
         self.decoder = decoder
         self.text = ""

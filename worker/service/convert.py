@@ -89,6 +89,7 @@ class GenerateCall:
     params: SamplingParams
     request_id: str | None  # None: the engine names it
     chat: bool
+    n: int  # choices (0 on the wire is 1)
 
 
 def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall:
@@ -125,7 +126,12 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
                     "with sampling.constraint",
                 )
             params = dataclasses.replace(params, constraint=forced)
-    return GenerateCall(prompt, params, msg.request_id or None, msg.chat)
+    return GenerateCall(prompt, params, msg.request_id or None, msg.chat, num_choices(msg))
+
+
+def num_choices(msg: inference_pb2.GenerateRequest) -> int:
+    """The choices a GenerateRequest asks for: `n`, where 0 (unset) means one."""
+    return msg.n or 1
 
 
 @dataclass(frozen=True)
@@ -263,6 +269,7 @@ def fill_generate_response(
         msg.num_prompt_tokens = output.num_prompt_tokens
     msg.num_output_tokens = output.num_output_tokens
     msg.worker_id = worker_id
+    msg.index = output.index
     for call in output.tool_calls:
         msg.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     for field, entries in (

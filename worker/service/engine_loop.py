@@ -13,6 +13,10 @@ at most one step; the loop never starves callers the way a lock re-taken in a ti
 `start` is the non-blocking form for a multiplexed caller: a prepared request whose outputs go
 to an `Outbox`, flushed once per step, so that one message can carry a step's tokens.
 
+A request of `n` choices (`Engine.add_choices`) is one stream: its outputs carry their choice's
+index, a cancel aborts every choice, and a choice that fails fails the request (the others are
+aborted).
+
 A request that fails alone (finish_reason ERROR) ends its own stream with RequestFailedError; a
 step that raises fails every stream in flight, and `StepHealth` hears of each step's outcome.
 """
@@ -103,32 +107,30 @@ class EngineLoop:
         request_id: str | None = None,
         *,
         chat: bool = False,
+        n: int = 1,
     ) -> RequestStream:
-        """Queue a request and return its stream; InvalidRequestError (naming the field) when
-        the engine cannot serve it, EngineLoopClosedError after `close()`.
+        """Queue a request of `n` choices and return its stream; InvalidRequestError (naming
+        the field) when the engine cannot serve it, EngineLoopClosedError after `close()`.
 
         NOTE: the request is checked and tokenized here, on the caller's thread, so a long
         prompt never holds up the steps of the requests already running."""
         prepared = self.engine.prepare(prompt, params, request_id, chat=chat)
-        return self._call(self._add, (prepared,))
+        return self._call(self._add, (prepared, n))
 
-    def start(self, prepared: PreparedRequest, outbox: Outbox, key: int) -> RequestStream:
-        """Queue a prepared request (`engine.prepare`, on the caller's thread) and return at
-        once; its outputs go to `outbox` under `key`. If the engine refuses it when it is added
-        (its id already in flight), that error is its only item. EngineLoopClosedError after
-        `close()`."""
-        stream = RequestStream(
-            prepared.request_id,
-            self._cancel_later,
-            outbox,
-            key,
-            stream_interval=self.stream_interval,
-        )
+    def start(
+        self, prepared: PreparedRequest, outbox: Outbox, key: int, n: int = 1
+    ) -> RequestStream:
+        """Queue a prepared request of `n` choices (`engine.prepare`, on the caller's thread)
+        and return at once; its outputs go to `outbox` under `key`. If the engine refuses it
+        when it is added (its id already in flight), that error is its only item.
+        EngineLoopClosedError after `close()`."""
+        stream = self._stream(prepared.request_id, n, outbox, key)
         self._enqueue(None, self._add_started, (prepared, stream))
         return stream
 
     def abort(self, request_id: str) -> bool:
-        """Abort a request and free its KV; False when it is unknown or already finished."""
+        """Abort a request (every choice of it) and free its KV; False when it is unknown or
+        already finished."""
         return self._call(self._abort, (request_id,))
 
     def load(self) -> EngineLoad:
@@ -216,36 +218,58 @@ class EngineLoop:
                 else:
                     future.set_exception(error)
 
-    def _add(self, prepared: PreparedRequest) -> RequestStream:
-        request_id = self.engine.add(prepared)
-        stream = RequestStream(request_id, self._cancel_later, stream_interval=self.stream_interval)
-        self._streams[request_id] = stream
+    def _stream(
+        self, request_id: str, n: int, outbox: Outbox | None = None, key: int = 0
+    ) -> RequestStream:
+        return RequestStream(
+            request_id,
+            self._cancel_later,
+            outbox,
+            key,
+            stream_interval=self.stream_interval,
+            num_choices=n,
+        )
+
+    def _add(self, prepared: PreparedRequest, n: int) -> RequestStream:
+        stream = self._stream(prepared.request_id, n)
+        for request_id in self.engine.add_choices(prepared, n):
+            self._streams[request_id] = stream
         return stream
 
     def _add_started(self, prepared: PreparedRequest, stream: RequestStream) -> None:
         try:
-            self.engine.add(prepared)
+            request_ids = self.engine.add_choices(prepared, len(stream.choice_ids))
         except Exception as error:
             stream._fail(error)
         else:
-            self._streams[prepared.request_id] = stream
+            for request_id in request_ids:
+                self._streams[request_id] = stream
         finally:
             stream.outbox.flush()
 
     def _abort(self, request_id: str) -> bool:
-        aborted = self.engine.abort(request_id)
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return self.engine.abort(request_id)
+        self._abort_stream(stream)
+        return True
+
+    def _abort_stream(self, stream: RequestStream) -> None:
+        """Abort every choice of `stream` still running; each ends with an ABORT output."""
+        # NOTE: only the ids that are this stream's: a stream whose add was refused because
+        # another request holds the id must never abort that one.
+        if self._drop(stream):
             stream._put_aborted()
             if stream.outbox is not None:
                 stream.outbox.flush()
-        return aborted
 
-    def _abort_stream(self, stream: RequestStream) -> None:
-        # NOTE: only while the id is this stream's: a stream whose add was refused because
-        # another request holds the id must never abort that one.
-        if self._streams.get(stream.request_id) is stream:
-            self._abort(stream.request_id)
+    def _drop(self, stream: RequestStream) -> bool:
+        """Abort the choices of `stream` still in the engine and forget them; whether any was."""
+        live = [r for r in stream.choice_ids if self._streams.get(r) is stream]
+        for request_id in live:
+            del self._streams[request_id]
+            self.engine.abort(request_id)
+        return bool(live)
 
     def _step(self) -> None:
         started_s = time.perf_counter()
@@ -268,24 +292,25 @@ class EngineLoop:
             if stream is None:
                 continue
             if output.finish_reason is FinishReason.ERROR:
-                stream._fail(RequestFailedError(output.request_id, output.error))
+                stream._fail(RequestFailedError(stream.request_id, output.error))
+                self._drop(stream)  # its other choices: a request fails whole
             else:
                 if output.finished:
                     _log_finished(output)  # NOTE: before its reader can see the end
                 stream._put(output)
             if output.finished:
-                del self._streams[output.request_id]
+                self._streams.pop(output.request_id, None)
             if stream.outbox is not None:
                 outboxes.add(stream.outbox)
         for outbox in outboxes:  # one batch per outbox per step
             outbox.flush()
 
     def _fail_all(self, error: Exception) -> None:
-        for request_id, stream in list(self._streams.items()):
+        for stream in {id(s): s for s in self._streams.values()}.values():
             try:
-                self.engine.abort(request_id)
+                self._drop(stream)
             except Exception:
-                log.exception("aborting %s after the failure failed too", request_id)
+                log.exception("aborting %s after the failure failed too", stream.request_id)
             stream._fail(error)
             if stream.outbox is not None:
                 stream.outbox.flush()

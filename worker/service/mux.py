@@ -12,7 +12,9 @@ Threads of one call:
   never holds up the commands behind it), then hand it to the engine loop without waiting.
 
 Every request keeps its own outcome: a refusal (no slot, a bad field) or a failure is an error
-event for its key alone, with the status its own call would have had. Ending the call, from
+event for its key alone, with the status its own call would have had. A request of n choices
+(`GenerateRequest.n`) takes n slots and streams every choice under its key, which ends with the
+last choice's finished output. Ending the call, from
 either side, aborts every request still on it. A start's `timeout_s` is enforced here too.
 """
 
@@ -84,7 +86,9 @@ class _Session:
         self._prepare = prepare
         self.outbox = Outbox()
         self._lock = threading.Lock()
-        self._streams: dict[int, object] = {}  # key -> RequestStream or _PREPARING; holds a slot
+        self._streams: dict[int, object] = {}  # key -> RequestStream or _PREPARING; holds slots
+        self._num_slots: dict[int, int] = {}  # key -> slots it holds: its choices
+        self._num_running: dict[int, int] = {}  # key -> its choices not yet finished
         self._cancel_early: set[int] = set()  # cancelled while preparing
         self._deadlines: list[tuple[float, int, RequestStream]] = []  # a heap
         self._closed = False
@@ -114,12 +118,15 @@ class _Session:
             if key in self._streams:
                 self.outbox.put_now(key, ValueError(f"stream: key {key} is already in use"))
                 return
+            n = convert.num_choices(request)
             try:
-                self._slots.acquire()
+                self._loop.engine.check_num_choices(n)
+                self._slots.acquire(n)
             except Exception as refusal:
                 self.outbox.put_now(key, refusal)
                 return
             self._streams[key] = _PREPARING
+            self._num_slots[key] = self._num_running[key] = n
         try:
             self._prepare.submit(self._prepare_and_start, key, request, timeout_s)
         except RuntimeError as error:  # the server is stopping
@@ -143,7 +150,7 @@ class _Session:
                 prepared = self._loop.engine.prepare(
                     call.prompt, call.params, call.request_id, chat=call.chat
                 )
-            stream = self._loop.start(prepared, self.outbox, key)
+            stream = self._loop.start(prepared, self.outbox, key, call.n)
         except Exception as error:
             self._refuse(key, error)
             return
@@ -190,7 +197,7 @@ class _Session:
                 self._release(key)
             else:
                 convert.fill_generate_response(event.output, item, self._worker_id)
-                if item.finished:
+                if item.finished and self._finish_choice(key):
                     self._release(key)
         return message
 
@@ -213,12 +220,22 @@ class _Session:
 
     # -- any thread --------------------------------------------------------------------------
 
+    def _finish_choice(self, key: int) -> bool:
+        """One of the key's choices finished: whether it was the last."""
+        with self._lock:
+            if key not in self._num_running:
+                return False  # it has ended already
+            self._num_running[key] -= 1
+            return self._num_running[key] == 0
+
     def _release(self, key: int) -> bool:
-        """The key's end: give back its slot (once). False when it had already ended."""
+        """The key's end: give back its slots (once). False when it had already ended."""
         with self._lock:
             if self._streams.pop(key, None) is None:
                 return False
-        self._slots.release()
+            self._num_running.pop(key, None)
+            num = self._num_slots.pop(key)
+        self._slots.release(num)
         return True
 
     def close(self) -> None:
@@ -228,9 +245,10 @@ class _Session:
                 return
             self._closed = True
             left, self._streams = self._streams, {}
+            num_slots, self._num_slots = self._num_slots, {}
             self._deadlines.clear()
-        for stream in left.values():
-            self._slots.release()
+        for key, stream in left.items():
+            self._slots.release(num_slots[key])
             if isinstance(stream, RequestStream):
                 stream.cancel()
         if left:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import queue
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from intentserve.common.choices import choice_id
 from intentserve.common.streaming import END, HandOver
 from intentserve.worker.engine.request import RequestOutput
 from intentserve.worker.sched.sequence import FinishReason
@@ -80,16 +82,19 @@ class Outbox:
 
 
 class RequestStream(HandOver):
-    """The RequestOutput deltas of one request, in order; ends after the finished output.
+    """The RequestOutput deltas of one request's choices (`n`, one by default), in order for
+    each choice, tagged with its index and named by the request's id; it ends after every
+    choice's finished output.
 
-    Iterating raises the engine's error if a step failed while the request was in flight.
+    Iterating raises the engine's error if a step failed while the request was in flight, or
+    one of its choices failed (the others are aborted then: a request fails whole).
 
-    With a stream interval of n, the first output goes out at once (the time to the first
-    token is unchanged) and the rest n tokens at a time: an output with fewer waits, joined
-    with the next ones, until the request's tokens since the last delivery reach n or it ends
-    (finished, aborted or failed), which delivers whatever is held. Each delivery is a message
-    through the worker's call, the controller and the client, so a larger n divides the served
-    path's per-token cost by about n, at the price of a chunkier stream.
+    With a stream interval of n, each choice's first output goes out at once (the time to the
+    first token is unchanged) and the rest n tokens at a time: an output with fewer waits,
+    joined with the next ones, until the choice's tokens since the last delivery reach n or it
+    ends (finished, aborted or failed), which delivers whatever is held. Each delivery is a
+    message through the worker's call, the controller and the client, so a larger n divides the
+    served path's per-token cost by about n, at the price of a chunkier stream.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class RequestStream(HandOver):
         key: int = 0,
         *,
         stream_interval: int = 1,
+        num_choices: int = 1,
     ) -> None:
         """With `outbox`, items go there under `key` instead of to this stream's iterator."""
         self.request_id = request_id
@@ -108,72 +114,101 @@ class RequestStream(HandOver):
         self.key = key
         super().__init__()
         self.finished = False  # set by the loop once the last item is queued
-        self._num_prompt_tokens = 0
-        self._num_output_tokens = 0
         self._stream_interval = stream_interval
-        self._held: RequestOutput | None = None  # outputs joined, waiting for the interval
-        self._delivered_any = False
+        self._choices = [_Choice(choice_id(request_id, i)) for i in range(num_choices)]
+
+    @property
+    def choice_ids(self) -> tuple[str, ...]:
+        """The engine's ids of the request's choices, by index."""
+        return tuple(choice.request_id for choice in self._choices)
 
     def cancel(self) -> None:
-        """Abort the request without waiting; the stream then ends with an ABORT output."""
+        """Abort the request without waiting; the stream then ends with an ABORT output for
+        each choice still running."""
         if not self.finished:
             self._cancel(self)
 
     # -- called on the loop thread only ------------------------------------------------------
 
     def _put(self, output: RequestOutput) -> None:
-        self._num_prompt_tokens = output.num_prompt_tokens
-        self._num_output_tokens = output.num_output_tokens
-        if self._held is not None:
-            output = _joined(self._held, output)
-            self._held = None
+        choice = self._choices[output.index]
+        if self.finished or choice.finished:
+            return
+        output = dataclasses.replace(output, request_id=self.request_id)
+        choice.num_prompt_tokens = output.num_prompt_tokens
+        choice.num_output_tokens = output.num_output_tokens
+        if choice.held is not None:
+            output = _joined(choice.held, output)
+            choice.held = None
         if (
             not output.finished
-            and self._delivered_any
+            and choice.delivered_any
             and len(output.new_token_ids) < self._stream_interval
         ):
-            self._held = output
+            choice.held = output
             return
-        self._delivered_any = True
+        choice.delivered_any = True
+        choice.finished = output.finished
+        done = all(c.finished for c in self._choices)
         if self.outbox is not None:
             self.outbox.add(self.key, output)
-            self.finished = output.finished
+            self.finished = done
             return
         self._items.put(output)
-        if output.finished:
+        if done:
             self._end()
 
     def _put_aborted(self) -> None:
+        """An ABORT output for each choice still running (with what it held back)."""
         # NOTE: a request aborted before its first step has reported no prompt length yet (0).
-        self._put(
-            RequestOutput(
-                self.request_id,
-                (),
-                "",
-                True,
-                FinishReason.ABORT,
-                self._num_prompt_tokens,
-                self._num_output_tokens,
-            )
-        )
+        for index, choice in enumerate(self._choices):
+            if not choice.finished:
+                self._put(
+                    RequestOutput(
+                        self.request_id,
+                        (),
+                        "",
+                        True,
+                        FinishReason.ABORT,
+                        choice.num_prompt_tokens,
+                        choice.num_output_tokens,
+                        index=index,
+                    )
+                )
 
     # NOTE: `finished` is set before the last item is queued, so a consumer that has seen the
     # end never sends a needless abort from `cancel()`.
     def _fail(self, error: BaseException) -> None:
+        if self.finished:
+            return
         self.finished = True
-        held, self._held = self._held, None
+        held = [c.held for c in self._choices if c.held is not None]
+        for choice in self._choices:
+            choice.held = None
         if self.outbox is not None:
-            if held is not None:
-                self.outbox.add(self.key, held)
+            for output in held:
+                self.outbox.add(self.key, output)
             self.outbox.add(self.key, error)
             return
-        if held is not None:
-            self._items.put(held)
+        for output in held:
+            self._items.put(output)
         self._items.put(error)
 
     def _end(self) -> None:
         self.finished = True
         self._items.put(END)
+
+
+@dataclass
+class _Choice:
+    """One choice's place in its request's stream."""
+
+    request_id: str  # the engine's
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    held: RequestOutput | None = None  # outputs joined, waiting for the interval
+    delivered_any: bool = False
+    finished: bool = False
 
 
 def _joined(first: RequestOutput, then: RequestOutput) -> RequestOutput:

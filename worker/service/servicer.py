@@ -23,30 +23,37 @@ class WorkerOverloadedError(RuntimeError):
 
 class StreamSlots:
     """The worker's limit on requests in flight, shared by `Generate` calls and the requests of
-    the multiplexed stream (`mux`)."""
+    the multiplexed stream (`mux`); a request of n choices takes n slots."""
 
     def __init__(self, worker_id: str, max_streams: int) -> None:
         self.worker_id = worker_id
         self.max_streams = max_streams
-        self._slots = threading.BoundedSemaphore(max_streams)
+        self._lock = threading.Lock()
+        self._num_taken = 0
 
-    def acquire(self) -> None:
-        """Take a slot, or raise WorkerOverloadedError at once (never wait)."""
-        if not self._slots.acquire(blocking=False):
-            raise WorkerOverloadedError(
-                f"worker {self.worker_id} is serving its maximum of {self.max_streams} streams"
-            )
+    def acquire(self, num: int = 1) -> None:
+        """Take `num` slots, or none and raise WorkerOverloadedError at once (never wait)."""
+        with self._lock:
+            if self._num_taken + num > self.max_streams:
+                raise WorkerOverloadedError(
+                    f"worker {self.worker_id} is serving its maximum of {self.max_streams} "
+                    f"streams ({self._num_taken} taken, {num} asked)"
+                )
+            self._num_taken += num
 
-    def release(self) -> None:
-        self._slots.release()
+    def release(self, num: int = 1) -> None:
+        with self._lock:
+            if num > self._num_taken:
+                raise RuntimeError(f"releasing {num} stream slots; {self._num_taken} are taken")
+            self._num_taken -= num
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self.acquire()
+    def held(self, num: int = 1) -> Iterator[None]:
+        self.acquire(num)
         try:
             yield
         finally:
-            self.release()
+            self.release(num)
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -59,11 +66,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[inference_pb2.GenerateResponse]:
         call = convert.generate_request_from_pb(request)
+        self._loop.engine.check_num_choices(call.n)  # before its slots: past them it never fits
         # NOTE: each stream holds a server thread; past max_streams a call would queue unseen.
-        with self._slots.held():
+        with self._slots.held(call.n):
             with convert.proto_field_names():
                 stream = self._loop.submit(
-                    call.prompt, call.params, call.request_id, chat=call.chat
+                    call.prompt, call.params, call.request_id, chat=call.chat, n=call.n
                 )
             # Client cancel or deadline: abort at once, even while the request is still queued.
             if not context.add_callback(stream.cancel):

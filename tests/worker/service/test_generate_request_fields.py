@@ -71,6 +71,7 @@ HONOURED = {
             c.prompt.parallel_tool_calls and c.params.constraint.kind is ConstraintKind.TOOL_CALLS
         ),
     ),
+    "n": ({"prompt": "Hi", "n": 3}, lambda c: c.n == 3),
     "sampling.temperature": (
         {"sampling": {"temperature": 0.5}},
         lambda c: c.params.temperature == 0.5,

@@ -32,6 +32,7 @@ class Mux:
         self.messages: list[worker_pb2.StreamEvents] = []
         self.events: dict[int, list[worker_pb2.StreamEvent]] = {}
         self._ended: dict[int, threading.Event] = {}
+        self._num_running: dict[int, int] = {}  # key -> its choices not yet finished
         self._lock = threading.Lock()
         self.error: grpc.RpcError | None = None
         self.ended = threading.Event()  # the call's response stream is over
@@ -44,6 +45,7 @@ class Mux:
     def start(self, key: int, request: inference_pb2.GenerateRequest, timeout_s: float = 0.0):
         with self._lock:
             self._ended[key] = threading.Event()
+            self._num_running[key] = request.n or 1
             self.events[key] = []
         self._commands.put(worker_pb2.StreamCommand(stream=key, start=request, timeout_s=timeout_s))
 
@@ -77,7 +79,9 @@ class Mux:
                     self.messages.append(message)
                     for event in message.events:
                         self.events[event.stream].append(event)
-                        if event.HasField("error") or event.output.finish_reason:
+                        if event.output.finish_reason:
+                            self._num_running[event.stream] -= 1
+                        if event.HasField("error") or not self._num_running[event.stream]:
                             self._ended[event.stream].set()
         except grpc.RpcError as error:
             self.error = error
@@ -217,6 +221,28 @@ def test_requests_past_max_streams_are_refused_one_by_one(server, mux):
     # Their slots were given back: a next request is served.
     mux.start(100, request("after"))
     assert len(tokens(mux.wait(100))) == NUM_TOKENS
+
+
+def test_n_choices_stream_under_one_key_and_take_n_slots(server, mux):
+    seeded = {"sampling": inference_pb2.SamplingParams(temperature=1.0, seed=5)}
+    mux.start(1, request("choose", max_tokens=60, n=3, **seeded))
+    mux.start(2, request("no room", n=MAX_STREAMS - 2))  # 3 + 4 slots of 6
+    refused = mux.wait(2)[0].error
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    mux.start(3, request("too many", n=5))  # past maxNumSeqs (4)
+    invalid = mux.wait(3)[0].error
+    assert invalid.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert violation_in(invalid.status_details).field == "n"
+    events = mux.wait(1)
+    by_choice = {i: [e.output for e in events if e.output.index == i] for i in range(3)}
+    assert all(len([t for o in outs for t in o.token_ids]) == 60 for outs in by_choice.values())
+    assert all(outs[-1].finish_reason for outs in by_choice.values())
+    assert len({tuple(t for o in outs for t in o.token_ids) for outs in by_choice.values()}) > 1
+    assert events[-1].output.finish_reason  # nothing after the last choice's end
+    # Its three slots came back with its end: a request of every slot is served.
+    mux.start(4, request("after", n=4, **seeded))
+    assert len(tokens(mux.wait(4))) == 4 * NUM_TOKENS
+    assert_idle(server)
 
 
 def test_a_duplicate_request_id_is_refused_and_its_cancel_spares_the_holder(server, mux):
