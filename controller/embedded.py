@@ -36,11 +36,11 @@ class EmbeddedTable:
             if r.state is WorkerState.READY and r.realized is not None
         )
 
-    def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
-        return self._deployment.registry.try_acquire(worker_id, max_outstanding)
+    def try_acquire(self, worker_id: str, max_outstanding: int, num: int = 1) -> bool:
+        return self._deployment.registry.try_acquire(worker_id, max_outstanding, num)
 
-    def release(self, worker_id: str) -> None:
-        self._deployment.registry.release(worker_id)
+    def release(self, worker_id: str, num: int = 1) -> None:
+        self._deployment.registry.release(worker_id, num)
 
     def suspect(self, worker_id: str, address: str, reason: Reason) -> bool:
         return self._deployment.suspect(worker_id, address, reason) is not None

@@ -64,7 +64,7 @@ class WorkerRecord:
     realized: RealizedCache | None = None  # None until it reports
     problem: Reason | None = None  # why it is REJECTED or LOST
     load: WorkerLoad = field(default_factory=WorkerLoad)
-    num_outstanding: int = 0  # requests in flight through the controller
+    num_outstanding: int = 0  # requests in flight through the controller (n choices count n)
     num_registrations: int = 1  # a restarted worker registers again with the same id
     suspect_since_s: float = 0.0  # clock time it last became SUSPECT
     # NOTE: the secret its registration was answered with; a report or heartbeat speaks for this
@@ -273,22 +273,23 @@ class Registry:
             self._on_change()
         return tuple(lost)
 
-    def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
-        """Count one more request on a READY worker below its limit; False otherwise."""
+    def try_acquire(self, worker_id: str, max_outstanding: int, num: int = 1) -> bool:
+        """Count `num` more slots (a request's choices) on a READY worker that stays within its
+        limit; False otherwise."""
         with self._lock:
             old = self._records.get(worker_id)
             if old is None or old.state is not WorkerState.READY:
                 return False
-            if old.num_outstanding >= max_outstanding:
+            if old.num_outstanding + num > max_outstanding:
                 return False
-            self._records[worker_id] = replace(old, num_outstanding=old.num_outstanding + 1)
+            self._records[worker_id] = replace(old, num_outstanding=old.num_outstanding + num)
             return True
 
-    def release(self, worker_id: str) -> None:
+    def release(self, worker_id: str, num: int = 1) -> None:
         with self._lock:
             old = self._records.get(worker_id)
             if old is not None:
-                count = max(old.num_outstanding - 1, 0)
+                count = max(old.num_outstanding - num, 0)
                 self._records[worker_id] = replace(old, num_outstanding=count)
 
     def _get(self, worker_id: str) -> WorkerRecord:

@@ -225,7 +225,13 @@ class _Seen:
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.finish = inference_pb2.FINISH_REASON_UNSPECIFIED
-        self.num_prompt_tokens = self.num_output_tokens = 0
+        self.num_prompt_tokens = 0
+        self._num_output_tokens: dict[int, int] = {}  # by choice (GenerateRequest.n)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Every choice's generated tokens (one prompt, as OpenAI counts n choices)."""
+        return sum(self._num_output_tokens.values())
 
     def add(self, response: inference_pb2.GenerateResponse, metrics: RequestMetrics) -> None:
         now_s = time.perf_counter()
@@ -237,7 +243,8 @@ class _Seen:
             metrics._token(num_tokens, None, (now_s - self.last_token_s) / num_tokens)
         if num_tokens:
             self.last_token_s = now_s
-        self.num_output_tokens = max(self.num_output_tokens, response.num_output_tokens)
+        so_far = self._num_output_tokens.get(response.index, 0)
+        self._num_output_tokens[response.index] = max(so_far, response.num_output_tokens)
         if response.finish_reason:
             self.finish = response.finish_reason
             self.num_prompt_tokens = response.num_prompt_tokens

@@ -10,6 +10,10 @@ checked once, by the worker's engine; its INVALID_ARGUMENT (naming the field) pa
 A call the worker ends with UNAVAILABLE (its process died, its connection broke, its engine
 stopped) makes that worker SUSPECT at once; a client's own cancel or deadline never does.
 
+A request of n choices (`GenerateRequest.n`) goes to one worker whole and takes n of its slots
+(all of them when n is more: the worker, whose own slots are the authority, then serves or
+refuses it); a retry before the first response retries every choice.
+
 Both front ends route on an event loop with `agenerate` (the gRPC server's, uvicorn's for the
 HTTP API): a client's cancel or deadline arrives as `asyncio.CancelledError` in the handler and
 the worker's request is cancelled on the way out.
@@ -95,7 +99,7 @@ class Router:
         None: its realized sequence slots."""
         self._table = table
         self._max_per_worker = max_outstanding_per_worker
-        self.queue: AdmissionQueue[Route] = AdmissionQueue(
+        self.queue: AdmissionQueue[tuple[Route, int]] = AdmissionQueue(
             queue_limits, num_slots=self._num_slots, wait_times=queue_wait_times
         )
         self.channels = WorkerChannels(table, channel_factory, aio_channel_factory)
@@ -114,8 +118,10 @@ class Router:
         tried: dict[str, Exception] = {}
         arrived_s, again_since_s = time.monotonic(), None
         while True:
-            route = await self.queue.take(
-                lambda: self._acquire(tried), _timeout_s(context), again_since_s=again_since_s
+            route, num_slots = await self.queue.take(
+                lambda: self._acquire(tried, request.n or 1),
+                _timeout_s(context),
+                again_since_s=again_since_s,
             )
             full = False
             try:
@@ -135,7 +141,7 @@ class Router:
             finally:
                 if not full:
                     self._full.clear(route.worker_id)  # a slot of it freed, if it took one
-                self._table.release(route.worker_id)
+                self._table.release(route.worker_id, num_slots)
                 self.queue.wake()
 
     def abort_streams(self, worker_id: str, reason: Reason) -> int:
@@ -175,10 +181,11 @@ class Router:
         """The slots of the READY workers (what the queue's default bound is a multiple of)."""
         return sum(self._limit(r) for r in self._table.routes())
 
-    def _acquire(self, tried: dict[str, Exception]) -> Route | None:
-        """The READY worker with the fewest outstanding requests that has room for one more;
-        None when every READY worker not yet tried is full, by this router's count or its own
-        refusal (the request waits)."""
+    def _acquire(self, tried: dict[str, Exception], n: int) -> tuple[Route, int] | None:
+        """The READY worker with the fewest outstanding requests that has room for a request of
+        `n` choices, and the slots it took there (n, or all when n is more); None when every
+        READY worker not yet tried is full, by this router's count or its own refusal (the
+        request waits)."""
         ready = [r for r in self._table.routes() if r.worker_id not in tried]
         if ready:  # rotate, so that equally loaded workers take turns (the sort is stable)
             shift = next(self._turn) % len(ready)
@@ -186,8 +193,9 @@ class Router:
         for route in sorted(ready, key=lambda r: r.num_outstanding):
             if self._full.is_full(route.worker_id):
                 continue
-            if self._table.try_acquire(route.worker_id, self._limit(route)):
-                return route
+            limit = self._limit(route)
+            if self._table.try_acquire(route.worker_id, limit, min(n, limit)):
+                return route, min(n, limit)
         if ready:
             return None
         if tried:

@@ -31,7 +31,7 @@ class Route:
     worker_id: str
     address: str  # host:port of its WorkerStreams server
     max_num_seqs: int  # the sequence slots it realized
-    num_outstanding: int = 0  # requests this router has in flight on it
+    num_outstanding: int = 0  # slots this router holds on it: a request's choices, summed
 
 
 class WorkerTable(Protocol):
@@ -41,12 +41,12 @@ class WorkerTable(Protocol):
         """The workers requests may go to now, by worker id."""
         ...
 
-    def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
-        """Count one more request on the worker unless it has `max_outstanding` or is no longer
-        routable."""
+    def try_acquire(self, worker_id: str, max_outstanding: int, num: int = 1) -> bool:
+        """Count `num` more slots (a request's choices) on the worker unless that would pass
+        `max_outstanding` or it is no longer routable."""
         ...
 
-    def release(self, worker_id: str) -> None: ...
+    def release(self, worker_id: str, num: int = 1) -> None: ...
 
     def suspect(self, worker_id: str, address: str, reason: Reason) -> bool:
         """A stream to the worker at `address`, or its connection, broke: route nothing to it

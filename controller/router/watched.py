@@ -222,21 +222,21 @@ class WatchedTable:
                 for k, e in sorted(self._routable().items())
             )
 
-    def try_acquire(self, worker_id: str, max_outstanding: int) -> bool:
+    def try_acquire(self, worker_id: str, max_outstanding: int, num: int = 1) -> bool:
         with self._lock:
             entry = self._routable().get(worker_id)
             if entry is None:
                 return False
             count = self._outstanding.get(worker_id, 0)
-            if count >= max_outstanding:
+            if count + num > max_outstanding:
                 return False
-            self._outstanding[worker_id] = count + 1
+            self._outstanding[worker_id] = count + num
             self._in_flight_at[worker_id] = entry.address
             return True
 
-    def release(self, worker_id: str) -> None:
+    def release(self, worker_id: str, num: int = 1) -> None:
         with self._lock:
-            count = self._outstanding.get(worker_id, 0) - 1
+            count = self._outstanding.get(worker_id, 0) - num
             if count > 0:
                 self._outstanding[worker_id] = count
             else:

@@ -24,7 +24,9 @@ handlers with no thread in between. Measured on the 2-core AMD EPYC, one request
 per 8 ms, CPU of the reading process per message: ~780 us with the thread (grpc's channel-spin
 thread wakes the reader, which wakes the loop), ~550 us on the loop (docs/engine.md). A
 request's failure arrives as `StreamFailed`, an `RpcError` with the code and details its own call
-would have ended with, so the router treats both alike. When the call itself ends (the worker
+would have ended with, so the router treats both alike. A request of n choices
+(`GenerateRequest.n`) streams each choice's responses under its one key; its stream ends after
+the last choice's finished response. When the call itself ends (the worker
 died, its server stopped, the channel closed) every request still on it fails with that status
 (UNAVAILABLE, also when the worker's server cancelled the call), and the next `open` on a closed
 mux is refused (the caller makes a new one).
@@ -176,6 +178,7 @@ class WorkerMux:
         self.loop = loop
         self._lock = threading.Lock()
         self._streams: dict[int, Stream] = {}
+        self._num_running: dict[int, int] = {}  # key -> its choices not yet finished
         self._keys = itertools.count(1)
         self._ended: StreamFailed | None = None
         self._closing = False  # close() was called: a CANCELLED end is ours
@@ -211,6 +214,7 @@ class WorkerMux:
             key = next(self._keys)
             stream = MuxStream(self, key) if loop is None else AsyncMuxStream(self, key, loop)
             self._streams[stream.key] = stream
+            self._num_running[stream.key] = request.n or 1
         self._send(
             worker_pb2.StreamCommand(stream=stream.key, start=request, timeout_s=timeout_s or 0.0)
         )
@@ -221,6 +225,7 @@ class WorkerMux:
         with self._lock:
             if self._streams.pop(key, None) is None:
                 return False
+            del self._num_running[key]
         self._send(worker_pb2.StreamCommand(stream=key, cancel=True))
         return True
 
@@ -319,6 +324,7 @@ class WorkerMux:
         with self._lock:
             self._ended = ended
             left, self._streams = self._streams, {}
+            self._num_running.clear()
         _hand_over((stream, ended) for stream in left.values())
 
     def _dispatch(self, message: worker_pb2.StreamEvents) -> None:
@@ -333,10 +339,12 @@ class WorkerMux:
                     output = event.output
                     deliveries.append((stream, output))
                     if output.finish_reason:
-                        del streams[event.stream]
-                        deliveries.append((stream, END))
+                        self._num_running[event.stream] -= 1
+                        if not self._num_running[event.stream]:  # its last choice's end
+                            del streams[event.stream], self._num_running[event.stream]
+                            deliveries.append((stream, END))
                 else:
-                    del streams[event.stream]
+                    del streams[event.stream], self._num_running[event.stream]
                     code = _CODES.get(event.error.code, grpc.StatusCode.UNKNOWN)
                     violation = violation_in(event.error.status_details)
                     failure = StreamFailed(code, event.error.details, violation)

@@ -211,12 +211,15 @@ class _FakeStreams(worker_pb2_grpc.WorkerStreamsServicer):
             if i:
                 time.sleep(w.token_delay_s)
             last = i == w.num_tokens - 1
-            output(
-                token_ids=[100 + i],
-                text=f"t{i} ",
-                num_output_tokens=i + 1,
-                finish_reason=inference_pb2.FINISH_REASON_LENGTH if last else 0,
-            )
+            for index in range(request.n or 1):  # each choice's tokens, as a step gives them
+                output(
+                    token_ids=[100 + i],
+                    text=f"t{i} ",
+                    num_output_tokens=i + 1,
+                    num_prompt_tokens=5 if last else 0,
+                    finish_reason=inference_pb2.FINISH_REASON_LENGTH if last else 0,
+                    index=index,
+                )
 
 
 # Float32 K and V of one token of the example model (`examples.LLAMA`), over all layers.

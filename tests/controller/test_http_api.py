@@ -112,14 +112,15 @@ def test_an_unknown_model_is_404_and_a_refused_field_400(start_controller, make_
         assert error.value.body["param"] == "frobnicate"
 
 
-def test_n_choices_are_n_requests_merged_whole_and_streamed(start_controller, make_worker):
+def test_n_choices_are_one_request_merged_whole_and_streamed(start_controller, make_worker):
     server, worker = ready_controller(start_controller, make_worker)
     with client_for(server) as client:
         done = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, n=3, seed=4)
         assert [c.index for c in done.choices] == [0, 1, 2]
         assert all(c.text == "t0 t1 t2 " for c in done.choices)
-        assert done.usage.completion_tokens == 9
-        assert [r.sampling.seed for r in worker.requests[-3:]] == [4, 5, 6]
+        assert done.usage.completion_tokens == 9 and done.usage.prompt_tokens == 5
+        assert worker.num_requests == 1  # the worker forks the choices
+        assert (worker.requests[-1].n, worker.requests[-1].sampling.seed) == (3, 4)
         chunks = list(
             client.chat.completions.create(
                 model=MODEL,
@@ -135,6 +136,9 @@ def test_n_choices_are_n_requests_merged_whole_and_streamed(start_controller, ma
         assert "".join(c.delta.content or "" for c in mine) == "t0 t1 t2 "
         assert mine[-1].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == 5  # the prompt once, as OpenAI counts it
+    assert worker.num_requests == 2 and worker.requests[-1].n == 2
+    eventually(lambda: server.deployment.registry.get("w0").num_outstanding == 0, what="released")
 
 
 def test_the_served_name_and_the_exact_reference_are_both_accepted(start_controller, make_worker):

@@ -38,7 +38,7 @@ COMMON = {
     "top_p": (0.5, lambda pb: pb.sampling.top_p == 0.5),
     "seed": (3, lambda pb: pb.sampling.seed == 3),
     "stop": (["x"], lambda pb: list(pb.stop.stop) == ["x"]),
-    "n": (2, lambda pb: True),  # one GenerateRequest per choice (test_openai_mapping)
+    "n": (2, lambda pb: pb.n == 2),  # the worker forks the choices
     "stream": (True, lambda pb: True),  # the reply's shape (test_http_api streams)
     "stream_options": ({"include_usage": True}, lambda pb: True),
     "presence_penalty": (0.5, lambda pb: pb.sampling.presence_penalty == 0.5),

@@ -387,17 +387,12 @@ def test_without_logprobs_asked_the_choice_says_null():
     assert reply.response()["choices"][0]["logprobs"] is None
 
 
-def test_n_choices_are_n_requests_with_their_own_ids_and_seeds():
-    from intentserve.controller.router.http.openai_convert import choice_requests
-
-    pb = completion_request_to_pb(completion(n=3, seed=2**64 - 2))
-    requests = choice_requests(pb, 3)
-    assert requests[0] is pb and len(requests) == 3
-    assert [r.request_id for r in requests[1:]] == [f"{pb.request_id}-1", f"{pb.request_id}-2"]
-    assert [r.sampling.seed for r in requests] == [2**64 - 2, 2**64 - 1, 0]
-    assert all(r.prompt == "Hi" for r in requests)
-    unseeded = choice_requests(completion_request_to_pb(completion(n=2)), 2)
-    assert not any(r.sampling.HasField("seed") for r in unseeded)
+@pytest.mark.parametrize(("n", "on_the_wire"), [(None, 1), (1, 1), (3, 3)])
+def test_n_choices_are_one_request_of_n(n, on_the_wire):
+    """The worker forks the choices from one prompt (and seeds choice i with seed + i)."""
+    pb = completion_request_to_pb(completion(n=n, seed=2**64 - 2))
+    assert (pb.n, pb.sampling.seed, pb.prompt) == (on_the_wire, 2**64 - 2, "Hi")
+    assert chat_request_to_pb(chat(n=n)).n == on_the_wire
 
 
 def test_n_replies_merge_into_one_response_with_indexed_choices():

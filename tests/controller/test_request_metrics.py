@@ -60,6 +60,21 @@ def test_a_finished_request_counts_its_tokens_and_latencies(metered):
     assert value(registry, "intentserve_e2e_request_latency_seconds_count") == 1
 
 
+def test_n_choices_count_every_choices_tokens_and_the_prompt_once(metered):
+    registry, metrics = metered
+
+    async def choices():
+        for one, two in zip(stream(3, 1), stream(3, 1), strict=True):
+            two.index = 1
+            yield one
+            yield two
+
+    assert len(asyncio.run(collect(metrics.aobserve(choices())))) == 6
+    assert value(registry, "intentserve_requests_total", status="ok", finish_reason="stop") == 1
+    assert value(registry, "intentserve_prompt_tokens_total") == 7
+    assert value(registry, "intentserve_generation_tokens_total") == 6
+
+
 def test_a_request_is_split_into_queue_prefill_and_decode_and_its_tokens_counted(metered):
     registry, metrics = metered
 

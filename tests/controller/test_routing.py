@@ -170,6 +170,60 @@ def test_one_worker_at_its_limit_with_no_queue_is_resource_exhausted(start_contr
     stream.cancel()
 
 
+def choices(n: int) -> inference_pb2.GenerateRequest:
+    return inference_pb2.GenerateRequest(
+        prompt="hello", n=n, stop=inference_pb2.StopConditions(max_tokens=4)
+    )
+
+
+def test_n_choices_go_to_one_worker_and_take_n_of_its_slots(start_controller, make_worker):
+    server, client = start_controller(
+        paged_attention="on", replicas=2, min_ready=1, max_outstanding_per_worker=4, max_queued=0
+    )
+    w0, w1 = (make_worker(server, f"w{i}", CPU, behaviour=Behaviour.BLOCK) for i in range(2))
+    w0.up()
+    w1.up()
+    eventually(lambda: server.verdict().num_verified == 2)
+    three = client.inference.Generate(choices(3), timeout=10)
+    first = next(three)
+    eventually(lambda: outstanding(server, first.worker_id) == 3, what="3 slots")
+    two = client.inference.Generate(choices(2), timeout=10)  # 3 + 2 > 4: the other worker
+    other = next(two).worker_id
+    assert other != first.worker_id and outstanding(server, other) == 2
+    with pytest.raises(grpc.RpcError) as error:  # neither has 3 free
+        list(client.inference.Generate(choices(3), timeout=5))
+    assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert w0.num_requests + w1.num_requests == 2  # each n-choice request is one request
+    for stream in (three, two):
+        stream.cancel()
+    eventually(lambda: outstanding(server, "w0") == outstanding(server, "w1") == 0)
+
+
+def test_n_past_a_workers_limit_takes_all_its_slots_and_the_worker_decides(
+    start_controller, make_worker
+):
+    server, client = start_controller(
+        paged_attention="on", replicas=1, max_outstanding_per_worker=2, max_queued=0
+    )
+    worker = make_worker(server, "w0", CPU)
+    worker.up()
+    eventually(lambda: server.verdict().ready)
+    responses = list(client.inference.Generate(choices(3), timeout=10))
+    assert sorted({r.index for r in responses}) == [0, 1, 2]
+    assert [r.index for r in responses if r.finish_reason] == [0, 1, 2]
+    assert outstanding(server, "w0") == 0
+
+
+def test_a_retry_before_the_first_token_sends_every_choice(start_controller, make_worker):
+    server, client, (w0, w1) = ready_workers(start_controller, make_worker, 2)
+    w0.behaviour = Behaviour.BUSY
+    for _ in range(2):
+        responses = list(client.inference.Generate(choices(2), timeout=5))
+        assert {(r.worker_id, r.index) for r in responses} == {("w1", 0), ("w1", 1)}
+    assert w0.num_requests >= 1  # tried first at least once (workers take turns)
+    assert all(r.n == 2 for r in w0.requests + w1.requests)
+
+
 def test_a_full_worker_queue_sends_the_request_elsewhere(start_controller, make_worker):
     server, client, (w0, w1) = ready_workers(start_controller, make_worker, 2)
     w0.behaviour = Behaviour.BUSY

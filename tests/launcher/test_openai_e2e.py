@@ -206,6 +206,30 @@ def test_n_seeded_choices_begin_with_what_n_1_gives(client):
     assert len({c.text for c in three.choices}) > 1
 
 
+def test_n_2_chat_whole_and_streamed_equals_two_seeded_requests(client):
+    """One request of two choices (the worker forks them): each is what a request of its own
+    with seed, seed + 1 gives; the usage counts the prompt once."""
+    seeded = {"model": MODEL, "messages": CONVERSATION, "max_tokens": 8, "temperature": 1.0}
+    alone = [client.chat.completions.create(seed=s, **seeded) for s in (21, 22)]
+    whole = client.chat.completions.create(n=2, seed=21, **seeded)
+    assert [c.index for c in whole.choices] == [0, 1]
+    texts = [a.choices[0].message.content for a in alone]
+    assert [c.message.content for c in whole.choices] == texts
+    assert whole.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    chunks = list(
+        client.chat.completions.create(
+            n=2, seed=21, stream=True, stream_options={"include_usage": True}, **seeded
+        )
+    )
+    streamed = {0: "", 1: ""}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert [streamed[0], streamed[1]] == texts
+    assert chunks[-1].usage.prompt_tokens == alone[0].usage.prompt_tokens
+
+
 @pytest.mark.parametrize(
     ("options", "param"),
     [

@@ -157,8 +157,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         mark_routed(request.scope)
         call = HttpCall()
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
-        requests = openai_convert.choice_requests(pb, body.n or 1)
-        streams = [RoutedResponses(frontend.router, r, call) for r in requests]
+        responses = RoutedResponses(frontend.router, pb, call)
         chat, with_logprobs = (
             isinstance(body, ChatCompletionRequest),
             pb.sampling.HasField("logprobs"),
@@ -173,22 +172,22 @@ def build_app(frontend: Frontend) -> FastAPI:
                 echo=bool(getattr(body, "echo", False)),
                 echo_text=getattr(body, "prompt_text", None),
             )
-            for i in range(len(requests))
+            for i in range(pb.n or 1)
         ]
         try:
             # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,
             # so a stream is refused with its HTTP status too, not inside the stream.
-            firsts = [await _first(responses) for responses in streams]
+            first = await _first(responses)
         except Exception as error:
             _end(call, watcher)
             raise from_routing(error, body) from None
-        merged = _merged(firsts, streams)
+        merged = _with_first(first, responses)
         if body.stream:
             events = _events(replies, merged, body.include_usage, body, call, watcher)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
-            async for i, response in merged:
-                replies[i].add(response)
+            async for response in merged:
+                replies[response.index].add(response)
         except Exception as error:
             raise from_routing(error, body) from None
         finally:
@@ -221,31 +220,13 @@ async def _first(responses: RoutedResponses):
         return None
 
 
-async def _merged(firsts: list, streams: list[RoutedResponses]) -> AsyncIterator[tuple[int, Any]]:
-    """(choice index, response) from every choice's stream as each comes; each stream's order
-    kept, its first (already read) first. One stream is read straight through."""
-    for i, first in enumerate(firsts):
-        if first is not None:
-            yield i, first
-    if len(streams) == 1:
-        async for response in streams[0]:
-            yield 0, response
-        return
-    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                i = pending.pop(task)
-                try:
-                    response = task.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(anext(streams[i]))] = i
-                yield i, response
-    finally:
-        for task in pending:
-            task.cancel()
+async def _with_first(first, responses: RoutedResponses) -> AsyncIterator[Any]:
+    """Every response of the call (each tagged with its choice's index), its first (already
+    read, None when the client went away) first."""
+    if first is not None:
+        yield first
+    async for response in responses:
+        yield response
 
 
 async def _events(
@@ -258,8 +239,8 @@ async def _events(
         for reply in replies:
             if reply.chat:
                 yield _sse(reply.chunk("", None, first=True, **extra))
-        async for i, response in merged:
-            reply = replies[i]
+        async for response in merged:
+            reply = replies[response.index]
             text, finish = reply.add(response)
             if text or finish is not None or reply.logprobs or reply.has_unsent_calls:
                 yield _sse(reply.chunk(text, finish, **extra))

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from intentserve.common.choices import choice_id, choice_seed
 from intentserve.common.ids import new_request_id
 from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -47,6 +46,7 @@ PARAMS = {
     "tools": "tools",
     "tool_choice": "tool_choice",
     "tool_choice_function": "tool_choice",
+    "n": "n",  # past the worker's maxNumSeqs
     "tokens": "tokens",  # /detokenize
 }
 TOOL_CHOICES = {
@@ -87,7 +87,11 @@ def _generate_request(
     constraint = _constraint(body)
     if constraint is not None:
         sampling.constraint.CopyFrom(constraint)
-    return inference_pb2.GenerateRequest(request_id=new_request_id(), sampling=sampling, stop=stop)
+    # NOTE: the n choices are one request: the worker forks them from one prompt, seeding choice
+    # i with seed + i (intentserve.common.choices).
+    return inference_pb2.GenerateRequest(
+        request_id=new_request_id(), sampling=sampling, stop=stop, n=body.n or 1
+    )
 
 
 def _constraint(
@@ -179,24 +183,6 @@ def fill_conversation(
         )
         for t in tools or []
     )
-
-
-def choice_requests(
-    request: inference_pb2.GenerateRequest, n: int
-) -> list[inference_pb2.GenerateRequest]:
-    """`n` choices as `n` requests: the first is `request`; the others have their own ids and,
-    when seeded, seeds 1, 2, ... after it (mod 2**64), so that seeded choices differ and choice 0
-    is what the same request with n=1 gives. With the prefix cache on, they share the prompt's
-    full KV blocks."""
-    requests = [request]
-    for i in range(1, n):
-        choice = inference_pb2.GenerateRequest()
-        choice.CopyFrom(request)
-        choice.request_id = choice_id(request.request_id, i)
-        if request.sampling.HasField("seed"):
-            choice.sampling.seed = choice_seed(request.sampling.seed, i)
-        requests.append(choice)
-    return requests
 
 
 def merged_usage(replies: list[Reply]) -> dict[str, int]:

@@ -27,7 +27,7 @@ UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 UInt64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
-MAX_CHOICES = 16  # n: each choice is a request of its own, so one body's fan-out is bounded
+MAX_CHOICES = 16  # n: the most choices one body may ask for (a worker may allow fewer)
 
 
 class UnsupportedField(ValueError):
@@ -107,7 +107,7 @@ class _Request(BaseModel):
     min_tokens: UInt32 = 0
     stop_token_ids: list[UInt32] | None = None
     ignore_eos: bool = False
-    n: int | None = None  # choices, each its own GenerateRequest (REFUSALS bounds it)
+    n: int | None = None  # choices, forked from one prompt by the worker (REFUSALS bounds it)
     echo: bool | None = None  # completions: the prompt before the completion; chat: refused
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's
