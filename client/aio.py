@@ -54,6 +54,7 @@ class AsyncControllerClient:
         seed: int | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
+        n: int = 1,
         timeout_s: float | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream the chunks of one generation, as `ControllerClient.generate` does. Leaving the
@@ -70,15 +71,18 @@ class AsyncControllerClient:
             seed=seed,
             stop=stop,
             ignore_eos=ignore_eos,
+            n=n,
         )
         events: asyncio.Queue = asyncio.Queue()
         shared, key = self.start(request, timeout_s, events)
-        ended = False
+        num_running, ended = request.n or 1, False  # 0 on the wire is 1
         try:
             while not ended:
                 event = await events.get()
                 ended = True  # unless it reads as a chunk that does not finish the request
-                chunk, ended = chunk_of(event)
+                chunk, finished = chunk_of(event)
+                num_running -= finished
+                ended = not num_running
                 yield chunk
         finally:
             if not ended:

@@ -64,6 +64,7 @@ class SharedCall:
     def __init__(self, channel: grpc.aio.Channel, metadata) -> None:
         self._call = inference_pb2_grpc.InferenceStub(channel).GenerateMany(metadata=metadata)
         self._queues: dict[int, Any] = {}  # key -> the request's queue (put_nowait)
+        self._num_running: dict[int, int] = {}  # key -> its choices not yet finished
         self._keys = itertools.count(1)
         self._commands: asyncio.Queue = asyncio.Queue()
         self.ended: ClientError | None = None
@@ -75,11 +76,13 @@ class SharedCall:
         arrive in `events` (an asyncio.Queue, or a queue.SimpleQueue read by another thread)."""
         key = next(self._keys)
         self._queues[key] = events
+        self._num_running[key] = request.n or 1
         command = inference_pb2.GenerateCommand(stream=key, start=request, timeout_s=timeout_s or 0)
         self._commands.put_nowait(command)
         return key
 
     def cancel(self, key: int) -> None:
+        self._num_running.pop(key, None)
         if self._queues.pop(key, None) is not None and self.ended is None:
             self._commands.put_nowait(inference_pb2.GenerateCommand(stream=key, cancel=True))
 
@@ -116,8 +119,10 @@ class SharedCall:
                     if events is None:
                         continue  # cancelled here already
                     events.put_nowait(event)
-                    if event.HasField("error") or event.output.finish_reason:
-                        del self._queues[event.stream]
+                    if event.output.finish_reason:
+                        self._num_running[event.stream] -= 1
+                    if event.HasField("error") or not self._num_running[event.stream]:
+                        del self._queues[event.stream], self._num_running[event.stream]
         except grpc.RpcError as error:
             ended = ClientError(error.code(), error.details() or "the call ended")
         except asyncio.CancelledError:
@@ -134,7 +139,8 @@ DEADLINE_GRACE_S = 1.0
 
 def chunk_of(event: inference_pb2.GenerateEvent | ClientError) -> tuple[dict[str, Any], bool]:
     """One request's event on a shared call as its own call would read: a chunk and whether
-    it is the last, or (raised) the error its call would have ended with."""
+    it is its choice's last (the request's, once every choice's came: GenerateRequest.n), or
+    (raised) the error its call would have ended with."""
     if isinstance(event, ClientError):
         raise event
     if event.HasField("error"):

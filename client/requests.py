@@ -45,11 +45,13 @@ def generate_request(
     seed: int | None,
     stop: list[str] | None,
     ignore_eos: bool,
+    n: int = 1,
 ) -> inference_pb2.GenerateRequest:
     """The request, or RequestValueError naming a value its field cannot carry (what the values
     mean, e.g. max_tokens within the model length, is the worker's check)."""
     _check_fits("max_tokens", max_tokens, _UINT32_MAX)
     _check_fits("top_k", top_k, _UINT32_MAX)
+    _check_fits("n", n, _UINT32_MAX)
     if seed is not None:
         _check_fits("seed", seed, _UINT64_MAX)
     sampling = inference_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -57,6 +59,7 @@ def generate_request(
         sampling.seed = seed
     return inference_pb2.GenerateRequest(
         prompt=prompt,
+        n=n,
         chat=chat,
         sampling=sampling,
         stop=inference_pb2.StopConditions(

@@ -71,13 +71,16 @@ class ControllerClient:
         seed: int | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
+        n: int = 1,
         timeout_s: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Stream the chunks of one generation (`text`, `token_ids`, ..., `finish_reason` last).
-        Safe from many threads at once: their streams share the client's one call. An error is
-        a `grpc.RpcError` (`ClientError`) with the code and details the request's own
-        `Generate` call would have ended with. Leaving the loop early (or closing the iterator)
-        cancels the request on its worker; the controller holds the request to `timeout_s`."""
+        """Stream the chunks of one generation (`text`, `token_ids`, ..., `finish_reason` last);
+        with `n` > 1, of n choices forked from the prompt, each chunk naming its `index` and each
+        choice ending with its own `finish_reason`. Safe from many threads at once: their
+        streams share the client's one call. An error is a `grpc.RpcError` (`ClientError`) with
+        the code and details the request's own `Generate` call would have ended with. Leaving
+        the loop early (or closing the iterator) cancels the request on its worker; the
+        controller holds the request to `timeout_s`."""
         check_timeout(timeout_s)
         request = generate_request(
             prompt,
@@ -89,10 +92,12 @@ class ControllerClient:
             seed=seed,
             stop=stop,
             ignore_eos=ignore_eos,
+            n=n,
         )
         events: queue.SimpleQueue = queue.SimpleQueue()
         loop = self._loop_thread()
         shared, key = loop.call(self._aio.start, request, timeout_s, events)
+        num_running = request.n or 1  # 0 on the wire is 1
         # NOTE: the controller ends the request at timeout_s and says DEADLINE_EXCEEDED itself
         # (and counts it so); the wait here is longer by a grace, only so that a controller
         # that stops answering cannot hold the caller.
@@ -111,7 +116,9 @@ class ControllerClient:
                         f"+ {DEADLINE_GRACE_S} s",
                     ) from None
                 ended = True  # unless it reads as a chunk that does not finish the request
-                chunk, ended = chunk_of(event)
+                chunk, finished = chunk_of(event)
+                num_running -= finished
+                ended = not num_running
                 yield chunk
         finally:
             if not ended:

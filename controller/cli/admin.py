@@ -81,8 +81,11 @@ def _down(client: ControllerClient, args: argparse.Namespace) -> int:
 
 
 def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
+    """One choice's text streams as it comes; with --n above 1, each choice's is printed whole,
+    in order, once every choice has ended (their chunks interleave)."""
     started_s = time.monotonic()
     last: dict[str, Any] = {}
+    texts: dict[int, list[str]] = {}
     for chunk in client.generate(
         args.prompt,
         chat=args.chat,
@@ -93,14 +96,20 @@ def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
+        n=args.n,
         timeout_s=args.timeout,
     ):
         last = chunk
         if args.json:
             print(json.dumps(chunk), flush=True)
-        else:
+        elif args.n == 1:
             print(chunk["text"], end="", flush=True)
+        else:
+            texts.setdefault(chunk["index"], []).append(chunk["text"])
     if not args.json:
+        for index in sorted(texts):
+            print(f"[choice {index}]")
+            print("".join(texts[index]))
         print()
         print(
             f"[{last.get('worker_id', '?')}: {last.get('num_output_tokens', 0)} tokens, "
@@ -193,6 +202,9 @@ def add_parsers(commands) -> None:
     gen.add_argument("--top-p", type=float, default=0.0, metavar="P", help="0 means unset (1.0)")
     gen.add_argument("--seed", type=int, default=None, help="for reproducible sampling")
     gen.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    gen.add_argument(
+        "--n", type=int, default=1, metavar="N", help="choices, forked from the prompt (default 1)"
+    )
     gen.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     gen.add_argument(
         "--timeout",

@@ -125,6 +125,26 @@ def test_streams_from_many_threads_match_their_own_calls(start_controller, make_
     assert worker.num_requests == 64
 
 
+def test_n_choices_stream_with_their_index_until_the_last_ends(start_controller, make_worker):
+    server, worker = ready(start_controller, make_worker, num_tokens=3, token_delay_s=0.005)
+    with ControllerClient(server.address, credentials=PLAINTEXT) as client:
+        chunks = list(client.generate("hello", n=3, timeout_s=30))
+
+        async def agenerate() -> list[dict]:
+            async with AsyncControllerClient(server.address, credentials=PLAINTEXT) as aclient:
+                return [c async for c in aclient.generate("hello", n=2, timeout_s=30)]
+
+        achunks = asyncio.run(agenerate())
+        after = [c["text"] for c in client.generate("hello", timeout_s=30)]  # the call goes on
+    for got, n in ((chunks, 3), (achunks, 2)):
+        for index in range(n):
+            mine = [c for c in got if c["index"] == index]
+            assert [c["text"] for c in mine] == ["t0 ", "t1 ", "t2 "]
+            assert mine[-1]["finish_reason"] == "length"
+    assert after == ["t0 ", "t1 ", "t2 "]
+    assert [r.n for r in worker.requests] == [3, 2, 1]
+
+
 def test_a_request_too_big_to_forward_is_refused_alone_and_the_call_goes_on(
     start_controller, make_worker
 ):

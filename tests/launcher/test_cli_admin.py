@@ -98,6 +98,19 @@ def test_generate_streams_the_text_and_reports_the_worker(deployment, capsys):
 
 
 @pytest.mark.integration
+def test_generate_n_prints_each_choice_whole_or_each_chunk_with_its_index(deployment, capsys):
+    code, out, _ = run(capsys, "generate", "hello", "--n", "2", "--controller", deployment.address)
+    assert code == 0
+    assert out == "[choice 0]\nt0 t1 t2 \n[choice 1]\nt0 t1 t2 \n\n"
+    code, out, _ = run(
+        capsys, "generate", "hello", "--n", "2", "--json", "--controller", deployment.address
+    )
+    chunks = [json.loads(line) for line in out.splitlines()]
+    assert [c["index"] for c in chunks] == [0, 1] * 3
+    assert [c["finish_reason"] for c in chunks[-2:]] == ["length", "length"]
+
+
+@pytest.mark.integration
 def test_a_drain_below_min_ready_asks_for_force_and_resume_undoes_it(deployment, capsys):
     address = ("--controller", deployment.address)
     code, out, err = run(capsys, "drain", "w-1", *address)
@@ -151,6 +164,11 @@ def test_drain_then_down(deployment, capsys):
             ["generate", "hi", "--top-k", "-2"],
             2,
             "error: top_k: -2; allowed: an integer from 0 to 4294967295",
+        ),
+        (
+            ["generate", "hi", "--n", "-1"],
+            2,
+            "error: n: -1; allowed: an integer from 0 to 4294967295",
         ),
         (
             ["generate", "hi", "--seed", str(2**64)],
