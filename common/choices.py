@@ -1,5 +1,6 @@
-"""n > 1 (OpenAI's `n`): how choice i of a request is named and seeded, in one place for the
-HTTP API (which sends choices as requests) and the engine (which forks them from one prompt).
+"""n > 1 (OpenAI's `n`, `GenerateRequest.n`): how choice i of a request is named and seeded, in
+one place for the engine (which forks the choices from one prompt) and the worker's stream of
+the request (which tags each choice's outputs with its index).
 
 Choice 0 is the request itself, so it is what the same request with n=1 gives; a seeded
 request's other choices take the seeds after its own, so that they differ.

@@ -21,6 +21,7 @@ from intentserve.controller.router.http.openai_convert import (
     Reply,
     chat_request_to_pb,
     completion_request_to_pb,
+    param_of,
 )
 from intentserve.controller.router.http.openai_schema import (
     ChatCompletionRequest,
@@ -393,6 +394,10 @@ def test_n_choices_are_one_request_of_n(n, on_the_wire):
     pb = completion_request_to_pb(completion(n=n, seed=2**64 - 2))
     assert (pb.n, pb.sampling.seed, pb.prompt) == (on_the_wire, 2**64 - 2, "Hi")
     assert chat_request_to_pb(chat(n=n)).n == on_the_wire
+
+
+def test_a_worker_refusing_n_past_its_max_num_seqs_names_param_n():
+    assert param_of("n", completion()) == "n" and param_of("n", chat()) == "n"
 
 
 def test_n_replies_merge_into_one_response_with_indexed_choices():

@@ -230,6 +230,39 @@ def test_n_2_chat_whole_and_streamed_equals_two_seeded_requests(client):
     assert chunks[-1].usage.prompt_tokens == alone[0].usage.prompt_tokens
 
 
+def test_n_2_keeps_echo_logprobs_and_response_format_for_each_choice(client):
+    sampled = {"model": MODEL, "n": 2, "temperature": 1.0, "seed": 5}
+    echoed = client.completions.create(
+        prompt=PROMPT,
+        echo=True,
+        logprobs=1,
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+        **sampled,
+    )
+    for choice in echoed.choices:
+        assert choice.text.startswith(PROMPT)
+        assert len(choice.logprobs.tokens) == echoed.usage.prompt_tokens + 6
+        assert choice.logprobs.token_logprobs[0] is None
+    assert echoed.usage.completion_tokens == 12
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"enum": ["Paris", "Rome", "Madrid"]}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    formed = client.chat.completions.create(
+        messages=CONVERSATION,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        **sampled,
+    )
+    assert [c.index for c in formed.choices] == [0, 1]
+    for choice in formed.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
 @pytest.mark.parametrize(
     ("options", "param"),
     [

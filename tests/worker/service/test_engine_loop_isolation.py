@@ -59,6 +59,27 @@ def test_a_request_that_fails_alone_ends_only_its_own_stream(served, monkeypatch
     assert loop.load().num_kv_used == 0
 
 
+def test_a_choice_that_fails_fails_its_request_whole_and_frees_every_choice(served, monkeypatch):
+    loop, _ = served
+    seeded_noise = Sampler._seeded_noise
+
+    def failing(sampler, seq_id, params, vocab):
+        if params.seed == POISON_SEED:  # choice 2 of a request seeded POISON_SEED - 2
+            raise RuntimeError("injected sampling failure")
+        return seeded_noise(sampler, seq_id, params, vocab)
+
+    monkeypatch.setattr(Sampler, "_seeded_noise", failing)
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, seed=POISON_SEED - 2)
+    innocent = loop.submit("hello there", PARAMS)
+    choices = loop.submit("hello", sampled, "three", n=3)
+    with pytest.raises(RequestFailedError, match="injected") as info:
+        list(choices)
+    assert info.value.request_id == "three"
+    assert list(innocent)[-1].finish_reason is FinishReason.LENGTH
+    assert loop.load().num_kv_used == 0
+    assert not loop.engine.has_unfinished
+
+
 def test_three_failed_steps_in_a_row_take_health_down_and_one_good_step_brings_it_back(
     served, monkeypatch
 ):
