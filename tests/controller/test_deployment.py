@@ -207,6 +207,17 @@ def test_unknown_workers_are_refused_by_name():
         deployment.report_realized("ghost", PAGED, None)
 
 
+def test_a_request_of_n_choices_counts_n_in_the_registry_all_or_none():
+    deployment, _, _ = make("on")
+    up(deployment)
+    registry = deployment.registry
+    assert registry.try_acquire("w0", 4, 3)
+    assert not registry.try_acquire("w0", 4, 2)  # 3 + 2 > 4: none taken
+    assert registry.get("w0").num_outstanding == 3
+    registry.release("w0", 3)
+    assert registry.get("w0").num_outstanding == 0
+
+
 def test_drain_stops_routing_and_tells_the_worker_on_its_heartbeat():
     deployment, _, _ = make("on")
     up(deployment)

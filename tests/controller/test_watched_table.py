@@ -122,6 +122,15 @@ def test_requests_are_counted_per_worker_up_to_the_limit():
     assert table.try_acquire("w1", 2)
 
 
+def test_a_request_of_n_choices_counts_n_and_takes_all_or_none():
+    table, _ = fed()
+    assert table.try_acquire("w1", 4, 3)
+    assert not table.try_acquire("w1", 4, 2)  # 3 + 2 > 4: none taken
+    assert table.try_acquire("w1", 4, 1)
+    table.release("w1", 3)
+    assert {r.worker_id: r.num_outstanding for r in table.routes()} == {"w0": 0, "w1": 1}
+
+
 def test_the_bound_must_be_positive():
     with pytest.raises(ValueError, match=r"max_stale_s: 0; allowed: seconds > 0"):
         WatchedTable(CONTROLLER, max_stale_s=0)
