@@ -284,16 +284,23 @@ class EngineLoop:
         self._num_steps += 1
         self._total_step_s += time.perf_counter() - started_s
         self._num_step_seqs += len(outputs)
+        # A request fails whole: the other choices of one that failed are aborted first.
+        failed = {
+            o.request_id: self._streams[o.request_id]
+            for o in outputs
+            if o.finish_reason is FinishReason.ERROR and o.request_id in self._streams
+        }
+        for stream in failed.values():
+            self._drop(stream)
         # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
         self._load = self._read_load()
         outboxes: set[Outbox] = set()
         for output in outputs:
-            stream = self._streams.get(output.request_id)
+            stream = failed.get(output.request_id) or self._streams.get(output.request_id)
             if stream is None:
                 continue
             if output.finish_reason is FinishReason.ERROR:
                 stream._fail(RequestFailedError(stream.request_id, output.error))
-                self._drop(stream)  # its other choices: a request fails whole
             else:
                 if output.finished:
                     _log_finished(output)  # NOTE: before its reader can see the end
