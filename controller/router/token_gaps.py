@@ -85,6 +85,10 @@ class TokenGaps:
             self._sum_s += batch.sum_s
         batch.clear()
 
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        """Its name, for the registry's check that no two collectors share one."""
+        yield HistogramMetricFamily(self._name, self._documentation, labels=tuple(self._labels))
+
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:
             counts, sum_s = list(self._counts), self._sum_s

@@ -9,7 +9,7 @@ import pytest
 from intentserve.controller.errors import NotReady, Overloaded
 from intentserve.controller.router.http.bridge import HttpCall
 from intentserve.controller.router.request_metrics import RequestMetrics
-from intentserve.controller.router.token_gaps import FLUSH_TOKENS
+from intentserve.controller.router.token_gaps import FLUSH_TOKENS, TokenGaps
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry
@@ -244,3 +244,11 @@ def test_an_http_call_runs_the_routers_callbacks_once_when_cancelled():
     assert ran == ["upstream"] and call.cancelled()
     assert not call.add_callback(lambda: ran.append("late"))  # the router then cancels itself
     assert ran == ["upstream"]
+
+
+def test_the_gap_histograms_name_is_its_own_in_a_registry():
+    registry = CollectorRegistry()
+    labels = {"deployment": "d", "model_name": "m"}
+    TokenGaps(registry, "gaps_seconds", "gaps", labels=labels, buckets=(0.1, 1.0))
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        TokenGaps(registry, "gaps_seconds", "gaps again", labels=labels, buckets=(0.1, 1.0))
