@@ -5,12 +5,15 @@ clients, and the CPU it spends per 1000 tokens, beside the roofline of no relay 
     python bench/relay.py --case 64:1024 --relays 2         # two relays share the load
     python bench/relay.py --case 16:1024 --routers 2        # two `intentserve router`s
     python bench/relay.py --case 2:8 --seconds 1 --rounds 1 --no-roofline   # a quick check
+    python bench/relay.py --case 16:1024 --routers 1 --many   # clients on GenerateMany
     python bench/relay.py --case 4:1024 --front 127.0.0.1:50051 --pid 1234 \
         --registry 127.0.0.1:50052 --deployment d --ca-dir DIR   # a front end started by hand
 
 A case `W:S` is W simulated workers (bench/simworker.py, `--worker-procs` processes hosting
 them) and S `Generate` streams from `--client-procs` client processes (bench/relay_client.py),
-so neither the workers' nor the clients' CPU counts against the relay. Every stream asks for
+so neither the workers' nor the clients' CPU counts against the relay; with `--many` each
+client process sends its streams on one `GenerateMany` call (the roofline's clients, straight to
+a worker, keep a `Generate` call each: a worker does not answer GenerateMany). Every stream asks for
 `--seconds` worth of tokens at the workers' pace (a step every `--step-ms`, `--tokens-per-step`
 tokens a step): S x 1000 / step-ms tokens/s are offered. Measured from the start of the first
 stream to the end of the last: tokens/s received by the clients, and CPU seconds (user and
@@ -63,6 +66,7 @@ def _measure(fronts: list[Front], workers: int, streams: int, args) -> dict:
         tokens=args.tokens,
         client_procs=args.client_procs,
         pids=[f.pid for f in fronts],
+        many=args.many,
     )
     return {"workers": workers, "relays": len(fronts), **result}
 
@@ -167,6 +171,11 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--tokens-per-step", type=int, default=1)
     parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument(
+        "--many",
+        action="store_true",
+        help="each client process's streams on one GenerateMany call, not a Generate call each",
+    )
     parser.add_argument("--worker-procs", type=int, default=2)
     parser.add_argument(
         "--relay-cpus", default="0,1", help="relay r runs on CPU r mod this list's length; '': any"

@@ -5,10 +5,12 @@ grpc.aio channel, so the clients' CPU is spent outside the process being measure
         "server_name": "controller.d.intentserve", "streams": 256, "tokens": 100}'
 
 With "identity" (a `TlsIdentity.to_dict` JSON file) it presents that certificate, as a caller
-of a worker's server must. It connects, prints `ready`, waits for a line on stdin, starts every
-stream at once and prints one JSON line: tokens and messages received, streams that ended
-otherwise than with all their tokens (and the first such error), and the seconds from the start
-to the last stream's end.
+of a worker's server must. With "many": true its streams share one `Inference.GenerateMany` call
+(a start command each; the router sends every request's news since its last message in one
+message) instead of a `Generate` call each: the same requests, counted the same way. It
+connects, prints `ready`, waits for a line on stdin, starts every stream at once and prints one
+JSON line: tokens and messages received, streams that ended otherwise than with all their tokens
+(and the first such error), and the seconds from the start to the last stream's end.
 """
 
 from __future__ import annotations
@@ -49,6 +51,29 @@ async def _stream(stub, request, counts: dict) -> None:
         counts["failed"] += 1
 
 
+async def _many(stub, requests: list, counts: dict) -> None:
+    """Every request on one GenerateMany call: a start command each, then its events read."""
+    call = stub.GenerateMany()
+    await call.initial_metadata()  # accepted (a refusal is read as sent)
+    tokens = [0] * len(requests)
+    for key, request in enumerate(requests):
+        await call.write(inference_pb2.GenerateCommand(stream=key, start=request))
+    await call.done_writing()
+    try:
+        async for message in call:
+            counts["messages"] += 1
+            for event in message.events:
+                if event.HasField("output"):
+                    tokens[event.stream] += len(event.output.token_ids)
+                else:
+                    error = event.error
+                    counts.setdefault("first_error", f"{error.code}: {error.details}")
+    except grpc.RpcError as error:
+        counts.setdefault("first_error", f"{error.code().name}: {error.details()}")
+    counts["tokens"] += sum(tokens)
+    counts["failed"] += sum(n != r.stop.max_tokens for n, r in zip(tokens, requests, strict=True))
+
+
 async def run(config: dict) -> dict:
     async with _channel(config) as channel:
         await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
@@ -64,7 +89,10 @@ async def run(config: dict) -> dict:
             for _ in range(config["streams"])
         ]
         start = time.perf_counter()
-        await asyncio.gather(*(_stream(stub, request, counts) for request in requests))
+        if config.get("many"):
+            await _many(stub, requests, counts)
+        else:
+            await asyncio.gather(*(_stream(stub, request, counts) for request in requests))
         return {**counts, "elapsed_s": time.perf_counter() - start}
 
 

@@ -226,10 +226,12 @@ def drive(
     tokens: int,
     client_procs: int,
     pids: list[int],
+    many: bool = False,
 ):
     """`streams` streams of `tokens` tokens from client processes spread over `targets`
     ((address, server name, CA file, identity file or None) each); the CPU of `pids` over the
-    time from the clients' start to the last stream's end."""
+    time from the clients' start to the last stream's end. `many`: each client process's
+    streams on one GenerateMany call (bench/relay_client.py)."""
     num_procs = max(len(targets), min(client_procs, streams))
     clients = []
     try:
@@ -241,6 +243,7 @@ def drive(
                 "ca": str(ca),
                 "streams": streams // num_procs + (i < streams % num_procs),
                 "tokens": tokens,
+                "many": many,
                 **({"identity": str(identity)} if identity is not None else {}),
             }
             clients.append(

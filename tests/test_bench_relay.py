@@ -131,3 +131,24 @@ def test_two_separate_routers_carry_every_token_and_are_the_ones_measured(tmp_pa
     assert (run["failed"], run["first_error"], run["tokens"]) == (0, None, 8 * 30)
     assert run["relays"] == 2 and run["cpu_s"] > 0  # the two routers' own processes
     assert "router x2      2:8 #1:" in stdout
+
+
+def test_clients_on_generate_many_get_every_token_in_fewer_messages(tmp_path):
+    """`--many`: each client process's streams on one GenerateMany call through a router; the
+    same tokens are counted, and a worker step's tokens for one client leave in one message."""
+    args = ("--case", "2:8", "--seconds", "0.3", "--step-ms", "10", "--rounds", "1")
+    result, stdout = run_bench(
+        "relay",
+        *args,
+        "--no-roofline",
+        "--client-procs",
+        "2",
+        "--routers",
+        "1",
+        "--many",
+        cache=tmp_path,
+    )
+    (run,) = result["cases"]["2:8"]
+    assert (run["failed"], run["first_error"], run["tokens"]) == (0, None, 8 * 30)
+    assert run["messages"] < run["tokens"]  # 4 streams a call, their steps' tokens together
+    assert "router x1      2:8 #1:" in stdout

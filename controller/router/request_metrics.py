@@ -20,7 +20,6 @@ histograms too, for finished requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -29,6 +28,7 @@ import grpc
 from intentserve.common.status import lookup
 from intentserve.controller.router.admission import AdmissionQueue
 from intentserve.controller.router.routing import Router, deadline_passed
+from intentserve.controller.router.token_gaps import GapBatch, TokenGaps
 from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -93,11 +93,11 @@ class RequestMetrics:
             registry=registry,
             buckets=TTFT_BUCKETS_S,
         )
-        self.itl_s = Histogram(
+        self.itl_s = TokenGaps(
+            registry,
             "intentserve_inter_token_latency_seconds",
             "Between consecutive tokens of a stream",
-            LABELS,
-            registry=registry,
+            labels=dict(zip(LABELS, self._labels, strict=True)),
             buckets=ITL_BUCKETS_S,
         )
         self.e2e_s = Histogram(
@@ -137,10 +137,7 @@ class RequestMetrics:
             registry=registry,
         )
         self.queue_wait_times = _QueueWaits(self.queue_time_s.labels(*self._labels))
-        # NOTE: the per-token series, looked up once: `labels()` takes a lock and a dict lookup,
-        # and runs for every streamed token otherwise.
         self._ttft_s = self.ttft_s.labels(*self._labels)
-        self._itl_s = self.itl_s.labels(*self._labels)
 
     @staticmethod
     def _histogram(registry, name, doc, buckets=E2E_BUCKETS_S) -> Histogram:
@@ -158,11 +155,14 @@ class RequestMetrics:
         of this generator; so is a deadline, counted as `deadline_exceeded` (the code its client
         got) when `call` (what has `time_remaining()`: the request's context) says it passed."""
         _QUEUE_WAIT_S.set(0.0)
-        seen = _Seen()
+        seen = _Seen(self.itl_s.batch())
         status = "ok"
         try:
             async for response in responses:
-                seen.add(response, self)
+                if seen.add(response):
+                    self._first_token(seen.first_token_s - seen.started_s)
+                elif seen.gaps.full:
+                    self.itl_s.add(seen.gaps)
                 yield response
             if not seen.finish:
                 status = _CANCELLED
@@ -178,18 +178,13 @@ class RequestMetrics:
                 status = _DEADLINE_EXCEEDED
             self._finished(status, seen)
 
-    def _token(self, num_tokens: int, first_s: float | None, gap_s: float) -> None:
-        """`first_s`: time to the first token (None after it); `gap_s`: per token since the
-        last."""
-        if first_s is not None:
-            self._ttft_s.observe(first_s)
-            prefill_s = max(first_s - _QUEUE_WAIT_S.get(), 0.0)
-            self.prefill_time_s.labels(*self._labels).observe(prefill_s)
-            return
-        for _ in range(num_tokens):
-            self._itl_s.observe(gap_s)
+    def _first_token(self, first_s: float) -> None:
+        self._ttft_s.observe(first_s)
+        prefill_s = max(first_s - _QUEUE_WAIT_S.get(), 0.0)
+        self.prefill_time_s.labels(*self._labels).observe(prefill_s)
 
     def _finished(self, status: str, seen: _Seen) -> None:
+        self.itl_s.add(seen.gaps)
         finish = FINISH_REASONS.get(seen.finish, "")
         self.requests.labels(*self._labels, status, finish).inc()
         self.prompt_tokens.labels(*self._labels).inc(seen.num_prompt_tokens)
@@ -218,9 +213,11 @@ class _QueueWaits:
 
 
 class _Seen:
-    """What one request's responses have shown so far."""
+    """What one request's responses have shown so far, and its gaps between tokens not yet in
+    the histogram."""
 
-    def __init__(self) -> None:
+    def __init__(self, gaps: GapBatch) -> None:
+        self.gaps = gaps
         self.started_s = time.perf_counter()
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
@@ -233,21 +230,24 @@ class _Seen:
         """Every choice's generated tokens (one prompt, as OpenAI counts n choices)."""
         return sum(self._num_output_tokens.values())
 
-    def add(self, response: inference_pb2.GenerateResponse, metrics: RequestMetrics) -> None:
-        now_s = time.perf_counter()
+    def add(self, response: inference_pb2.GenerateResponse) -> bool:
+        """Take `response` in; True when it brought the first token."""
+        first = False
         num_tokens = len(response.token_ids)
-        if num_tokens and self.last_token_s is None:
-            self.first_token_s = now_s
-            metrics._token(num_tokens, now_s - self.started_s, 0.0)
-        elif num_tokens:
-            metrics._token(num_tokens, None, (now_s - self.last_token_s) / num_tokens)
         if num_tokens:
+            now_s = time.perf_counter()
+            if self.last_token_s is None:
+                self.first_token_s = now_s
+                first = True
+            else:  # each of its tokens came (now - last) / n after the one before
+                self.gaps.observe((now_s - self.last_token_s) / num_tokens, num_tokens)
             self.last_token_s = now_s
         so_far = self._num_output_tokens.get(response.index, 0)
         self._num_output_tokens[response.index] = max(so_far, response.num_output_tokens)
         if response.finish_reason:
             self.finish = response.finish_reason
             self.num_prompt_tokens = response.num_prompt_tokens
+        return first
 
 
 class MeteredRouter:
@@ -257,11 +257,9 @@ class MeteredRouter:
         self._router = router
         self._metrics = metrics
 
-    async def agenerate(
+    def agenerate(
         self, request: inference_pb2.GenerateRequest, context
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """`Router.agenerate`, measured."""
-        observed = self._metrics.aobserve(self._router.agenerate(request, context), context)
-        async with contextlib.aclosing(observed) as responses:
-            async for response in responses:
-                yield response
+    ) -> AsyncGenerator[inference_pb2.GenerateResponse, None]:
+        """`Router.agenerate`, measured: its responses pass through `aobserve` (NOTE: returned,
+        not re-yielded here: each async generator in the chain costs every token a hop)."""
+        return self._metrics.aobserve(self._router.agenerate(request, context), context)

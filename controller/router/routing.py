@@ -134,8 +134,7 @@ class Router:
                 full = isinstance(refusal.failure, Overloaded)
                 if full:  # it waits at the head of the queue, as since it came
                     again_since_s = arrived_s
-                    delay_s = self._full.mark(route.worker_id)
-                    asyncio.get_running_loop().call_later(delay_s, self.queue.wake)
+                    call_after(self._full.mark(route.worker_id), self.queue.wake)
                 else:
                     tried[route.worker_id] = refusal.failure
             finally:
@@ -255,6 +254,24 @@ class Router:
                 streams.add(stream)
             else:
                 streams.discard(stream)
+
+
+def call_after(delay_s: float, callback: Callable[[], None]) -> None:
+    """Call `callback` on the running loop once `delay_s` seconds of `time.monotonic()` (the
+    clock FullWorkers reads) have passed. NOTE: a loop's timer may fire early by that clock:
+    uvloop reads its own clock once per loop iteration, so a timer set late in a busy one is due
+    early, and a full worker retried then is still skipped, with no wake left to come."""
+    due_s = time.monotonic() + delay_s
+    loop = asyncio.get_running_loop()
+
+    def fire() -> None:
+        left_s = due_s - time.monotonic()
+        if left_s > 0:
+            loop.call_later(left_s, fire)
+        else:
+            callback()
+
+    loop.call_later(delay_s, fire)
 
 
 def check_size(request: inference_pb2.GenerateRequest) -> None:

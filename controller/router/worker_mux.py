@@ -35,6 +35,7 @@ mux is refused (the caller makes a new one).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -92,13 +93,17 @@ class MuxStream(HandOver):
 
 class AsyncMuxStream:
     """One request on a worker's multiplexed call, read on an event loop: `async for` its
-    responses (a failure is raised as StreamFailed). Items reach it on `loop` only."""
+    responses (a failure is raised as StreamFailed). Items reach it on `loop` only.
+
+    NOTE: a deque and the reader's one future while it waits, not an asyncio.Queue: an item
+    costs an append, and a wake-up only when the reader is waiting for it."""
 
     def __init__(self, mux: WorkerMux, key: int, loop: asyncio.AbstractEventLoop) -> None:
         self._mux = mux
         self.key = key
         self.loop = loop
-        self._items: asyncio.Queue = asyncio.Queue()
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
         self._done = False
 
     def __aiter__(self) -> AsyncMuxStream:
@@ -107,7 +112,14 @@ class AsyncMuxStream:
     async def __anext__(self) -> inference_pb2.GenerateResponse:
         if self._done:
             raise StopAsyncIteration
-        item = await self._items.get()
+        items = self._items
+        while not items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = items.popleft()
         if item is END:
             self._done = True
             raise StopAsyncIteration
@@ -121,11 +133,14 @@ class AsyncMuxStream:
         the reconcile loop)."""
         if self._mux.cancel(self.key):
             failure = StreamFailed(grpc.StatusCode.CANCELLED, "cancelled by the caller")
-            self.loop.call_soon_threadsafe(self._items.put_nowait, failure)
+            self.loop.call_soon_threadsafe(self._put, failure)
 
     def _put(self, item: object) -> None:
         """On the loop's thread only."""
-        self._items.put_nowait(item)
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 Stream = MuxStream | AsyncMuxStream

@@ -1,7 +1,11 @@
 """A router's note of the workers that refused a request as full, on a fake clock: skipped for
 FULL_BACKOFF_S, or until one of the router's own requests on the worker ends."""
 
+import asyncio
+import time
+
 from intentserve.controller.router.full_workers import FULL_BACKOFF_S, FullWorkers
+from intentserve.controller.router.routing import call_after
 
 
 class Clock:
@@ -29,3 +33,30 @@ def test_one_of_its_own_requests_ending_frees_it_at_once():
     full.mark("w0")
     full.clear("w0")
     assert not full.is_full("w0")
+
+
+class EarlyLoop(asyncio.SelectorEventLoop):
+    """A loop whose timers fire 5 ms early by `time.monotonic()`, as a loop that reads its own
+    clock once per iteration (uvloop) can."""
+
+    def call_later(self, delay, callback, *args, context=None):
+        return super().call_later(max(delay - 0.005, 0.0), callback, *args, context=context)
+
+
+def test_the_retry_after_a_refusal_comes_once_the_backoff_has_passed_by_its_clock():
+    # The router skips a full worker until FullWorkers' clock (time.monotonic) passes its
+    # backoff; a wake that came earlier would find it still full, and none would follow.
+    loop = EarlyLoop()
+    woken: list[float] = []
+
+    async def scenario() -> float:
+        due_s = time.monotonic() + FULL_BACKOFF_S
+        call_after(FULL_BACKOFF_S, lambda: woken.append(time.monotonic()))
+        await asyncio.sleep(FULL_BACKOFF_S * 3)
+        return due_s
+
+    try:
+        due_s = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert len(woken) == 1 and woken[0] >= due_s

@@ -9,6 +9,7 @@ import pytest
 from intentserve.controller.errors import NotReady, Overloaded
 from intentserve.controller.router.http.bridge import HttpCall
 from intentserve.controller.router.request_metrics import RequestMetrics
+from intentserve.controller.router.token_gaps import FLUSH_TOKENS, TokenGaps
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry
@@ -73,6 +74,46 @@ def test_n_choices_count_every_choices_tokens_and_the_prompt_once(metered):
     assert value(registry, "intentserve_requests_total", status="ok", finish_reason="stop") == 1
     assert value(registry, "intentserve_prompt_tokens_total") == 7
     assert value(registry, "intentserve_generation_tokens_total") == 6
+
+
+def test_every_gap_between_tokens_is_counted_in_its_bucket_with_its_time(metered):
+    # Gaps of ~30 ms, then one response of three tokens ~90 ms after: three gaps of ~30 ms.
+    registry, metrics = metered
+
+    async def paced():
+        yield inference_pb2.GenerateResponse(token_ids=[0], num_output_tokens=1)
+        for i in range(1, 4):
+            await asyncio.sleep(0.03)
+            yield inference_pb2.GenerateResponse(token_ids=[i], num_output_tokens=i + 1)
+        await asyncio.sleep(0.09)
+        yield inference_pb2.GenerateResponse(
+            token_ids=[4, 5, 6], num_output_tokens=7, finish_reason=inference_pb2.FINISH_REASON_STOP
+        )
+
+    asyncio.run(collect(metrics.aobserve(paced())))
+    name = "intentserve_inter_token_latency_seconds"
+    assert value(registry, f"{name}_count") == 6  # every token but the first
+    assert value(registry, f"{name}_bucket", le="0.025") == 0
+    assert value(registry, f"{name}_bucket", le="0.075") == 6
+    assert value(registry, f"{name}_bucket", le="+Inf") == 6
+    assert 0.18 <= value(registry, f"{name}_sum") < 0.3
+
+
+def test_a_running_requests_gaps_reach_a_scrape_every_flush(metered):
+    registry, metrics = metered
+    name = "intentserve_inter_token_latency_seconds_count"
+
+    async def scenario():
+        observed = metrics.aobserve(astream(FLUSH_TOKENS + 10, inference_pb2.FINISH_REASON_LENGTH))
+        for _ in range(FLUSH_TOKENS):  # the first token and FLUSH_TOKENS - 1 gaps
+            await anext(observed)
+        assert value(registry, name) == 0
+        await anext(observed)
+        assert value(registry, name) == FLUSH_TOKENS
+        await observed.aclose()
+
+    asyncio.run(scenario())
+    assert value(registry, name) == FLUSH_TOKENS  # closed before its next token
 
 
 def test_a_request_is_split_into_queue_prefill_and_decode_and_its_tokens_counted(metered):
@@ -218,3 +259,11 @@ def test_an_http_call_runs_the_routers_callbacks_once_when_cancelled():
     assert ran == ["upstream"] and call.cancelled()
     assert not call.add_callback(lambda: ran.append("late"))  # the router then cancels itself
     assert ran == ["upstream"]
+
+
+def test_the_gap_histograms_name_is_its_own_in_a_registry():
+    registry = CollectorRegistry()
+    labels = {"deployment": "d", "model_name": "m"}
+    TokenGaps(registry, "gaps_seconds", "gaps", labels=labels, buckets=(0.1, 1.0))
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        TokenGaps(registry, "gaps_seconds", "gaps again", labels=labels, buckets=(0.1, 1.0))

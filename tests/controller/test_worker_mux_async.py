@@ -71,3 +71,26 @@ def test_a_cancel_from_another_thread_ends_the_stream_with_cancelled():
             await stream.__anext__()
 
     asyncio.run(scenario())
+
+
+def test_a_waiting_reader_gets_every_item_in_order_and_its_cancel_ends_the_wait():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        stream = AsyncMuxStream(FakeMux(), 3, loop)
+        reader = asyncio.ensure_future(read(stream))
+        for token in range(5):  # each item lands while the reader waits for it
+            await asyncio.sleep(0)
+            _hand_over([(stream, response(token))])
+        _hand_over([(stream, response(5)), (stream, response(6)), (stream, END)])
+        assert await reader == [0, 1, 2, 3, 4, 5, 6]
+
+        waiting = AsyncMuxStream(FakeMux(), 4, loop)
+        task = asyncio.ensure_future(waiting.__anext__())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        _hand_over([(waiting, response(9)), (waiting, END)])  # no waiter left to wake
+        assert await read(waiting) == [9]
+
+    asyncio.run(scenario())
