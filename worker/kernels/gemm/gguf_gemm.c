@@ -450,11 +450,11 @@ static share_fn pick(int type, int vnni, int interleaved) {
     return NULL;
 }
 
-/* The output channels shared out to the threads, 8 at a time (one interleaved group). */
+/* The output channels shared out to the threads, XV at a time (one interleaved vector's). */
 static void share_out(share_fn share, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
                       const float *d, const float *s, int64_t m, void *out, int64_t ldo,
                       int is_bf16) {
-    const int64_t chunk = 8;
+    const int64_t chunk = XV;
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t j0 = 0; j0 < n; j0 += chunk)
         share(w, j0, j0 + chunk < n ? j0 + chunk : n, k, q, d, s, m, out, ldo, is_bf16);
