@@ -15,17 +15,19 @@
  * float scale (two for Q6_K, one per 16) and, for the types with a min (Q4_1, Q4_K, Q5_K), a
  * float added per 32 weights. Unsigned weights (0..15, 0..31) meet the signed activations in
  * u8 x s8 dot products directly, the min times s added after; signed ones (Q4_0: q - 8, Q5_0:
- * q - 16, Q8_0, Q6_K: q - 32) go through the sign trick (|w| times x with w's sign). The dot products are
+ * q - 16, Q8_0, Q6_K: q - 32) go through the sign trick (|w| times x with w's sign; gguf_x8.h
+ * turns Q4_0 / Q5_0's offsets, and Q8_0's with VNNI, into mins instead). The dot products are
  * vpdpbusd (AVX512-VNNI on 256-bit vectors, or AVX-VNNI) or, on AVX2 alone, vpmaddubsw +
  * vpmaddwd (pairs summed in int16 first: at most 2 * 127 * 127, no saturation); both give the
- * same int32 sums, so the two paths agree bit for bit. `gguf_gemm_vnni(set)` switches between
+ * same int32 sums (but for interleaved Q8_0, whose VNNI path adds its offset as a float min,
+ * within float32 rounding of the other). `gguf_gemm_vnni(set)` switches between
  * them where both exist (tests run each), as bf16_gemm_amx does for the tiles.
  *
  * Rows are taken RT at a time for each output channel: a sub-block is decoded once and meets
  * RT rows of activations, so larger batches spend less per weight on decoding. Output channels
  * are shared out to the threads. Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors whose channels come
  * in groups of 8 are read interleaved instead (`gguf_interleave`, rearranged once at load:
- * gguf_x8.h), 8 channels a vector. */
+ * gguf_x8.h), 8 channels a vector, 16 in 512 bits where AVX-512 VNNI is built. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -18,10 +18,13 @@
  * each channel's own int32 lane. The scales convert 8 at a time. Q4's nibbles stay unsigned
  * (0..15; Q5's 0..31 with the fifth bits, 4 of each lane's 32 moved into its 4 bytes): Q4_0's
  * offset of 8 (Q5_0's 16) becomes a min of -8 d (-16 d) that multiplies s = d_x * sum(q), as
- * Q4_1's min does; Q8_0 goes through the sign trick. Per 32 weights of 8 channels and one
- * row: 4 or 8 loads, 8 dot products and 4 float operations, so one row is bound by reading the
- * bytes. A tile is decoded once for up to RX rows (its 8 vectors stay in registers), every row
- * keeping 8 float accumulators, one scale per sub-block and row.
+ * Q4_1's min does. Q8_0 with VNNI reads w + 128 (w ^ 0x80, unsigned) and a min of -128 d;
+ * without VNNI it goes through the sign trick (vpmaddubsw would saturate on 255 x 127 pairs).
+ * Per 32 weights of 8 channels and one row: 4 or 8 loads, 8 dot products and 4 float
+ * operations, so one row is bound by reading the bytes. A tile is decoded once for up to RX
+ * rows (its 8 vectors stay in registers), every row keeping one float accumulator, one scale
+ * per sub-block and row. With AVX-512 VNNI two groups' tiles share each 512-bit vector
+ * (gguf_lanes.h), so every instruction serves 16 channels.
  *
  * NOTE: included by gguf_gemm.c after its block helpers (block_bytes, decode_sub, store); a
  * tile's size is 8 blocks', so a tensor keeps its bytes and its [rows, row bytes] shape. */
