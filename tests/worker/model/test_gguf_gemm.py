@@ -114,12 +114,13 @@ def test_which_blocks_are_interleaved(kernel, qtype):
     assert not interleave(kernel, blocks_of(qtype, random_blocks(qtype, 12, 256), 256)).interleaved
 
 
-@pytest.mark.parametrize("n", [40, 44])
-@pytest.mark.parametrize("rows", [1, 3, 8, 19])
+@pytest.mark.parametrize("n", [40, 44, 48])
+@pytest.mark.parametrize("rows", [1, 3, 8, 19, 40])
 @pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda q: q.name)
 def test_matmul_matches_gguf_dequantized_weights(kernel, qtype, rows, n):
-    """n = 40: five groups of 8 channels (interleaved where the type has it), 44: not whole
-    groups (the file's order)."""
+    """n = 48: six groups of 8 channels (interleaved where the type has it; with AVX-512, three
+    pairs of groups in 512-bit vectors), 40: five (the last group alone), 44: not whole groups
+    (the file's order). 19 and 40 rows: passes of 8 rows and a shorter last one."""
     k = 512
     data = random_blocks(qtype, n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
@@ -199,3 +200,31 @@ def test_embedding_rows_and_range(kernel, qtype, num_tokens):
     assert head.parts[0].data.data_ptr() == embedding.blocks.data_ptr()
     with pytest.raises(IndexError, match=rf"\[0, {num_tokens}\)"):
         embedding(torch.tensor([num_tokens]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_activations_quantized_per_32_values(kernel, dtype):
+    """q = x / d rounded to the nearest, ties to even (torch.round), d = max|x| / 127 per 32
+    values, s = d * sum(q); a block of zeros has d = 0. Ties are planted: 0.5 and 2.5 times d."""
+    rows, k = 3, 128
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
+    x[1, 32:64] = 0
+    x[2, :32] = torch.tensor([127.0, 0.5, 2.5, -0.5, -2.5] + [1.0] * 27, dtype=dtype)
+    q = torch.empty(rows, k, dtype=torch.int8)
+    scales = torch.empty(2, rows, k // 32)  # d, then s
+    kernel.quantize_rows(
+        x.data_ptr(),
+        rows,
+        k,
+        int(dtype == torch.bfloat16),
+        q.data_ptr(),
+        scales[0].data_ptr(),
+        scales[1].data_ptr(),
+    )
+    groups = x.float().reshape(rows, -1, 32)
+    scale = groups.abs().amax(-1) / 127
+    expected = torch.round(groups / torch.where(scale > 0, scale, 1)[..., None])
+    assert torch.equal(q.reshape(rows, -1, 32).float(), expected)
+    assert torch.equal(scales[0], scale)
+    assert torch.equal(scales[1], scale * expected.sum(-1))
+    assert q[2, :5].tolist() == [127, 0, 2, 0, -2]

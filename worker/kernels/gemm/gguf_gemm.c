@@ -15,17 +15,19 @@
  * float scale (two for Q6_K, one per 16) and, for the types with a min (Q4_1, Q4_K, Q5_K), a
  * float added per 32 weights. Unsigned weights (0..15, 0..31) meet the signed activations in
  * u8 x s8 dot products directly, the min times s added after; signed ones (Q4_0: q - 8, Q5_0:
- * q - 16, Q8_0, Q6_K: q - 32) go through the sign trick (|w| times x with w's sign). The dot products are
+ * q - 16, Q8_0, Q6_K: q - 32) go through the sign trick (|w| times x with w's sign; gguf_x8.h
+ * turns Q4_0 / Q5_0's offsets, and Q8_0's with VNNI, into mins instead). The dot products are
  * vpdpbusd (AVX512-VNNI on 256-bit vectors, or AVX-VNNI) or, on AVX2 alone, vpmaddubsw +
  * vpmaddwd (pairs summed in int16 first: at most 2 * 127 * 127, no saturation); both give the
- * same int32 sums, so the two paths agree bit for bit. `gguf_gemm_vnni(set)` switches between
+ * same int32 sums (but for interleaved Q8_0, whose VNNI path adds its offset as a float min,
+ * within float32 rounding of the other). `gguf_gemm_vnni(set)` switches between
  * them where both exist (tests run each), as bf16_gemm_amx does for the tiles.
  *
  * Rows are taken RT at a time for each output channel: a sub-block is decoded once and meets
  * RT rows of activations, so larger batches spend less per weight on decoding. Output channels
  * are shared out to the threads. Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors whose channels come
  * in groups of 8 are read interleaved instead (`gguf_interleave`, rearranged once at load:
- * gguf_x8.h), 8 channels a vector. */
+ * gguf_x8.h), 8 channels a vector, 16 in 512 bits where AVX-512 VNNI is built. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -202,13 +204,6 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
 
-static inline float from_bf16(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static inline void store(void *out, int64_t at, float v, int is_bf16) {
     if (is_bf16)
         ((uint16_t *)out)[at] = to_bf16(v);
@@ -241,29 +236,62 @@ int gguf_dequantize(int64_t type, const uint8_t *w, int64_t k, const int64_t *ro
     return 0;
 }
 
-/* x [m, k] -> q, d, s (above): d = max|x| / 127 per 32, q = round(x / d). k % 32 == 0. */
+#if HAVE_AVX2
+/* Elements [at, at + 8) of x (float32 or bfloat16) as floats. */
+static inline __m256 load8(const void *x, int64_t at, int is_bf16) {
+    if (!is_bf16) return _mm256_loadu_ps((const float *)x + at);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + at));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline int hsum_i32(__m256i v) {
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i t = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 1)));
+}
+
+/* One block of 32 values at x + at -> q[0 .. 32), *d, *s. */
+static inline __attribute__((always_inline)) void quantize_block(const void *x, int64_t at,
+                                                                 int is_bf16, int8_t *q, float *d,
+                                                                 float *s) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+        v[j] = load8(x, at + 8 * j, is_bf16);
+        amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], magnitude));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float scale = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127.0f;
+    const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+    __m256i i[4]; /* rounded to nearest, ties to even (the MXCSR default), as torch.round */
+    for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]),
+                                              _mm256_add_epi32(i[2], i[3])));
+    /* |i| <= 127: the packs do not saturate; they interleave 128-bit lanes, the permute undoes it */
+    const __m256i words = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]),
+                                             _mm256_packs_epi32(i[2], i[3]));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(words, order));
+    *d = scale;
+    *s = scale * (float)sum;
+}
+#endif
+
+/* x [m, k] -> q, d, s (above): d = max|x| / 127 per 32, q = x / d rounded to the nearest
+ * (ties to even). k % 32 == 0. Nothing is written in a build without AVX2 (gguf_gemm_isa 0). */
 void gguf_quantize_rows(const void *x, int64_t m, int64_t k, int64_t is_bf16, int8_t *q, float *d,
                         float *s) {
+#if HAVE_AVX2
+    const int64_t subs = k / 32;
 #pragma omp parallel for if (m * k >= (1 << 16))
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t t = 0; t < k / 32; ++t) {
-            float v[32], amax = 0.0f;
-            for (int e = 0; e < 32; ++e) {
-                const int64_t at = i * k + 32 * t + e;
-                v[e] = is_bf16 ? from_bf16(((const uint16_t *)x)[at]) : ((const float *)x)[at];
-                amax = fmaxf(amax, fabsf(v[e]));
-            }
-            const float scale = amax / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-            int sum = 0;
-            for (int e = 0; e < 32; ++e) {
-                const int qe = (int)roundf(v[e] * inv);
-                q[i * k + 32 * t + e] = (int8_t)qe;
-                sum += qe;
-            }
-            d[i * (k / 32) + t] = scale;
-            s[i * (k / 32) + t] = scale * (float)sum;
-        }
-    }
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t t = 0; t < subs; ++t)
+            quantize_block(x, i * k + 32 * t, (int)is_bf16, q + i * k + 32 * t, d + i * subs + t,
+                           s + i * subs + t);
+#else
+    (void)x, (void)m, (void)k, (void)is_bf16, (void)q, (void)d, (void)s;
+#endif
 }
 
 #if HAVE_AVX2
@@ -450,11 +478,11 @@ static share_fn pick(int type, int vnni, int interleaved) {
     return NULL;
 }
 
-/* The output channels shared out to the threads, 8 at a time (one interleaved group). */
+/* The output channels shared out to the threads, XV at a time (one interleaved vector's). */
 static void share_out(share_fn share, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
                       const float *d, const float *s, int64_t m, void *out, int64_t ldo,
                       int is_bf16) {
-    const int64_t chunk = 8;
+    const int64_t chunk = XV;
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
     for (int64_t j0 = 0; j0 < n; j0 += chunk)
         share(w, j0, j0 + chunk < n ? j0 + chunk : n, k, q, d, s, m, out, ldo, is_bf16);

@@ -18,10 +18,13 @@
  * each channel's own int32 lane. The scales convert 8 at a time. Q4's nibbles stay unsigned
  * (0..15; Q5's 0..31 with the fifth bits, 4 of each lane's 32 moved into its 4 bytes): Q4_0's
  * offset of 8 (Q5_0's 16) becomes a min of -8 d (-16 d) that multiplies s = d_x * sum(q), as
- * Q4_1's min does; Q8_0 goes through the sign trick. Per 32 weights of 8 channels and one
- * row: 4 or 8 loads, 8 dot products and 4 float operations, so one row is bound by reading the
- * bytes. A tile is decoded once for up to RX rows (its 8 vectors stay in registers), every row
- * keeping 8 float accumulators, one scale per sub-block and row.
+ * Q4_1's min does. Q8_0 with VNNI reads w + 128 (w ^ 0x80, unsigned) and a min of -128 d;
+ * without VNNI it goes through the sign trick (vpmaddubsw would saturate on 255 x 127 pairs).
+ * Per 32 weights of 8 channels and one row: 4 or 8 loads, 8 dot products and 4 float
+ * operations, so one row is bound by reading the bytes. A tile is decoded once for up to RX
+ * rows (its 8 vectors stay in registers), every row keeping one float accumulator, one scale
+ * per sub-block and row. With AVX-512 VNNI two groups' tiles share each 512-bit vector
+ * (gguf_lanes.h), so every instruction serves 16 channels.
  *
  * NOTE: included by gguf_gemm.c after its block helpers (block_bytes, decode_sub, store); a
  * tile's size is 8 blocks', so a tensor keeps its bytes and its [rows, row bytes] shape. */
@@ -87,96 +90,87 @@ static void decode_sub_x8(int type, const uint8_t *w, int64_t k, int64_t j, int6
 }
 
 #if HAVE_AVX2
-static inline __attribute__((always_inline)) __m256i dot_add(__m256i acc, __m256i u, __m256i x,
-                                                             const int vnni) {
-#if HAVE_VNNI
-    if (vnni) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        return _mm256_dpbusd_epi32(acc, u, x);
-#else
-        return _mm256_dpbusd_avx_epi32(acc, u, x);
-#endif
-    }
-#endif
-    (void)vnni;
-    const __m256i pairs = _mm256_maddubs_epi16(u, x);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
+#include "gguf_lanes.h"
 
 /* Bits [at, at + 4) of each 32-bit lane of qh -> 0x10 in the lane's bytes 0..3 (bit at + j in
  * byte j): x * 0x00204081 puts bit j of a 4-bit x at bit 8 j, with no carries. */
-static inline __m256i fifth_bits_x8(__m256i qh, int at) {
-    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(qh, at), _mm256_set1_epi32(0xF));
-    const __m256i spread = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x00204081));
-    return _mm256_slli_epi32(_mm256_and_si256(spread, _mm256_set1_epi32(0x01010101)), 4);
+static inline xvi fifth_bits_x8(xvi qh, int at) {
+    const xvi x = xv_and(xv_srli32(qh, at), xv_set32(0xF));
+    const xvi spread = xv_mullo32(x, xv_set32(0x00204081));
+    return xv_slli32(xv_and(spread, xv_set32(0x01010101)), 4);
 }
 
-static inline __m256i broadcast4(const int8_t *x) {
+static inline xvi broadcast4(const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
-    return _mm256_set1_epi32(v);
+    return xv_set32(v);
 }
 
-/* Groups [g0, g1) of 8 channels for rows [r0, r0 + rows), rows <= RX. */
+/* Groups [g0, g1) of 8 channels for rows [r0, r0 + rows), rows <= RX, XV / 8 groups a pass (a
+ * last odd group reads its own tile twice and stores the low half). */
 static inline __attribute__((always_inline)) void
 groups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t g1, int64_t k,
           const int8_t *q, const float *d, const float *s, int64_t r0, const int rows, void *out,
           int64_t ldo, const int is_bf16) {
     const int64_t subs = k / 32, tile_bytes = X8 * block_bytes(type), head = X8 * x8_head(type);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int64_t g = g0; g < g1; ++g) {
-        __m256 acc[RX];
-        for (int i = 0; i < rows; ++i) acc[i] = _mm256_setzero_ps();
+    const int per = XV / X8;
+    /* Q8_0 with VNNI: w + 128 (w ^ 0x80) unsigned, and -128 d a min, as Q4_0's offset is; the
+     * AVX2 sums would saturate on it (two products of 255 x 127), so they take the sign trick */
+    const int offset8 = type == Q8_0 && vnni;
+    const int with_min = type != Q8_0 || offset8;
+    for (int64_t g = g0; g < g1; g += per) {
+        const int64_t g_b = g + per - 1 < g1 ? g + per - 1 : g, lanes = (1 + (g_b != g)) * X8;
+        xvf acc[RX];
+        for (int i = 0; i < rows; ++i) acc[i] = xf_zero();
         for (int64_t t = 0; t < subs; ++t) {
-            const uint8_t *tile = w + (g * subs + t) * tile_bytes, *qs = tile + head;
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-            const int with_min = type == Q4_1 || type == Q5_1;
-            const __m256 mw =
-                with_min       ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)))
-                : type == Q4_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f))
-                : type == Q5_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f))
-                               : _mm256_setzero_ps();
-            __m256i u[8]; /* u[v]: 4 weights of each channel, meeting x[4v .. 4v + 3] */
+            const uint8_t *a = w + (g * subs + t) * tile_bytes, *b = w + (g_b * subs + t) * tile_bytes;
+            const uint8_t *qa = a + head, *qb = b + head;
+            const xvf dw = xv_halves(a, b);
+            const xvf mw = type == Q4_1 || type == Q5_1 ? xv_halves(a + 16, b + 16)
+                           : type == Q4_0            ? xf_mul(dw, xf_set(-8.0f))
+                           : type == Q5_0            ? xf_mul(dw, xf_set(-16.0f))
+                           : offset8                 ? xf_mul(dw, xf_set(-128.0f))
+                                                     : xf_zero();
+            xvi u[8]; /* u[v]: 4 weights of each channel, meeting x[4v .. 4v + 3] */
             if (type == Q8_0) {
-                for (int v = 0; v < 8; ++v)
-                    u[v] = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(qs + 32 * v)));
+                for (int v = 0; v < 8; ++v) {
+                    const xvi raw = xv_tiles(qa + 32 * v, qb + 32 * v);
+                    u[v] = offset8 ? xv_xor(raw, xv_set8(-128)) : xv_abs8(raw);
+                }
             } else {
                 for (int v = 0; v < 4; ++v) {
-                    const __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
-                    u[v] = _mm256_and_si256(b, low4);
-                    u[v + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+                    const xvi both = xv_tiles(qa + 32 * v, qb + 32 * v);
+                    u[v] = xv_and(both, xv_set8(0x0F));
+                    u[v + 4] = xv_and(xv_srli16(both, 4), xv_set8(0x0F));
                 }
                 if (type == Q5_0 || type == Q5_1) { /* a lane's 32 fifth bits: weight i's, bit i */
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(qs - 32));
+                    const xvi qh = xv_tiles(qa - 32, qb - 32);
                     for (int v = 0; v < 8; ++v) /* bits 4v..4v+3 -> 0x10 in bytes 0..3 */
-                        u[v] = _mm256_or_si256(u[v], fifth_bits_x8(qh, 4 * v));
+                        u[v] = xv_or(u[v], fifth_bits_x8(qh, 4 * v));
                 }
             }
             for (int i = 0; i < rows; ++i) {
                 const int64_t r = r0 + i;
                 const int8_t *x = q + r * k + 32 * t;
-                __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
+                xvi sum0 = xv_zero(), sum1 = xv_zero();
                 for (int v = 0; v < 8; v += 2) { /* two chains of dependent dot products */
-                    __m256i x0 = broadcast4(x + 4 * v), x1 = broadcast4(x + 4 * v + 4);
-                    if (type == Q8_0) {
-                        const __m256i *raw = (const __m256i *)(qs + 32 * v);
-                        x0 = _mm256_sign_epi8(x0, _mm256_loadu_si256(raw));
-                        x1 = _mm256_sign_epi8(x1, _mm256_loadu_si256(raw + 1));
+                    xvi x0 = broadcast4(x + 4 * v), x1 = broadcast4(x + 4 * v + 4);
+                    if (type == Q8_0 && !offset8) {
+                        x0 = xv_sign8(x0, xv_tiles(qa + 32 * v, qb + 32 * v));
+                        x1 = xv_sign8(x1, xv_tiles(qa + 32 * v + 32, qb + 32 * v + 32));
                     }
-                    sum0 = dot_add(sum0, u[v], x0, vnni);
-                    sum1 = dot_add(sum1, u[v + 1], x1, vnni);
+                    sum0 = xv_dot_add(sum0, u[v], x0, vnni);
+                    sum1 = xv_dot_add(sum1, u[v + 1], x1, vnni);
                 }
-                const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1));
-                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[r * subs + t]));
-                acc[i] = _mm256_fmadd_ps(p, scale, acc[i]);
-                if (type != Q8_0)
-                    acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(s[r * subs + t]), acc[i]);
+                const xvf p = xf_from32(xv_add32(sum0, sum1));
+                acc[i] = xf_fmadd(p, xf_mul(dw, xf_set(d[r * subs + t])), acc[i]);
+                if (with_min) acc[i] = xf_fmadd(mw, xf_set(s[r * subs + t]), acc[i]);
             }
         }
         for (int i = 0; i < rows; ++i) {
-            float v[X8];
-            _mm256_storeu_ps(v, acc[i]);
-            for (int c = 0; c < X8; ++c) store(out, (r0 + i) * ldo + g * X8 + c, v[c], is_bf16);
+            float v[XV];
+            xf_store(v, acc[i]);
+            for (int c = 0; c < lanes; ++c) store(out, (r0 + i) * ldo + g * X8 + c, v[c], is_bf16);
         }
     }
 }
