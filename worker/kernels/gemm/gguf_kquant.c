@@ -18,22 +18,22 @@
 
 #if HAVE_AVX2
 typedef void (*kshare_fn)(const uint8_t *w, int64_t g0, int64_t g1, int64_t k, const int8_t *q,
-                          const float *d, const float *s, const int32_t *x16, int64_t m,
+                          const float *d, const float *s, const int32_t *x32, int64_t m,
                           void *out, int64_t ldo, int is_bf16);
 
 #define KSHARES(T, V)                                                                           \
     static void kshare_##T##_##V(const uint8_t *w, int64_t g0, int64_t g1, int64_t k,           \
                                  const int8_t *q, const float *d, const float *s,               \
-                                 const int32_t *x16, int64_t m, void *out, int64_t ldo,         \
+                                 const int32_t *x32, int64_t m, void *out, int64_t ldo,         \
                                  int is_bf16) {                                                 \
-        /* whole passes and one row (a decode's) with the count known: accumulators in registers */ \
+        /* whole passes, and one row (a decode's) with its count known, in registers */        \
         int64_t r0 = 0;                                                                         \
         for (; r0 + RX <= m; r0 += RX)                                                          \
-            kgroups_x8(T, V, w, g0, g1, k, q, d, s, x16, r0, RX, out, ldo, is_bf16);            \
+            kgroups_x8(T, V, w, g0, g1, k, q, d, s, x32, r0, RX, out, ldo, is_bf16);            \
         if (m - r0 == 1)                                                                        \
-            kgroups_x8(T, V, w, g0, g1, k, q, d, s, x16, r0, 1, out, ldo, is_bf16);             \
+            kgroups_x8(T, V, w, g0, g1, k, q, d, s, x32, r0, 1, out, ldo, is_bf16);             \
         else if (m > r0)                                                                        \
-            kgroups_x8(T, V, w, g0, g1, k, q, d, s, x16, r0, (int)(m - r0), out, ldo, is_bf16); \
+            kgroups_x8(T, V, w, g0, g1, k, q, d, s, x32, r0, (int)(m - r0), out, ldo, is_bf16); \
     }
 KSHARES(Q4_K, 0) KSHARES(Q5_K, 0) KSHARES(Q6_K, 0)
 KSHARES(Q4_K, 1) KSHARES(Q5_K, 1) KSHARES(Q6_K, 1)
@@ -46,24 +46,24 @@ static kshare_fn kpick(int type, int vnni) {
 }
 
 /* An interleaved K-quant w [n, k] (n whole groups): out as gguf_gemm's. -1 where it cannot
- * (nothing written): the sums Q6_K needs could not be allocated. */
+ * (nothing written): the offsets Q6_K needs could not be allocated. */
 static int kx8_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const int8_t *q,
                     const float *d, const float *s, int64_t m, void *out, int64_t ldo,
                     int is_bf16) {
     const kshare_fn share = kpick(type, use_vnni);
-    int32_t *x16 = NULL; /* Q6_K: [m, k / 16] sums of the activations' integers */
+    int32_t *x32 = NULL; /* Q6_K: [m, k / 16], 32 times the sums of the activations' integers */
     if (type == Q6_K && m > 0) {
-        x16 = malloc((size_t)(m * (k / 16)) * sizeof(int32_t));
-        if (!x16) return -1;
+        x32 = malloc((size_t)(m * (k / 16)) * sizeof(int32_t));
+        if (!x32) return -1;
         for (int64_t e = 0; e < m * (k / 16); ++e) {
             int32_t sum = 0;
             for (int i = 0; i < 16; ++i) sum += q[16 * e + i];
-            x16[e] = sum;
+            x32[e] = 32 * sum;
         }
     }
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_MACS)
-    for (int64_t g = 0; g < n / X8; ++g) share(w, g, g + 1, k, q, d, s, x16, m, out, ldo, is_bf16);
-    free(x16);
+    for (int64_t g = 0; g < n / X8; ++g) share(w, g, g + 1, k, q, d, s, x32, m, out, ldo, is_bf16);
+    free(x32);
     return 0;
 }
 #endif

@@ -87,6 +87,16 @@ static int kx8_dequantize(int type, const uint8_t *w, int64_t k, const int64_t *
 }
 
 #if HAVE_AVX2
+/* 8 channels' float16 scales at p as 8 float lanes. */
+static inline __m256 halves_x8(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Q6_K: 8 channels' int8 scales at p as 8 float lanes. */
+static inline __m256 int8s_x8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* Byte row `row` of a tile's scales (one byte of each of 8 channels) as 8 int32 lanes. */
 static inline __m256i bytes_x8(const uint8_t *scales, int row) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scales + X8 * row)));
@@ -114,7 +124,8 @@ static inline __attribute__((always_inline)) void kx8_decode(const int type, con
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     if (type == Q6_K) { /* ql: 4 runs of 32 bytes a channel, qh: 2 */
         const int h = j / 4, part = j % 4;
-        const uint8_t *ql = tile + X8 * (64 * h + 32 * (part & 1)), *qh = tile + X8 * (128 + 32 * h);
+        const uint8_t *ql = tile + X8 * (64 * h + 32 * (part & 1));
+        const uint8_t *qh = tile + X8 * (128 + 32 * h);
         for (int v = 0; v < 8; ++v) {
             const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * v));
             const __m256i b = _mm256_loadu_si256((const __m256i *)(qh + 32 * v));
@@ -138,11 +149,11 @@ static inline __attribute__((always_inline)) void kx8_decode(const int type, con
     }
 }
 
-/* Groups [g0, g1) of 8 channels for rows [r0, r0 + rows), rows <= RX. x16: Q6_K's sums of
- * each 16 activation integers, [m, k / 16]. */
+/* Groups [g0, g1) of 8 channels for rows [r0, r0 + rows), rows <= RX. x32: Q6_K's offsets,
+ * 32 times the sum of each 16 activation integers, [m, k / 16]. */
 static inline __attribute__((always_inline)) void
 kgroups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t g1, int64_t k,
-           const int8_t *q, const float *d, const float *s, const int32_t *x16, int64_t r0,
+           const int8_t *q, const float *d, const float *s, const int32_t *x32, int64_t r0,
            const int rows, void *out, int64_t ldo, const int is_bf16) {
     const int64_t supers = k / 256, subs = k / 32, tile_bytes = X8 * block_bytes(type);
     for (int64_t g = g0; g < g1; ++g) {
@@ -151,8 +162,8 @@ kgroups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t
         for (int64_t b = 0; b < supers; ++b) {
             const uint8_t *tile = w + (g * supers + b) * tile_bytes;
             const int is_q6 = type == Q6_K;
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + (is_q6 ? X8 * 208 : 0))));
-            const __m256 mw = is_q6 ? dw : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)));
+            const __m256 dw = halves_x8(tile + (is_q6 ? X8 * 208 : 0));
+            const __m256 mw = is_q6 ? dw : halves_x8(tile + 16);
             for (int j = 0; j < 8; ++j) {
                 const int64_t t = 8 * b + j;
                 __m256i u[8];
@@ -160,8 +171,8 @@ kgroups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t
                 __m256 sa, sb, mn = _mm256_setzero_ps(); /* weights 0-15's, 16-31's scales; min */
                 if (is_q6) {
                     const uint8_t *sc = tile + X8 * (192 + 2 * j);
-                    sa = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
-                    sb = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + X8)))));
+                    sa = _mm256_mul_ps(dw, int8s_x8(sc));
+                    sb = _mm256_mul_ps(dw, int8s_x8(sc + X8));
                 } else {
                     sa = sb = _mm256_mul_ps(dw, scales6_x8(tile + X8 * 4, j, 0));
                     mn = _mm256_mul_ps(mw, scales6_x8(tile + X8 * 4, j, 1));
@@ -176,11 +187,11 @@ kgroups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t
                     }
                     const __m256 dx = _mm256_set1_ps(d[r * subs + t]);
                     if (is_q6) { /* (q - 32) . x = q . x - 32 sum(x), per 16 */
-                        const int32_t *sums = x16 + r * (k / 16) + 2 * t;
-                        sum0 = _mm256_sub_epi32(sum0, _mm256_set1_epi32(32 * sums[0]));
-                        sum1 = _mm256_sub_epi32(sum1, _mm256_set1_epi32(32 * sums[1]));
-                        const __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum1), sb,
-                                                         _mm256_mul_ps(_mm256_cvtepi32_ps(sum0), sa));
+                        const int32_t *off = x32 + r * (k / 16) + 2 * t;
+                        sum0 = _mm256_sub_epi32(sum0, _mm256_set1_epi32(off[0]));
+                        sum1 = _mm256_sub_epi32(sum1, _mm256_set1_epi32(off[1]));
+                        const __m256 p0 = _mm256_mul_ps(_mm256_cvtepi32_ps(sum0), sa);
+                        const __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum1), sb, p0);
                         acc[i] = _mm256_fmadd_ps(y, dx, acc[i]);
                     } else { /* d sc (q . x) - dmin m sum(x) */
                         const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1));
