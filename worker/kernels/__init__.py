@@ -101,10 +101,11 @@ class F32Gemm:
 
 @dataclass(frozen=True)
 class GgufGemm:
-    """The entry points of gguf_gemm.c: activations quantized per 32 values, the matmul on a GGUF
-    tensor's own blocks (in the file's order or interleaved 8 channels at a time), the blocks
-    dequantized, the interleaving; and the switch between its VNNI and AVX2 dot products
-    (`vnni(-1)` asks, `vnni(0)` / `vnni(1)` sets where possible)."""
+    """The entry points of gguf_kquant.c (gguf_gemm.c, and the K-quants' interleaved kernels):
+    activations quantized per 32 values, the matmul on a GGUF tensor's own blocks (in the file's
+    order or interleaved 8 channels at a time), the blocks dequantized, the interleaving; and the
+    switch between its VNNI and AVX2 dot products (`vnni(-1)` asks, `vnni(0)` / `vnni(1)` sets
+    where possible)."""
 
     quantize_rows: ctypes._CFuncPtr
     gemm: ctypes._CFuncPtr
@@ -242,14 +243,16 @@ def gguf_gemm_kernel() -> GgufGemm:
     return GgufGemm(
         _declare(lib.gguf_quantize_rows, [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]),
         _declare(
-            lib.gguf_gemm,
+            lib.gguf_native_gemm,
             [_I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64],
             ctypes.c_int,
         ),  # fmt: skip
         _declare(
-            lib.gguf_dequantize, [_I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64], ctypes.c_int
+            lib.gguf_native_dequantize,
+            [_I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64],
+            ctypes.c_int,
         ),
-        _declare(lib.gguf_interleave, [_I64, _PTR, _I64, _I64, _PTR], ctypes.c_int),
+        _declare(lib.gguf_native_interleave, [_I64, _PTR, _I64, _I64, _PTR], ctypes.c_int),
         _declare(lib.gguf_row_bytes, [_I64, _I64], _I64),
         _declare(lib.gguf_gemm_vnni, [_I64], ctypes.c_int),
         Path(lib._name),

@@ -79,9 +79,12 @@ def _plan(name: str, variant: variants.Variant) -> tuple[Path, tuple[str, ...], 
     library is cached."""
     source = SOURCE_DIR / kernel(name).source
     flags = (*CFLAGS, *variant.cflags)
-    # The shared headers are part of what gets compiled, so they are part of the cache key; the
-    # CPU is, only where the code is built for this one (native).
-    text = b"\0".join(path.read_bytes() for path in [source, *sorted(SOURCE_DIR.rglob("*.h"))])
+    # The shared headers, and the C sources the library includes, are part of what gets compiled,
+    # so they are part of the cache key; the CPU is, only where the code is built for this one
+    # (native).
+    included = [SOURCE_DIR / path for path in kernel(name).includes]
+    headers = sorted(SOURCE_DIR.rglob("*.h"))
+    text = b"\0".join(path.read_bytes() for path in [source, *included, *headers])
     runs_on = variant.name if variant.portable else _cpu_signature()
     key = hashlib.sha256(b"\0".join([text, " ".join(flags).encode(), runs_on.encode()]))
     return source, flags, _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"

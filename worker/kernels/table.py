@@ -27,6 +27,7 @@ class Kernel:
     source: str
     ops: tuple[str, ...]
     isa: str = ""
+    includes: tuple[str, ...] = ()  # the other C sources `source` includes (the cache key's too)
 
 
 KERNELS = (
@@ -47,9 +48,10 @@ KERNELS = (
     Kernel("decode_layers", "layers/decode_layers.c", ("a decode step's layers",)),
     Kernel(
         "gguf_gemm",
-        "gemm/gguf_gemm.c",
+        "gemm/gguf_kquant.c",
         ("GGUF-block matmul",),
         "AVX2 (with F16C and FMA) int8 dot products",
+        ("gemm/gguf_gemm.c",),
     ),
 )
 KERNEL_NAMES = tuple(kernel.name for kernel in KERNELS)

@@ -8,9 +8,9 @@ values, then each part's matmul writes its own columns of the output. `NativeEmb
 tokens up by dequantizing their rows. Numerics: the weights are the file's, bit for bit; the
 only rounding added is the activations' (int8, one scale per 32 values, as llama.cpp does).
 
-Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors whose rows come in groups of 8 are held interleaved
-(`interleave`, once at load: the same bytes, 8 channels' blocks side by side, so one vector
-load serves 8 channels; gguf_x8.h), the layout that makes a one-row matmul bound by reading
+Tensors whose rows come in groups of 8 are held interleaved (`interleave`, once at load: the
+same bytes, 8 channels' blocks side by side, so one vector load serves 8 channels; gguf_x8.h,
+and gguf_kx8.h for the K-quants), the layout that makes a one-row matmul bound by reading
 them.
 """
 
@@ -28,8 +28,8 @@ NATIVE_TYPES = (
     *(QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0),
     *(QType.Q4_K, QType.Q5_K, QType.Q6_K),
 )
-# The types with an interleaved kernel, and the channels it interleaves.
-INTERLEAVED_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0)
+# The types with an interleaved kernel (every one held), and the channels it interleaves.
+INTERLEAVED_TYPES = NATIVE_TYPES
 INTERLEAVED_CHANNELS = 8
 SUB_BLOCK = 32  # activations are quantized 32 values to a scale
 _IO_DTYPES = (torch.float32, torch.bfloat16)

@@ -69,12 +69,29 @@ def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
 def test_native_weights_decode_in_one_call_bit_for_bit(smollm2_path, monkeypatch, dtype):
     """SmolLM2's GGUF file held native (weights: native): its projections on the file's blocks
     (Q4_1, interleaved) and its embedding's rows dequantized from them (Q8_0), in the call."""
-    eng = engine(smollm2_path, dtype=dtype, weights="native", kv_bytes=16 << 20)
+    native_in_one_call(smollm2_path, monkeypatch, dtype)
+
+
+@pytest.mark.model
+def test_native_k_quants_decode_in_one_call_bit_for_bit(smollm2_variants, monkeypatch):
+    """SmolLM2 rewritten as Q6_K: its projections interleaved as K-quant tiles (gguf_kx8.h),
+    which the call reaches through the same GGUF matmul pointer as every other type."""
+    eng = native_in_one_call(smollm2_variants["Q6_K"], monkeypatch, "float32")
+    parts = [part for layer in eng.runner.model.layers for part in layer.mlp.down_proj.parts]
+    assert {part.qtype.name for part in parts} == {"Q6_K"}
+    assert all(part.interleaved for part in parts)
+
+
+def native_in_one_call(path, monkeypatch, dtype):
+    """An engine on `path` held native, each of its steps run both ways (the same hidden states);
+    returns the engine."""
+    eng = engine(path, dtype=dtype, weights="native", kv_bytes=16 << 20)
     why = _why_not(eng.runner.model, eng.runner.attention)
     if why == "the decode attention is not the compiled kernel":
         pytest.skip(f"the compiled decode does not run on this host: {why}")
     assert why == ""  # nothing of the native model keeps the Python layers
     same_hidden_states_both_ways(eng, monkeypatch)
+    return eng
 
 
 def same_hidden_states_both_ways(eng, monkeypatch) -> None:
