@@ -152,19 +152,16 @@ def _layer(model, i: int, attention, keep: list) -> Layer:
     a, mlp = layer.self_attn, layer.mlp
     k_cache, v_cache = attention.pool.flat(i)
     projections = (proj(p, keep) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj))
-    window = attention.layer_windows[i] or 0
+    caches_and_band = (k_cache.data_ptr(), v_cache.data_ptr(), attention.layer_windows[i] or 0)
     if not isinstance(model, GemmaModel):
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        return Layer(*(n.data_ptr() for n in norms), *projections, k_cache.data_ptr(),
-                     v_cache.data_ptr(), window)  # fmt: skip
+        return Layer(*(n.data_ptr() for n in norms), *projections, *caches_and_band)
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     extra = (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm, a.q_norm, a.k_norm)
     return Layer(
         *(n.scale.data_ptr() for n in norms),
         *projections,
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        window,
+        *caches_and_band,
         *(n.scale.data_ptr() for n in extra),
         int(layer.is_local),
     )
