@@ -16,7 +16,7 @@
  * They round where the torch ops round, so against torch they differ only where float32
  * summation order (the norms' mean) or the exp inside GELU (relative error ~2e-7, against
  * torch's tanh) lands on the other side of a rounding boundary (tests/worker/model/
- * test_gemma_ops.py bounds it). Row widths (hidden, head_dim / 2, intermediate) must be
+ * test_gemma_cpu_ops.py bounds it). Row widths (hidden, head_dim / 2, intermediate) must be
  * multiples of 16 (the caller checks). */
 #include <math.h>
 #include <stdint.h>
