@@ -22,6 +22,7 @@ PACKAGE_DIRS |= {"intentserve.common": "common", "intentserve.client": "client"}
 PACKAGE_DIRS |= {"intentserve.worker": "worker", "intentserve.controller": "controller"}
 # Every library's C source (from the kernels' table) and the headers they share.
 KERNEL_SOURCES = (*(kernel.source for kernel in KERNELS), "common/vec16.h", "gemm/amx.h")
+KERNEL_SOURCES += ("layers/decode_step.h",)
 
 pytestmark = pytest.mark.integration
 

@@ -54,6 +54,20 @@ class FusedOps:
 
 
 @dataclass(frozen=True)
+class GemmaOps:
+    """The entry points of gemma_ops.c (Gemma 3's norms, q/k norm + rotary, GELU * up), by
+    storage dtype."""
+
+    gemma_norm_f32: ctypes._CFuncPtr
+    gemma_norm_bf16: ctypes._CFuncPtr
+    qk_norm_rotary_f32: ctypes._CFuncPtr
+    qk_norm_rotary_bf16: ctypes._CFuncPtr
+    gelu_mul_f32: ctypes._CFuncPtr
+    gelu_mul_bf16: ctypes._CFuncPtr
+    path: Path
+
+
+@dataclass(frozen=True)
 class Int8Gemm:
     """The entry points of int8_gemm.c (AVX512-VNNI, or AMX-INT8 tiles where the CPU has them),
     by output dtype: the GEMM on quantized activations, and the whole w8a8 matmul (quantize, then
@@ -169,12 +183,29 @@ def fused_ops() -> FusedOps:
     )
 
 
-def decode_layers_kernel() -> ctypes._CFuncPtr:
-    """decode_layers.c's entry point (every layer of a decode step in one call), or
-    KernelUnavailable; the caller passes the other kernels to it as function pointers."""
-    lib = load("decode_layers")
+def gemma_ops() -> GemmaOps:
+    """The compiled Gemma 3 elementwise ops, or KernelUnavailable; built and loaded once."""
+    lib = load("gemma_ops")
+    qk_args = [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _F32]
+    return GemmaOps(
+        _declare(lib.gemma_norm_f32, _RMSNORM_ARGS),
+        _declare(lib.gemma_norm_bf16, _RMSNORM_ARGS),
+        _declare(lib.qk_norm_rotary_f32, qk_args),
+        _declare(lib.qk_norm_rotary_bf16, qk_args),
+        _declare(lib.gelu_mul_f32, _SILU_MUL_ARGS),
+        _declare(lib.gelu_mul_bf16, _SILU_MUL_ARGS),
+        Path(lib._name),
+    )
+
+
+def decode_layers_kernel(gemma: bool = False) -> ctypes._CFuncPtr:
+    """The entry point of decode_layers.c (every Llama-family layer of a decode step in one
+    call) or, `gemma`, of gemma_layers.c (Gemma 3's), or KernelUnavailable; the caller passes
+    the other kernels to it as function pointers."""
     args = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR]
-    return _declare(lib.decode_layers, args, ctypes.c_int)
+    if gemma:
+        return _declare(load("gemma_layers").decode_gemma_layers, args, ctypes.c_int)
+    return _declare(load("decode_layers").decode_layers, args, ctypes.c_int)
 
 
 def _missing_isa(name: str) -> KernelUnavailable:

@@ -4,8 +4,9 @@ instructions its fast path needs (which ISA variant has them: variants.py).
 A library is one C file (plus the shared headers) compiled into one shared object; its loader in
 `__init__.py` declares the entry points. Sources live one folder per concern: `attention/` (paged
 decode attention and the KV store), `gemm/` (the projections' matmuls; `amx.h`, the x86 AMX tile
-code, beside them), `ops/` (norms, rotary, SiLU, w8a8 quantization, max/argmax), `layers/` (a
-decode step's layers in one call) and `common/` (the headers every folder includes).
+code, beside them), `ops/` (norms, rotary, SiLU, w8a8 quantization, max/argmax; Gemma's norms
+and GELU), `layers/` (a decode step's layers in one call, Llama's and Gemma 3's, and the header
+they share) and `common/` (the headers every folder includes).
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ KERNELS = (
     ),
     Kernel("bf16_gemm", "gemm/bf16_gemm.c", ("bf16 matmul",), "AVX512-BF16 dot products"),
     Kernel("f32_gemm", "gemm/f32_gemm.c", ("float32 matmul",), "AVX-512"),
+    Kernel(
+        "gemma_ops",
+        "ops/gemma_ops.c",
+        ("Gemma's (1 + w) norms", "q/k norm + rotary", "GELU * up"),
+    ),
     Kernel("decode_layers", "layers/decode_layers.c", ("a decode step's layers",)),
+    Kernel("gemma_layers", "layers/gemma_layers.c", ("a Gemma 3 decode step's layers",)),
     Kernel(
         "gguf_gemm",
         "gemm/gguf_kquant.c",

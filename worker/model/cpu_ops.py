@@ -1,8 +1,10 @@
 """Fused CPU forms of a decoder layer's elementwise steps, from the compiled
 `worker/kernels/ops/fused_ops.c`: residual add + RMSNorm in one pass, SiLU(gate) * up
-in one pass, and the rotary embedding of q and k in place. They round where the torch ops they
-replace round (see the C file), so switching them on changes speed, not results (bf16 logits
-measured identical on SmolLM2).
+in one pass, and the rotary embedding of q and k in place; and Gemma 3's from `gemma_ops.c`:
+its (1 + w) norm (the residual add after it), q/k norms + rotary, GELU(gate) * up. They round
+where the torch ops they replace round (see the C files), so switching them on changes speed,
+not results (bf16 logits measured identical on SmolLM2; Gemma's: within the summation order,
+tests/worker/model/test_gemma_ops.py).
 
 `enable_fused_ops(model)` switches a CPU model over; where the library cannot be built the model
 keeps its torch ops and the reason is logged and reported.
@@ -15,9 +17,11 @@ import logging
 import torch
 from intentserve.worker.kernels import (
     FusedOps,
+    GemmaOps,
     Int8Gemm,
     KernelUnavailable,
     fused_ops,
+    gemma_ops,
     int8_gemm_kernel,
 )
 from intentserve.worker.model.step_buffers import StepBuffers, out_tensor
@@ -99,6 +103,81 @@ def rotary_(
     rows, width = qkv.shape
     fn(qkv.data_ptr(), width, cos.data_ptr(), sin.data_ptr(), rows, num_heads, head_dim)
     return True
+
+
+def gemma_norm(
+    ops: GemmaOps, x: Tensor, scale: Tensor, eps: float, residual: Tensor | None = None
+) -> Tensor | None:
+    """Gemma's RMSNorm of x [rows, hidden] times `scale` (float32, 1 + w), rounded once; with a
+    residual, residual + that, written into `residual` in place (returned). None, and nothing
+    touched, when the tensors do not suit the kernel."""
+    tensors = (x,) if residual is None else (x, residual)
+    if x.dim() != 2 or scale.dtype != torch.float32 or not _suits(x.shape[1], *tensors):
+        return None
+    if residual is not None and residual.shape != x.shape:
+        return None
+    fn = ops.gemma_norm_bf16 if x.dtype == torch.bfloat16 else ops.gemma_norm_f32
+    rows, hidden = x.shape
+    if residual is not None:
+        fn(x.data_ptr(), residual.data_ptr(), scale.data_ptr(), None, rows, hidden, eps)
+        return residual
+    out = torch.empty_like(x)
+    fn(x.data_ptr(), None, scale.data_ptr(), out.data_ptr(), rows, hidden, eps)
+    return out
+
+
+def qk_norm_rotary_(
+    ops: GemmaOps,
+    qkv: Tensor,
+    q_scale: Tensor,
+    k_scale: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    q_multiplier: float,
+) -> bool:
+    """Gemma's q and k heads of qkv [T, width] normed per head (q_scale, k_scale: float32
+    [head_dim]), rotated (cos, sin: [T, 1, head_dim // 2]) and q times q_multiplier, in place.
+    False, and nothing touched, when the tensors do not suit the kernel."""
+    if qkv.dim() != 2 or cos.shape != (qkv.shape[0], 1, head_dim // 2) or head_dim % 2:
+        return False
+    if qkv.shape[1] < (num_heads + num_kv_heads) * head_dim:
+        return False
+    if q_scale.dtype != torch.float32 or k_scale.dtype != torch.float32:
+        return False
+    if not _suits(head_dim // 2, qkv, cos, sin):
+        return False
+    fn = ops.qk_norm_rotary_bf16 if qkv.dtype == torch.bfloat16 else ops.qk_norm_rotary_f32
+    rows, width = qkv.shape
+    fn(
+        qkv.data_ptr(),
+        width,
+        q_scale.data_ptr(),
+        k_scale.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        rows,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        eps,
+        q_multiplier,
+    )
+    return True
+
+
+def gelu_and_mul(ops: GemmaOps, gate_up: Tensor) -> Tensor | None:
+    """GELU(tanh)(gate) * up for rows laid out [gate | up]; None when the tensor does not suit."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not _suits(gate_up.shape[1] // 2, gate_up):
+        return None
+    rows, width = gate_up.shape
+    out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
+    fn = ops.gelu_mul_bf16 if gate_up.dtype == torch.bfloat16 else ops.gelu_mul_f32
+    fn(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+    return out
 
 
 def quantize_rows(
@@ -205,8 +284,18 @@ def enable_fused_ops(model) -> str:
     takers = [module for module in model.modules() if hasattr(module, "fused")]
     for module in takers:
         module.fused = ops
-    # Gemma's norms (1 + w, scaled in float32) and GELU have no fused kernel.
-    return "fused CPU kernels" if takers else "torch ops (none fused for this model)"
+    gemma_takers = [module for module in model.modules() if hasattr(module, "gemma_ops")]
+    if gemma_takers:  # Gemma's norms (1 + w, scaled in float32), q/k norms and GELU
+        try:
+            gemma = gemma_ops()
+        except KernelUnavailable as exc:
+            log.warning("Gemma's norms and activations stay in torch ops: %s", exc.reason)
+            return f"torch ops ({exc.reason})"
+        for module in gemma_takers:
+            module.gemma_ops = gemma
+    return (
+        "fused CPU kernels" if takers or gemma_takers else "torch ops (none fused for this model)"
+    )
 
 
 def enable_int8_gemm(model) -> str:
@@ -229,3 +318,5 @@ def disable_fused_ops(model) -> None:
     for module in model.modules():
         if hasattr(module, "fused"):
             module.fused = None
+        if hasattr(module, "gemma_ops"):
+            module.gemma_ops = None

@@ -1,15 +1,16 @@
-"""Every decoder layer of a decode step in one compiled call (decode_layers.c), for bfloat16 and
-float32 Llama-family models on the CPU whose parts all run on the compiled kernels: the
-projections on the dtype's GEMM (bf16_gemm.c, f32_gemm.c: dequantized weights), on the int8
-GEMM (w8a8) or on a GGUF file's own blocks (gguf_gemm.c: native, the embedding's rows too).
+"""Every decoder layer of a decode step in one compiled call, for bfloat16 and float32 models on
+the CPU whose parts all run on the compiled kernels: Llama-family layers (decode_layers.c) and
+Gemma 3's (gemma_layers.c), the projections on the dtype's GEMM (bf16_gemm.c, f32_gemm.c:
+dequantized weights), on the int8 GEMM (w8a8) or on a GGUF file's own blocks (gguf_gemm.c:
+native, the embedding's rows too).
 
 The call runs the kernels the Python layers call, in the same order, on the same kind of
 buffers, so its hidden states are bit for bit the Python path's (tests/worker/model/
 test_decode_layers.py); what it removes is ~30 module calls, ~300 ctypes calls and ~500 small
 tensors a step. Short prefill chunks count as decodes here: the attention backend makes each of
 their tokens one more kernel row (torch_paged.py, SHORT_PREFILL_READS). A step with a longer
-chunk (SDPA) or a sliding window, or a model with a part the kernels do not cover, keeps the
-Python path; `CompiledDecode.build` says why not.
+chunk (SDPA), or a model with a part the kernels do not cover, keeps the Python path;
+`CompiledDecode.build` says why not.
 """
 
 from __future__ import annotations
@@ -23,144 +24,82 @@ from intentserve.worker.kernels import (
     decode_layers_kernel,
     f32_gemm_kernel,
     fused_ops,
+    gemma_ops,
     gguf_gemm_kernel,
     int8_gemm_kernel,
     paged_decode_kernel,
 )
-from intentserve.worker.model.gguf_linear import NativeEmbedding, NativeLinear
-from intentserve.worker.model.packed_linear import Bf16Linear, F32Linear
-from intentserve.worker.model.quant_linear import W8A8Linear
+from intentserve.worker.model.decode_abi import (
+    PROJECTIONS,
+    Dims,
+    Ends,
+    Kernels,
+    Layer,
+    address,
+    kind,
+    proj,
+)
+from intentserve.worker.model.gemma import GemmaModel, embedding_scale
+from intentserve.worker.model.gguf_linear import NativeEmbedding
+from intentserve.worker.model.llama import LlamaModel
 from torch import Tensor, nn
-
-_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-
-
-class _Kernels(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("add_rmsnorm", "gemm", "rotary", "kv_store", "decode")]
-    _fields_ += [("silu_mul", _P), ("w8a8_linear", _P)]
-    _fields_ += [("gguf_quantize", _P), ("gguf_gemm", _P), ("gguf_dequantize", _P)]
-
-
-class _Dims(ctypes.Structure):
-    _fields_ = [
-        *((name, _I64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim")),
-        ("intermediate", _I64),
-        ("block_size", _I64),
-        ("eps", _F32),
-        ("scale", _F32),
-        ("projections", _I64),
-        ("elem_bytes", _I64),
-    ]
-
-
-# decode_layers.c's enum projections, by _kind
-_PROJECTIONS = {"gemm": 0, "w8a8": 1, "native": 2}
-
-
-class _Ends(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("input_ids", "positions", "embed", "final_norm")]
-    _fields_ += [("cos", _P), ("sin", _P), ("vocab", _I64), ("max_pos", _I64)]
-    _fields_ += [("embed_type", _I64), ("embed_interleaved", _I64)]
-
-
-class _GgufPart(ctypes.Structure):
-    _fields_ = [("blocks", _P), ("type", _I64), ("rows", _I64), ("interleaved", _I64)]
-
-
-class _Proj(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("weight", "bias_or_comp", "scales", "inv_smooth")]
-    _fields_ += [("gemm_flags", _I64), ("parts", ctypes.POINTER(_GgufPart)), ("num_parts", _I64)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        ("input_norm", _P),
-        ("post_norm", _P),
-        *((name, _Proj) for name in ("qkv", "o", "gate_up", "down")),
-        ("k_cache", _P),
-        ("v_cache", _P),
-        ("window", _I64),
-    ]
-
-
-def _ptr(tensor: Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
-
-
-def _proj(module, keep: list) -> _Proj:
-    """The projection's struct; a NativeLinear's array of parts goes into `keep`, which must
-    outlive the struct."""
-    if isinstance(module, NativeLinear):
-        parts = [
-            _GgufPart(part.data.data_ptr(), part.qtype.value, part.rows, int(part.interleaved))
-            for part in module.parts
-        ]
-        keep.append((_GgufPart * len(parts))(*parts))
-        return _Proj(None, None, None, None, 0, keep[-1], len(parts))
-    if isinstance(module, W8A8Linear):
-        return _Proj(
-            module.packed.data_ptr(),
-            module.comp.data_ptr(),
-            module.scales.data_ptr(),
-            _ptr(module.inv_smooth),
-            0,
-        )
-    return _Proj(module.packed.data_ptr(), _ptr(module.bias), None, None, module.gemm_flags)
-
-
-def _kind(module) -> str:
-    """ "gemm" (the dtype's GEMM kernel), "w8a8" or "native" (GGUF blocks) where the projection
-    runs on a kernel the call can drive, else ""."""
-    if isinstance(module, NativeLinear) and module.bias is None and module.out_dtype is None:
-        return "native"
-    if isinstance(module, F32Linear):
-        return "gemm"
-    if isinstance(module, Bf16Linear) and module.out_dtype == torch.bfloat16:
-        return "gemm"
-    if isinstance(module, W8A8Linear) and module.gemm is not None and module.bias is None:
-        return "w8a8"
-    return ""
-
-
-def _address(fn) -> int:
-    return ctypes.cast(fn, _P).value
 
 
 def _why_not(model, attention) -> str:
-    """ "" when every part of the model runs on the kernels decode_layers.c calls, else why."""
+    """ "" when every part of the model runs on the kernels the call drives, else why."""
     config = model.config
     dtype = _embedding_dtype(model.embed_tokens)
     if dtype not in (torch.bfloat16, torch.float32):
         return f"the model is {str(dtype).removeprefix('torch.')}, not bfloat16 or float32"
-    if type(model).__name__ != "LlamaModel":
-        return f"{type(model).__name__} layers differ from the Llama layer the call runs"
+    gemma = isinstance(model, GemmaModel)
+    if not gemma and type(model) is not LlamaModel:
+        return (
+            f"{type(model).__name__} layers differ from the Llama and Gemma 3 layers the call runs"
+        )
     if getattr(attention, "kernel", None) is None:
         return "the decode attention is not the compiled kernel"
-    if any(w is not None for w in attention.layer_windows):
-        return "sliding-window layers"
     if attention.pool.k[0].dtype != dtype:
         return "the KV cache's dtype is not the model's"
-    if model.norm.fused is None or model.norm.eps != config.rms_norm_eps:
-        return "the final norm is not the fused one with the layers' epsilon"
-    if not _table(model.embed_tokens).is_contiguous() or model.rotary.cos.dtype != torch.float32:
+    tables = (model.rotary, model.rotary_local) if gemma else (model.rotary,)
+    if not _table(model.embed_tokens).is_contiguous() or any(
+        t.cos.dtype != torch.float32 for t in tables
+    ):
         return "an embedding or rotary table the call does not read"
     if config.head_dim % 32 or config.hidden_size % 16 or config.intermediate_size % 16:
         return "widths the fused kernels do not take"
     kinds = set()
     for layer in model.layers:
         a, mlp = layer.self_attn, layer.mlp
-        kinds |= {_kind(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)}
+        kinds |= {kind(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)}
         if "" in kinds or len(kinds) > 1:
             return "a projection is not on the dtype's GEMM kernel, the int8 one or the GGUF one"
+        if any(p.bias is not None for p in (a.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+            return "biases the call does not add"
+    return _gemma_why_not(model) if gemma else _llama_why_not(model)
+
+
+def _llama_why_not(model: LlamaModel) -> str:
+    eps = model.config.rms_norm_eps
+    if model.norm.fused is None or model.norm.eps != eps:
+        return "the final norm is not the fused one with the layers' epsilon"
+    for layer in model.layers:
+        a, mlp = layer.self_attn, layer.mlp
         if a.q_norm is not None:
             return "per-head q/k norms"
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         if a.fused is None or mlp.fused is None or any(n.fused is None for n in norms):
             return "the fused norms and activations are not on"
-        if any(n.eps != config.rms_norm_eps for n in norms):
+        if any(n.eps != eps for n in norms):
             return "norms with different epsilons"
-        if any(p.bias is not None for p in (a.o_proj, mlp.gate_up_proj, mlp.down_proj)):
-            return "biases the call does not add"
+    return ""
+
+
+def _gemma_why_not(model: GemmaModel) -> str:
+    takers = [m for m in model.modules() if hasattr(m, "gemma_ops")]
+    if any(m.gemma_ops is None for m in takers):
+        return "the fused Gemma norms and activations are not on"
+    if any(n.eps != model.config.rms_norm_eps for n in takers if hasattr(n, "eps")):
+        return "norms with different epsilons"
     return ""
 
 
@@ -174,39 +113,73 @@ def _embedding_dtype(embedding: nn.Module) -> torch.dtype:
     return embedding.dtype if isinstance(embedding, NativeEmbedding) else embedding.weight.dtype
 
 
+def _kernels(model, bf16: bool, projections: str) -> Kernels:
+    """The kernels' addresses for the call: the elementwise ones of the model's family, the
+    projections' for their kind, the GGUF ones where anything is held as blocks."""
+    decode = paged_decode_kernel()
+    gemm = linear = None
+    if projections == "w8a8":
+        int8 = int8_gemm_kernel()
+        linear = int8.linear_bf16 if bf16 else int8.linear_f32
+    elif projections == "gemm":
+        gemm = (bf16_gemm_kernel() if bf16 else f32_gemm_kernel()).gemm
+    native = projections == "native" or isinstance(model.embed_tokens, NativeEmbedding)
+    gguf = gguf_gemm_kernel() if native else None
+    llama = gemma = (None, None, None)
+    if isinstance(model, GemmaModel):
+        ops = gemma_ops()
+        gemma = (
+            (ops.gemma_norm_bf16, ops.qk_norm_rotary_bf16, ops.gelu_mul_bf16)
+            if bf16
+            else (ops.gemma_norm_f32, ops.qk_norm_rotary_f32, ops.gelu_mul_f32)
+        )
+    else:
+        ops = fused_ops()
+        llama = (
+            (ops.add_rmsnorm_bf16, ops.rotary_bf16, ops.silu_mul_bf16)
+            if bf16
+            else (ops.add_rmsnorm_f32, ops.rotary_f32, ops.silu_mul_f32)
+        )
+    gguf_fns = (None,) * 3 if gguf is None else (gguf.quantize_rows, gguf.gemm, gguf.dequantize)
+    fns = (llama[0], gemm, llama[1], decode.kv_store, decode.bf16 if bf16 else decode.f32)
+    fns += (llama[2], linear, *gguf_fns, *gemma)
+    return Kernels(*(None if fn is None else address(fn) for fn in fns))
+
+
+def _layer(model, i: int, attention, keep: list) -> Layer:
+    """Layer i's struct: its norms' weights, projections, caches, band and rotary table."""
+    layer = model.layers[i]
+    a, mlp = layer.self_attn, layer.mlp
+    k_cache, v_cache = attention.pool.flat(i)
+    projections = (proj(p, keep) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj))
+    caches_and_band = (k_cache.data_ptr(), v_cache.data_ptr(), attention.layer_windows[i] or 0)
+    if not isinstance(model, GemmaModel):
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        return Layer(*(n.data_ptr() for n in norms), *projections, *caches_and_band)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    extra = (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm, a.q_norm, a.k_norm)
+    return Layer(
+        *(n.scale.data_ptr() for n in norms),
+        *projections,
+        *caches_and_band,
+        *(n.scale.data_ptr() for n in extra),
+        int(layer.is_local),
+    )
+
+
 class CompiledDecode:
     """Built once per engine (weights and caches do not move); `run` per step."""
 
     def __init__(self, model, attention, fn) -> None:
         config = model.config
-        ops, decode = fused_ops(), paged_decode_kernel()
-        kind = _kind(model.layers[0].mlp.down_proj)  # every projection's (_why_not)
+        gemma = isinstance(model, GemmaModel)
+        projections = kind(model.layers[0].mlp.down_proj)  # every projection's (_why_not)
         embedding = model.embed_tokens
-        bf16 = _embedding_dtype(embedding) == torch.bfloat16
+        self.dtype = _embedding_dtype(embedding)
+        bf16 = self.dtype == torch.bfloat16
         self.fn, self.attention = fn, attention
-        gemm = linear = None
-        if kind == "w8a8":
-            int8 = int8_gemm_kernel()
-            linear = int8.linear_bf16 if bf16 else int8.linear_f32
-        elif kind == "gemm":
-            gemm = (bf16_gemm_kernel() if bf16 else f32_gemm_kernel()).gemm
-        native = kind == "native" or isinstance(embedding, NativeEmbedding)
-        gguf = gguf_gemm_kernel() if native else None
-        self.kernels = _Kernels(
-            _address(ops.add_rmsnorm_bf16 if bf16 else ops.add_rmsnorm_f32),
-            None if gemm is None else _address(gemm),
-            _address(ops.rotary_bf16 if bf16 else ops.rotary_f32),
-            _address(decode.kv_store),
-            _address(decode.bf16 if bf16 else decode.f32),
-            _address(ops.silu_mul_bf16 if bf16 else ops.silu_mul_f32),
-            None if linear is None else _address(linear),
-            *(
-                (None, None, None)
-                if gguf is None
-                else (_address(gguf.quantize_rows), _address(gguf.gemm), _address(gguf.dequantize))
-            ),
-        )
-        self.dims = _Dims(
+        self.kernels = _kernels(model, bf16, projections)
+        self.dims = Dims(
             config.hidden_size,
             config.num_heads,
             config.num_kv_heads,
@@ -215,33 +188,22 @@ class CompiledDecode:
             attention.pool.block_size,
             config.rms_norm_eps,
             config.head_dim**-0.5,
-            _PROJECTIONS[kind],
+            PROJECTIONS[projections],
             2 if bf16 else 4,
+            model.layers[0].self_attn.q_multiplier if gemma else 1.0,
         )
-        layers, self._parts = [], []
-        for i, layer in enumerate(model.layers):
-            a, mlp = layer.self_attn, layer.mlp
-            k_cache, v_cache = attention.pool.flat(i)
-            layers.append(
-                _Layer(
-                    layer.input_layernorm.weight.data_ptr(),
-                    layer.post_attention_layernorm.weight.data_ptr(),
-                    *(
-                        _proj(p, self._parts)
-                        for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)
-                    ),
-                    k_cache.data_ptr(),
-                    v_cache.data_ptr(),
-                    0,
-                )
-            )
-        self.layers = (_Layer * len(layers))(*layers)
-        self.dtype, self.hidden = _embedding_dtype(embedding), config.hidden_size
-        self.embed, self.final_norm = _table(embedding), model.norm.weight
+        self._parts = []
+        layers = [_layer(model, i, attention, self._parts) for i in range(len(model.layers))]
+        self.layers = (Layer * len(layers))(*layers)
+        self.hidden = config.hidden_size
+        self.embed = _table(embedding)
+        self.final_norm = model.norm.scale if gemma else model.norm.weight
         held = isinstance(embedding, NativeEmbedding)
         self.embed_type = embedding.qtype.value if held else 0
         self.embed_interleaved = int(held and embedding.interleaved)
-        self.cos, self.sin = model.rotary.cos.contiguous(), model.rotary.sin.contiguous()
+        self.embed_scale = float(embedding_scale(config, self.dtype)) if gemma else 0.0
+        rotaries = (model.rotary, model.rotary_local) if gemma else (model.rotary,)
+        self.tables = [t.contiguous() for r in rotaries for t in (r.cos, r.sin)]
         # NOTE: the buffers the pointers above point into must outlive this object.
         self._keep = (model, attention)
 
@@ -252,7 +214,7 @@ class CompiledDecode:
         if why:
             return None, why
         try:
-            return cls(model, attention, decode_layers_kernel()), ""
+            return cls(model, attention, decode_layers_kernel(isinstance(model, GemmaModel))), ""
         except KernelUnavailable as exc:
             return None, exc.reason
 
@@ -260,11 +222,14 @@ class CompiledDecode:
         """The final-normed hidden states [T, hidden] of a step whose every token is a kernel row
         (decodes and short prefill chunks), as the Python layers return them; None (nothing run)
         for any other step. input_ids, positions: [T] int64."""
-        if attention is not self.attention or set(meta.plans) != {None}:
+        if attention is not self.attention:
             return None
-        plan = meta.plans[None]
-        d = plan.decode
-        if plan.prefills or d is None or d.tables is None or d.rows is not None:
+        # NOTE: every band's plan shares the step's one kernel group (torch_paged.py).
+        plans = list(meta.plans.values())
+        d = plans[0].decode
+        if any(p.prefills or p.decode is not d for p in plans):
+            return None
+        if d is None or d.tables is None or d.rows is not None:
             return None
         rows = input_ids.shape[0]
         if d.context_lens.shape[0] != rows or positions.shape != input_ids.shape:
@@ -272,17 +237,18 @@ class CompiledDecode:
         if input_ids.dtype != torch.int64 or positions.dtype != torch.int64:
             return None
         input_ids, positions = input_ids.contiguous(), positions.contiguous()
-        ends = _Ends(
+        tables = [t.data_ptr() for t in self.tables] + [None] * (4 - len(self.tables))
+        ends = Ends(
             input_ids.data_ptr(),
             positions.data_ptr(),
             self.embed.data_ptr(),
             self.final_norm.data_ptr(),
-            self.cos.data_ptr(),
-            self.sin.data_ptr(),
+            *tables,
             self.embed.shape[0],
-            self.cos.shape[0],
+            self.tables[0].shape[0],
             self.embed_type,
             self.embed_interleaved,
+            self.embed_scale,
         )
         out = torch.empty(rows, self.hidden, dtype=self.dtype)
         code = self.fn(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from intentserve.worker.model import cpu_ops
 from intentserve.worker.model.config import ModelConfig
 from intentserve.worker.model.llama import AttentionBackend, DecoderBase, unset_embedding
 from intentserve.worker.model.rope import RotaryEmbedding, apply_rotary
@@ -30,11 +31,24 @@ class GemmaRMSNorm(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(dim, dtype=torch.float32))
         self.eps = eps
+        self.gemma_ops = None  # the compiled CPU ops, set by cpu_ops.enable_fused_ops
 
     def forward(self, x: Tensor) -> Tensor:  # [..., dim]
+        if self.gemma_ops is not None:
+            done = cpu_ops.gemma_norm(self.gemma_ops, x, self.scale, self.eps)
+            if done is not None:
+                return done
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * self.scale).to(x.dtype)
+
+    def add_to(self, h: Tensor, x: Tensor) -> Tensor:
+        """x + norm(h); with the compiled op the sum is written into x in place."""
+        if self.gemma_ops is not None:
+            done = cpu_ops.gemma_norm(self.gemma_ops, h, self.scale, self.eps, residual=x)
+            if done is not None:
+                return done
+        return x + self.forward(h)
 
 
 class GemmaAttention(nn.Module):
@@ -54,6 +68,7 @@ class GemmaAttention(nn.Module):
         # into q (1.0 for every Gemma 3 but the 27B).
         scalar = config.query_pre_attn_scalar or config.head_dim
         self.q_multiplier = math.sqrt(config.head_dim / scalar)
+        self.gemma_ops = None  # the compiled CPU ops, set by cpu_ops.enable_fused_ops
 
     def forward(
         self,
@@ -64,6 +79,37 @@ class GemmaAttention(nn.Module):
     ) -> Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+        if self.gemma_ops is not None and self._norm_rotate_in_place(qkv, cos_sin):
+            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
+                num_tokens, self.num_kv_heads, self.head_dim
+            )
+        else:
+            q, k = self._norm_rotate(qkv, cos_sin)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = attn.forward(self.layer_idx, q, k, v, meta)  # [T, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def _norm_rotate_in_place(self, qkv: Tensor, cos_sin: tuple[Tensor, Tensor]) -> bool:
+        """The compiled q/k norm + rotary (+ q's multiplier) on qkv's own rows; False, nothing
+        touched, where the tensors do not suit it."""
+        return cpu_ops.qk_norm_rotary_(
+            self.gemma_ops,
+            qkv,
+            self.q_norm.scale,
+            self.k_norm.scale,
+            *cos_sin,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.q_norm.eps,
+            self.q_multiplier,
+        )
+
+    def _norm_rotate(self, qkv: Tensor, cos_sin: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """q [T, num_heads, head_dim] and k [T, num_kv_heads, head_dim], normed per head,
+        rotated, q times its multiplier: torch's ops, new tensors."""
+        num_tokens = qkv.shape[0]
         q = self.q_norm(qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim))
         k = self.k_norm(
             qkv[:, self.q_size : self.q_size + self.kv_size].view(
@@ -74,9 +120,7 @@ class GemmaAttention(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         if self.q_multiplier != 1.0:
             q = q * self.q_multiplier
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = attn.forward(self.layer_idx, q, k, v, meta)  # [T, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return q, k
 
 
 class GemmaMLP(nn.Module):
@@ -85,10 +129,22 @@ class GemmaMLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gemma_ops = None  # the compiled CPU ops, set by cpu_ops.enable_fused_ops
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2 * I]: gate | up
+        if self.gemma_ops is not None:
+            hidden = cpu_ops.gelu_and_mul(self.gemma_ops, gate_up)
+            if hidden is not None:
+                return self.down_proj(hidden)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(gelu_tanh(gate) * up)
+
+
+def embedding_scale(config: ModelConfig, dtype: torch.dtype) -> Tensor:
+    """The embeddings' factor: sqrt(hidden_size) rounded to the model dtype first, as the
+    reference does (a 0-dim tensor of `dtype`)."""
+    return torch.tensor(config.hidden_size**0.5, dtype=dtype)
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -117,9 +173,9 @@ class GemmaDecoderLayer(nn.Module):
         self, x: Tensor, cos_sin: tuple[Tensor, Tensor], attn: AttentionBackend, meta: Any
     ) -> Tensor:  # [T, hidden_size] -> [T, hidden_size]
         h = self.self_attn(self.input_layernorm(x), cos_sin, attn, meta)
-        x = x + self.post_attention_layernorm(h)
+        x = self.post_attention_layernorm.add_to(h, x)  # NOTE: x's rows, in place when fused
         h = self.mlp(self.pre_feedforward_layernorm(x))
-        return x + self.post_feedforward_layernorm(h)
+        return self.post_feedforward_layernorm.add_to(h, x)
 
 
 class GemmaModel(DecoderBase):
@@ -134,15 +190,21 @@ class GemmaModel(DecoderBase):
         self.lm_head = None  # tied: the embedding table is the projection (prepack may set one)
         self.rotary = RotaryEmbedding(config)
         self.rotary_local = RotaryEmbedding(config, local=True)
+        # Every layer of a step of kernel rows in one compiled call (decode_layers.py), set by
+        # the engine builder where the model and its attention backend allow it.
+        self.compiled_decode = None
 
     @torch.inference_mode()
     def forward(
         self, input_ids: Tensor, positions: Tensor, attn: AttentionBackend, meta: Any
     ) -> Tensor:
         """input_ids, positions: [T] int64 -> final-normed hidden states [T, hidden_size]."""
+        if self.compiled_decode is not None:
+            done = self.compiled_decode.run(input_ids, positions, attn, meta)
+            if done is not None:
+                return done
         x = self.embed_tokens(input_ids)  # [T, hidden_size]
-        # sqrt(hidden_size) rounded to the model dtype first, as the reference does.
-        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+        x = x * embedding_scale(self.config, x.dtype)
         cos_sin_global = self.rotary(positions, x.dtype)
         cos_sin_local = self.rotary_local(positions, x.dtype)
         for layer in self.layers:

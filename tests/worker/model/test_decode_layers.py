@@ -1,6 +1,6 @@
-"""Every layer of a decode step in one compiled call (decode_layers.c): the same hidden states,
-bit for bit, as the Python layers on the same kernels; the same greedy text; and the Python path
-wherever the call does not apply, with the reason in the realized report."""
+"""Every layer of a decode step in one compiled call (decode_layers.c, gemma_layers.c): the same
+hidden states, bit for bit, as the Python layers on the same kernels; the same greedy text; and
+the Python path wherever the call does not apply, with the reason in the realized report."""
 
 import shutil
 
@@ -10,10 +10,14 @@ from intentserve.worker.attention.torch_paged import SHORT_PREFILL_READS
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.model.decode_layers import CompiledDecode, _why_not
-from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.registry import load_model
 
-from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
+from tests.worker.model.tiny_checkpoints import (
+    random_hf_weights,
+    tiny_config,
+    write_gguf,
+    write_hf_folder,
+)
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(n) for n in ("cc", "gcc", "clang")),
@@ -22,19 +26,24 @@ pytestmark = pytest.mark.skipif(
 PROMPTS = ["def add(a, b):", "hello there", "the cat sat on", "x = 1\ny ="]
 
 
-def folder(tmp_path, **overrides):
-    config = tiny_config(head_dim=32, **overrides)  # rotary's kernel takes 16-lane half heads
-    return write_hf_folder(tmp_path, config, random_hf_weights(config))
+def folder(tmp_path, architecture="llama", **overrides):
+    """A tiny random model: an HF folder, or for Gemma 3 a GGUF file (float32 tensors)."""
+    # rotary's kernel takes 16-lane half heads
+    config = tiny_config(architecture, head_dim=32, **overrides)
+    weights = random_hf_weights(config)
+    if architecture == "gemma3":
+        return write_gguf(tmp_path / "tiny.gguf", config, weights)
+    return write_hf_folder(tmp_path, config, weights)
 
 
-def engine(path, dtype="bfloat16", max_num_seqs=4, weights="auto", kv_bytes=1 << 20):
+def engine(path, dtype="bfloat16", max_num_seqs=4, weights="auto", kv_bytes=1 << 20, loaded=None):
     return (
         EngineBuilder()
         .weights(weights)
         .paged_attention("on")
         .kv_cache_memory(bytes=kv_bytes)
         .scheduler(max_model_len=64, max_num_seqs=max_num_seqs)
-        .build(loaded=load_model(str(path), dtype=dtype))
+        .build(loaded=loaded or load_model(str(path), dtype=dtype))
     )
 
 
@@ -46,22 +55,52 @@ def compiled_or_skip(eng):
 
 
 @pytest.mark.parametrize(
-    ("architecture", "weights", "dtype"),
+    ("architecture", "weights", "dtype", "overrides"),
     [
-        ("llama", "dequantized", "bfloat16"),
-        ("qwen2", "dequantized", "bfloat16"),
-        ("llama", "w8a8", "bfloat16"),
-        ("llama", "dequantized", "float32"),
-        ("qwen2", "dequantized", "float32"),
-        ("llama", "w8a8", "float32"),
+        ("llama", "dequantized", "bfloat16", {}),
+        ("qwen2", "dequantized", "bfloat16", {}),
+        ("llama", "w8a8", "bfloat16", {}),
+        ("llama", "dequantized", "float32", {}),
+        ("qwen2", "dequantized", "float32", {}),
+        ("llama", "w8a8", "float32", {}),
+        ("mistral", "dequantized", "bfloat16", {"sliding_window": 3}),
+        ("gemma3", "dequantized", "bfloat16", {}),
+        ("gemma3", "dequantized", "float32", {}),
+        ("gemma3", "w8a8", "bfloat16", {}),
     ],
-    ids=["llama", "qwen2-qkv-bias", "llama-w8a8", "llama-fp32", "qwen2-fp32", "llama-w8a8-fp32"],
+    ids=[
+        "llama",
+        "qwen2-qkv-bias",
+        "llama-w8a8",
+        "llama-fp32",
+        "qwen2-fp32",
+        "llama-w8a8-fp32",
+        "mistral-sliding-window",
+        "gemma3",
+        "gemma3-fp32",
+        "gemma3-w8a8",
+    ],
 )
 def test_a_decode_step_gives_the_python_layers_hidden_states_bit_for_bit(
-    tmp_path, monkeypatch, architecture, weights, dtype
+    tmp_path, monkeypatch, architecture, weights, dtype, overrides
 ):
-    eng = engine(folder(tmp_path, architecture=architecture), dtype=dtype, weights=weights)
+    """Gemma 3's tiny model has 5 banded layers (a band of 5 tokens, shorter than the prompts
+    and their decodes: the band and the local RoPE base count) and one global layer."""
+    path = folder(tmp_path, architecture=architecture, **overrides)
+    eng = engine(path, dtype=dtype, weights=weights)
     same_hidden_states_both_ways(eng, monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gemmas_query_multiplier_is_applied_in_the_call_as_in_the_python_layers(
+    tmp_path, monkeypatch, dtype
+):
+    """A query_pre_attn_scalar other than head_dim (Gemma 3 27B's) is a multiplier of q after
+    rotary; set here on a tiny model (a GGUF file's scalar is head_dim but at 27B's depth)."""
+    loaded = load_model(str(folder(tmp_path, architecture="gemma3")), dtype=dtype)
+    for layer in loaded.model.layers:
+        layer.self_attn.q_multiplier = 1.3
+    same_hidden_states_both_ways(engine(None, loaded=loaded), monkeypatch)
 
 
 @pytest.mark.model
@@ -94,12 +133,38 @@ def native_in_one_call(path, monkeypatch, dtype):
     return eng
 
 
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("weights", "dtype"),
+    [("native", "bfloat16"), ("native", "float32"), ("dequantized", "bfloat16")],
+)
+def test_gemma3_decodes_in_one_call_bit_for_bit(gemma3_path, monkeypatch, weights, dtype):
+    """Gemma 3 270M's Q4_K_M file, held native (Q4_K, Q5_0, Q6_K and Q8_0 blocks, the tied
+    Q8_0 embedding's rows dequantized in the call) or dequantized to bf16: every layer (15
+    banded, 3 global) in the call, the same hidden states as the Python layers, and the same
+    greedy tokens with the call and without it."""
+    eng = engine(gemma3_path, dtype=dtype, weights=weights, kv_bytes=16 << 20)
+    why = _why_not(eng.runner.model, eng.runner.attention)
+    if why == "the decode attention is not the compiled kernel":
+        pytest.skip(f"the compiled decode does not run on this host: {why}")
+    assert why == ""  # nothing of Gemma 3 keeps the Python layers
+    same_hidden_states_both_ways(eng, monkeypatch)
+    monkeypatch.undo()
+    model = eng.runner.model
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    fast = [out.new_token_ids for out in eng.generate(PROMPTS, params)]
+    compiled, model.compiled_decode = model.compiled_decode, None
+    slow = [out.new_token_ids for out in eng.generate(PROMPTS, params)]
+    model.compiled_decode = compiled
+    assert fast == slow
+
+
 def same_hidden_states_both_ways(eng, monkeypatch) -> None:
     """Every step run by the Python layers and again with the compiled call (where it applies):
     equal hidden states, decode steps of every sequence among them."""
     model = compiled_or_skip(eng)
     compared, ran = [], []
-    forward, run = LlamaModel.forward, model.compiled_decode.run
+    forward, run = type(model).forward, model.compiled_decode.run
 
     def tracking_run(*args):
         result = run(*args)
@@ -116,15 +181,16 @@ def same_hidden_states_both_ways(eng, monkeypatch) -> None:
         return got
 
     model.compiled_decode.run = tracking_run
-    monkeypatch.setattr(LlamaModel, "forward", both_ways)
+    monkeypatch.setattr(type(model), "forward", both_ways)
     eng.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert compared and all(same for _, same in compared), compared
     assert any(rows == len(PROMPTS) for rows, _ in compared)  # decode steps of every sequence
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path, dtype):
-    eng = engine(folder(tmp_path), dtype=dtype)
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_greedy_text_is_the_same_with_and_without_the_compiled_call(tmp_path, dtype, architecture):
+    eng = engine(folder(tmp_path, architecture=architecture), dtype=dtype)
     model = compiled_or_skip(eng)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     fast = [out.new_token_ids for out in eng.generate(PROMPTS, params)]

@@ -1,7 +1,7 @@
 /* What the CPU kernels share: 16 float32 lanes as GCC vector extensions (the compiler picks the
  * host's widest registers under -march=native, without intrinsics; aligned(4), so any row address
- * works), loads that widen float32 or bfloat16 storage, a horizontal sum, a select, and rounding
- * and storing to the storage dtype. */
+ * works), loads that widen float32 or bfloat16 storage, a horizontal sum, a select, rounding
+ * and storing to the storage dtype, and exp (SiLU's and GELU's). */
 #ifndef INTENTSERVE_VEC16_H
 #define INTENTSERVE_VEC16_H
 
@@ -95,6 +95,29 @@ static inline __attribute__((always_inline)) void store16(void *base, int64_t i,
     } else {
         memcpy((float *)base + i, &f, sizeof f);
     }
+}
+
+/* exp over the float range, 16 lanes: 2^n * p(r), r = x - n ln 2; relative error ~2e-7. */
+static inline v16 exp16(v16 x) {
+    const v16 zero = {0}, lo = zero - 87.0f, hi = zero + 88.0f;
+    x = select16((v16i)(x < lo), lo, x);
+    x = select16((v16i)(x > hi), hi, x);
+    const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    v16 p = r * 1.38888889e-3f + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    /* 2^n in two halves, so n = 128 does not overflow the exponent field. */
+    const v16i ni = __builtin_convertvector(n, v16i);
+    const v16i half = ni >> 1;
+    const v16i a = (half + 127) << 23, b = (ni - half + 127) << 23;
+    v16 fa, fb;
+    memcpy(&fa, &a, sizeof fa);
+    memcpy(&fb, &b, sizeof fb);
+    return p * fa * fb;
 }
 
 #endif

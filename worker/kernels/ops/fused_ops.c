@@ -28,29 +28,6 @@
 
 #define PARALLEL_MIN_ELEMENTS 16384 /* below this, a fork and join of the threads costs more */
 
-/* exp over the float range, 16 lanes: 2^n * p(r), r = x - n ln 2; relative error ~2e-7. */
-static inline v16 exp16(v16 x) {
-    const v16 zero = {0}, lo = zero - 87.0f, hi = zero + 88.0f;
-    x = select16((v16i)(x < lo), lo, x);
-    x = select16((v16i)(x > hi), hi, x);
-    const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    const v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    v16 p = r * 1.38888889e-3f + 8.33333333e-3f;
-    p = p * r + 4.16666667e-2f;
-    p = p * r + 1.66666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    /* 2^n in two halves, so n = 128 does not overflow the exponent field. */
-    const v16i ni = __builtin_convertvector(n, v16i);
-    const v16i half = ni >> 1;
-    const v16i a = (half + 127) << 23, b = (ni - half + 127) << 23;
-    v16 fa, fb;
-    memcpy(&fa, &a, sizeof fa);
-    memcpy(&fb, &b, sizeof fb);
-    return p * fa * fb;
-}
-
 static inline __attribute__((always_inline)) void add_rmsnorm(
     const void *x, void *residual, const void *weight, void *out, int64_t rows, int64_t hidden,
     float eps, const int is_bf16) {
