@@ -204,8 +204,11 @@ class CompiledDecode:
         self.embed_scale = float(embedding_scale(config, self.dtype)) if gemma else 0.0
         rotaries = (model.rotary, model.rotary_local) if gemma else (model.rotary,)
         self.tables = [t.contiguous() for r in rotaries for t in (r.cos, r.sin)]
-        # NOTE: the buffers the pointers above point into must outlive this object.
-        self._keep = (model, attention)
+        # NOTE: the buffers the pointers above point into must outlive every `run`. The model's
+        # own are safe: the model owns this object (`model.compiled_decode`) and only its forward
+        # calls `run`. Holding the model here too would be a reference cycle that keeps a dropped
+        # engine's weights until the garbage collector next runs.
+        self._keep = attention
 
     @classmethod
     def build(cls, model, attention) -> tuple[CompiledDecode | None, str]:

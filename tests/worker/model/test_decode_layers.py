@@ -2,7 +2,9 @@
 hidden states, bit for bit, as the Python layers on the same kernels; the same greedy text; and
 the Python path wherever the call does not apply, with the reason in the realized report."""
 
+import gc
 import shutil
+import weakref
 
 import pytest
 import torch
@@ -278,3 +280,18 @@ def test_a_token_id_or_position_outside_the_tables_is_refused_before_anything_is
     ]:
         with pytest.raises(IndexError, match="out of range"):
             run(ids, pos, attention, meta)
+
+
+def test_a_dropped_engine_frees_its_model_without_waiting_for_the_garbage_collector(tmp_path):
+    # The model owns its compiled step; a step holding the model back made a reference cycle,
+    # so a dropped engine's weights stayed until the collector next ran (inside whatever ran
+    # then: the next engine's load, in bench/native_gguf.py's READY).
+    eng = engine(folder(tmp_path))
+    model = weakref.ref(compiled_or_skip(eng))
+    eng.generate(["hello"], SamplingParams(max_tokens=2, ignore_eos=True))
+    gc.disable()
+    try:
+        del eng
+        assert model() is None
+    finally:
+        gc.enable()
