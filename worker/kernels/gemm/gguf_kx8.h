@@ -20,31 +20,8 @@
  * sub-block's 32 weights are two chains of four, weights 0-15 and 16-31 (Q6_K's two scales).
  *
  * NOTE: included by gguf_kquant.c after gguf_gemm.c and gguf_x8.h (block_bytes, decode_sub,
- * store, X8, RX); its 256-bit dot product and broadcast are its own (gguf_x8.h's are as wide as
- * the build's vectors). */
-
-/* u8 x s8 dot products of 4 bytes, added to acc's eight int32 lanes (256 bits on every build). */
-static inline __attribute__((always_inline)) __m256i kx8_dot_add(__m256i acc, __m256i u, __m256i x,
-                                                                 const int vnni) {
-#if HAVE_VNNI
-    if (vnni) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        return _mm256_dpbusd_epi32(acc, u, x);
-#else
-        return _mm256_dpbusd_avx_epi32(acc, u, x);
-#endif
-    }
-#endif
-    (void)vnni;
-    const __m256i pairs = _mm256_maddubs_epi16(u, x);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
-static inline __m256i kx8_broadcast4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return _mm256_set1_epi32(v);
-}
+ * store, X8, RX, dot_add256); its broadcast is its own (gguf_x8.h's is as wide as the build's
+ * vectors). */
 
 static inline int kx8_type(int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
 
@@ -111,6 +88,12 @@ static int kx8_dequantize(int type, const uint8_t *w, int64_t k, const int64_t *
 }
 
 #if HAVE_AVX2
+static inline __m256i kx8_broadcast4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+
 /* 8 channels' float16 scales at p as 8 float lanes. */
 static inline __m256 halves_x8(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -206,8 +189,8 @@ kgroups_x8(const int type, const int vnni, const uint8_t *w, int64_t g0, int64_t
                     const int8_t *x = q + r * k + 32 * t;
                     __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
                     for (int v = 0; v < 4; ++v) { /* weights 0-15, 16-31: two chains */
-                        sum0 = kx8_dot_add(sum0, u[v], kx8_broadcast4(x + 4 * v), vnni);
-                        sum1 = kx8_dot_add(sum1, u[v + 4], kx8_broadcast4(x + 16 + 4 * v), vnni);
+                        sum0 = dot_add256(sum0, u[v], kx8_broadcast4(x + 4 * v), vnni);
+                        sum1 = dot_add256(sum1, u[v + 4], kx8_broadcast4(x + 16 + 4 * v), vnni);
                     }
                     const __m256 dx = _mm256_set1_ps(d[r * subs + t]);
                     if (is_q6) { /* (q - 32) . x = q . x - 32 sum(x), per 16 */

@@ -8,6 +8,24 @@
  *
  * NOTE: included by gguf_x8.h, under HAVE_AVX2. */
 
+/* u8 x s8 dot products of 4 bytes into eight int32 lanes, on every build (the K-quant kernels,
+ * gguf_kx8.h, stay 256 bits wide). */
+static inline __attribute__((always_inline)) __m256i dot_add256(__m256i acc, __m256i u, __m256i x,
+                                                                const int vnni) {
+#if HAVE_VNNI
+    if (vnni) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        return _mm256_dpbusd_epi32(acc, u, x);
+#else
+        return _mm256_dpbusd_avx_epi32(acc, u, x);
+#endif
+    }
+#endif
+    (void)vnni;
+    const __m256i pairs = _mm256_maddubs_epi16(u, x);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define XV 16
 typedef __m512i xvi;
@@ -92,18 +110,5 @@ static inline xvf xv_halves(const uint8_t *a, const uint8_t *b) {
 #define xf_store _mm256_storeu_ps
 #define xv_sign8 _mm256_sign_epi8
 
-static inline __attribute__((always_inline)) xvi xv_dot_add(xvi acc, xvi u, xvi x, const int vnni) {
-#if HAVE_VNNI
-    if (vnni) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        return _mm256_dpbusd_epi32(acc, u, x);
-#else
-        return _mm256_dpbusd_avx_epi32(acc, u, x);
-#endif
-    }
-#endif
-    (void)vnni;
-    const __m256i pairs = _mm256_maddubs_epi16(u, x);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
+#define xv_dot_add dot_add256
 #endif
