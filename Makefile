@@ -31,7 +31,8 @@ test-fast: setup
 
 ## The main job: a controller plus two CPU workers on an embedded Ray cluster (deploy/local.yaml),
 ## PagedAttention required; serves gRPC on 127.0.0.1:50051 until Ctrl-C. Another manifest:
-## `make run MANIFEST=deploy/native.yaml` (SmolLM2 from its GGUF file's own blocks).
+## `make run MANIFEST=deploy/native.yaml` (SmolLM2 from its GGUF file's own blocks; Gemma 3:
+## deploy/gemma-native.yaml).
 MANIFEST ?= deploy/local.yaml
 run: setup
 	$(VENV)/bin/intentserve up $(MANIFEST)
