@@ -5,8 +5,9 @@ registry on mutual TLS with a certificate of the deployment's CA, reports a real
 controller verifies (consistent with its resolution and capability), heartbeats, and serves
 `WorkerStreams.Serve` (the controller's multiplexed call), `Inference.Generate` (one request a
 call) and `grpc.health.v1`. In place of an engine a clock ticks every `step_s`: at each tick
-every running request gets `tokens_per_step` tokens, and each `Serve` call sends one message
-with its requests' news, as one engine step does.
+every running request gets `tokens_per_step` tokens, and each `Serve` call sends its requests'
+news: a message a step while the controller keeps up, every step's since the last message when it
+does not (the steps do not wait for the sends), as the worker's outbox does.
 
     python bench/simworker.py --registry 127.0.0.1:50052 --deployment d --identities DIR \
         --ids d-0,d-1 --step-ms 20 --slots 512
@@ -54,6 +55,8 @@ from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker
 ABORT = inference_pb2.FINISH_REASON_ABORT
 LENGTH = inference_pb2.FINISH_REASON_LENGTH
 RPC_TIMEOUT_S = 10.0
+# What worker/service/mux.py sends in one message at most.
+MAX_EVENTS_PER_MESSAGE = 1024
 
 
 def realized_for(
@@ -248,24 +251,39 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
     # -- the controller's multiplexed call -------------------------------------------------------
 
     async def Serve(self, request_iterator, context):
+        """As the worker's `Serve`: the steps run on the clock whether or not the last message
+        has gone out; each message carries every step's news since the one before (a controller
+        that reads slowly gets its backlog in fewer, larger messages, as from worker/service's
+        Outbox), up to MAX_EVENTS_PER_MESSAGE events."""
         running: dict[int, _Request] = {}
         refused: list[worker_pb2.StreamEvent] = []
+        outbox = _Outbox()
         reader = asyncio.create_task(self._read(request_iterator, running, refused))
+        steps = asyncio.create_task(self._steps(reader, running, refused, outbox))
+        try:
+            while (message := await outbox.take()) is not None:
+                yield message
+        finally:
+            reader.cancel()
+            steps.cancel()
+            self.num_running -= len(running)
+
+    async def _steps(self, reader, running: dict, refused: list, outbox: _Outbox) -> None:
         try:
             while not reader.done() or running:
                 await self._clock.next()
-                message = worker_pb2.StreamEvents(events=refused)
+                events = outbox.events
+                events.extend(refused)
                 refused.clear()
                 for key, request in list(running.items()):
-                    event = message.events.add(stream=key)
-                    if request.advance(event.output, self.worker_id, self._tokens_per_step):
+                    if request.advance(
+                        events.add(stream=key).output, self.worker_id, self._tokens_per_step
+                    ):
                         del running[key]
                         self.num_running -= 1
-                if message.events:
-                    yield message
+                outbox.wake()
         finally:
-            reader.cancel()
-            self.num_running -= len(running)
+            outbox.close()
 
     async def _read(self, commands, running: dict, refused: list) -> None:
         with contextlib.suppress(grpc.RpcError):  # the call ended: Serve ends with it
@@ -306,6 +324,43 @@ class SimWorker(worker_pb2_grpc.WorkerStreamsServicer, inference_pb2_grpc.Infere
                 yield message
         finally:
             self.num_running -= 1
+
+
+class _Outbox:
+    """A `Serve` call's news not yet sent: the steps fill `events`, the sender takes them all."""
+
+    def __init__(self) -> None:
+        self._message = worker_pb2.StreamEvents()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    @property
+    def events(self):
+        return self._message.events
+
+    def wake(self) -> None:
+        if self._message.events:
+            self._ready.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    async def take(self) -> worker_pb2.StreamEvents | None:
+        """Every event since the last take, MAX_EVENTS_PER_MESSAGE at most; None once closed and
+        empty."""
+        await self._ready.wait()
+        message = self._message
+        if not message.events:
+            return None
+        if len(message.events) <= MAX_EVENTS_PER_MESSAGE:
+            self._message = worker_pb2.StreamEvents()
+            if not self._closed:
+                self._ready.clear()
+            return message
+        taken = worker_pb2.StreamEvents(events=message.events[:MAX_EVENTS_PER_MESSAGE])
+        del message.events[:MAX_EVENTS_PER_MESSAGE]
+        return taken
 
 
 def load_identity(folder: Path, worker_id: str) -> TlsIdentity:

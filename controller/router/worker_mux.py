@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator
 import grpc
 from intentserve.common.field_errors import FieldViolation, violation_in
 from intentserve.common.streaming import END, HandOver
+from intentserve.controller.router.coalesce import append, joins
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ class MuxStream(HandOver):
 
 class AsyncMuxStream:
     """One request on a worker's multiplexed call, read on an event loop: `async for` its
-    responses (a failure is raised as StreamFailed). Items reach it on `loop` only.
+    responses (a failure is raised as StreamFailed). Items reach it on `loop` only. A choice's
+    chunks that wait together are read as one response (`coalesce`).
 
     NOTE: a deque and the reader's one future while it waits, not an asyncio.Queue: an item
     costs an append, and a wake-up only when the reader is waiting for it."""
@@ -126,6 +128,8 @@ class AsyncMuxStream:
         if isinstance(item, BaseException):
             self._done = True
             raise item
+        while items and joins(item, items[0]):  # the reader fell behind: one message for all
+            append(item, items.popleft())
         return item
 
     def cancel(self) -> None:

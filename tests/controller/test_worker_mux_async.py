@@ -1,5 +1,6 @@
 """The multiplexed call's async delivery: a message's items reach the event loop in one hand-over,
-in order, and a cancel from another thread ends the stream there."""
+in order, and a cancel from another thread ends the stream there. (Items that wait together are
+read as one response: tests/controller/test_coalesce.py; here the tokens are what is compared.)"""
 
 import asyncio
 
@@ -36,7 +37,7 @@ def response(token: int) -> inference_pb2.GenerateResponse:
 
 
 async def read(stream: AsyncMuxStream) -> list[int]:
-    return [r.token_ids[0] async for r in stream]
+    return [token async for r in stream for token in r.token_ids]
 
 
 def test_a_messages_items_reach_the_loop_in_one_hand_over_and_in_order():
