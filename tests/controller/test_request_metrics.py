@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from intentserve.controller.errors import NotReady, Overloaded
 from intentserve.controller.router.http.bridge import HttpCall
@@ -212,25 +213,44 @@ def test_a_cancelled_task_is_counted_and_closes_the_routed_call(metered):
 
 
 class Call:
-    """What the metrics read of a call: the time left before its deadline (None: none)."""
+    """What the metrics read of a call: the time left before its deadline (None: none) and its
+    code (grpc's stays None when its core ends the call; a front end that enforces the deadline
+    itself sets DEADLINE_EXCEEDED)."""
 
-    def __init__(self, remaining_s: float | None) -> None:
+    def __init__(self, remaining_s: float | None, code: grpc.StatusCode | None = None) -> None:
         self.remaining_s = remaining_s
+        self._code = code
 
     def time_remaining(self) -> float | None:
         return self.remaining_s
 
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+
+HAIR_S = 0.0003  # uvloop's timer for a deadline fired this long before the clock read 0
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+
 
 @pytest.mark.parametrize(
-    ("remaining_s", "status"),
-    [(0.0, "deadline_exceeded"), (5.0, "cancelled"), (None, "cancelled"), (2.0**63, "cancelled")],
+    ("remaining_s", "code", "status"),
+    [
+        (0.0, None, "deadline_exceeded"),
+        (5.0, None, "cancelled"),
+        (None, None, "cancelled"),
+        (2.0**63, None, "cancelled"),
+        (HAIR_S, DEADLINE, "deadline_exceeded"),  # the front end's own timer ended it
+        (HAIR_S, None, "cancelled"),  # time left, and no deadline ended it: the client's cancel
+    ],
 )
-def test_a_request_ended_by_its_deadline_counts_as_deadline_exceeded(metered, remaining_s, status):
+def test_a_request_ended_by_its_deadline_counts_as_deadline_exceeded(
+    metered, remaining_s, code, status
+):
     # A deadline, like a client's cancel, ends the handler's stream early or cancels its task;
     # the client got DEADLINE_EXCEEDED, so that is the status counted (grpc's "no deadline" is
     # about 2**63 seconds left).
     registry, metrics = metered
-    call = Call(remaining_s)
+    call = Call(remaining_s, code)
     asyncio.run(collect(metrics.aobserve(astream(2, None), call)))
 
     async def cancelled_task():
