@@ -4,6 +4,7 @@ no server."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -50,6 +51,14 @@ async def collect(responses) -> list:
     return [r async for r in responses]
 
 
+async def pause(seconds: float) -> None:
+    """At least `seconds` by the metrics' clock (time.perf_counter): a loop's timer may fire a
+    hair before its time by that clock (uvloop's asyncio.sleep(0.01) took 9.2 ms by it)."""
+    until_s = time.perf_counter() + seconds
+    while (left_s := until_s - time.perf_counter()) > 0:
+        await asyncio.sleep(left_s)
+
+
 def test_a_finished_request_counts_its_tokens_and_latencies(metered):
     registry, metrics = metered
     observed = metrics.aobserve(astream(4, inference_pb2.FINISH_REASON_LENGTH))
@@ -84,9 +93,9 @@ def test_every_gap_between_tokens_is_counted_in_its_bucket_with_its_time(metered
     async def paced():
         yield inference_pb2.GenerateResponse(token_ids=[0], num_output_tokens=1)
         for i in range(1, 4):
-            await asyncio.sleep(0.03)
+            await pause(0.03)
             yield inference_pb2.GenerateResponse(token_ids=[i], num_output_tokens=i + 1)
-        await asyncio.sleep(0.09)
+        await pause(0.09)
         yield inference_pb2.GenerateResponse(
             token_ids=[4, 5, 6], num_output_tokens=7, finish_reason=inference_pb2.FINISH_REASON_STOP
         )
@@ -121,12 +130,12 @@ def test_a_request_is_split_into_queue_prefill_and_decode_and_its_tokens_counted
     registry, metrics = metered
 
     async def queued_then_streamed():
-        await asyncio.sleep(0.05)
+        await pause(0.05)
         metrics.queue_wait_times.observe(0.05)  # as the admission queue does, in this task
-        await asyncio.sleep(0.02)  # the prefill
+        await pause(0.02)  # the prefill
         for i, response in enumerate(stream(3, inference_pb2.FINISH_REASON_STOP)):
             if i:
-                await asyncio.sleep(0.01)
+                await pause(0.01)
             yield response
 
     asyncio.run(collect(metrics.aobserve(queued_then_streamed())))
