@@ -31,7 +31,7 @@ class LoopChoice(enum.Enum):
 
 
 class LoopKind(enum.Enum):
-    """What runs (uvicorn's `loop` setting takes the same words)."""
+    """What runs."""
 
     UVLOOP = "uvloop"
     ASYNCIO = "asyncio"

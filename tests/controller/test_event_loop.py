@@ -86,6 +86,15 @@ def test_a_routers_metrics_say_which_loop_it_runs_on(word, monkeypatch):
 
 
 @pytest.mark.integration
+def test_a_controller_runs_on_uvloop_by_default_and_its_metrics_say_so(
+    monkeypatch, start_controller
+):
+    monkeypatch.delenv(EVENT_LOOP_ENV, raising=False)
+    server, _ = start_controller()
+    assert server.metrics.get_sample_value("intentserve_event_loop_info", {"loop": "uvloop"}) == 1
+
+
+@pytest.mark.integration
 def test_a_controller_refuses_an_unknown_loop_before_it_starts(monkeypatch, start_controller):
     monkeypatch.setenv(EVENT_LOOP_ENV, "trio")
     with pytest.raises(IntentError, match=EVENT_LOOP_ENV):
