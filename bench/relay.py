@@ -27,7 +27,9 @@ router): its workers register at `--registry` with certificates of the CA in `--
 routers (`intentserve router`, router r pinned as relay r is) in front of one controller and
 one set of W workers, each router watching the controller's table and streaming from the
 workers itself; the clients are spread over the routers, whose CPU is the one measured (not
-the controller's, which relays nothing).
+the controller's, which relays nothing). The controller and the routers inherit the
+environment: `INTENTSERVE_EVENT_LOOP=asyncio` runs their servers on asyncio's loop instead of
+uvloop (docs/scale.md, run 9, alternates the two).
 
 The roofline: the same clients straight to one simulated worker process (no relay), at each
 case's stream count; `vs_roofline` is the relay's tokens/s over it. Every run records the load

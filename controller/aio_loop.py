@@ -1,5 +1,6 @@
-"""An asyncio event loop in a thread of its own, and health published onto it: what the
-controller's and a router's grpc.aio servers run on (their own APIs stay synchronous)."""
+"""An event loop in a thread of its own, and health published onto it: what the controller's
+and a router's grpc.aio servers run on (their own APIs stay synchronous). Which loop (uvloop or
+asyncio's) is event_loop.py's choice."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 
 from grpc_health.v1 import _async as async_health
 from grpc_health.v1 import health
+from intentserve.controller.event_loop import EventLoopChoice
 
 log = logging.getLogger(__name__)
 
@@ -19,11 +21,13 @@ T = TypeVar("T")
 
 
 class EventLoopThread:
-    """An asyncio event loop running in a daemon thread of its own; other threads hand it
-    coroutines and wait for their results."""
+    """An event loop (the kind `choice` names) running in a daemon thread of its own; other
+    threads hand it coroutines and wait for their results."""
 
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, name: str, choice: EventLoopChoice) -> None:
+        self.loop = choice.new_loop()
+        self.choice = choice
+        log.info("%s runs on %s", name, choice.why)
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
         self.closed = False

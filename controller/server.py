@@ -43,6 +43,7 @@ from intentserve.controller.control.servicers import (
 from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable, EmbeddedView
+from intentserve.controller.event_loop import choose_event_loop, register_loop_info
 from intentserve.controller.pending_calls import PENDING_CALL_LIMITS
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_path import RequestPath
@@ -53,7 +54,7 @@ from intentserve.controller.settings import (
     describe_errors,
 )
 from intentserve.controller.status_codes import STATUS_CODES
-from intentserve.policy import Reason, ReasonCode, Verdict
+from intentserve.policy import IntentError, Reason, ReasonCode, Verdict
 from intentserve.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -87,6 +88,7 @@ class ControllerServer:
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
+        loop_choice = choose_event_loop()  # first: a word it does not know is refused at once
         self._shutdown = threading.Event()
         # Every registry transition wakes the loop, so health follows a report at once, and
         # the admission queue, whose head may find a slot (or learn there is none to wait for).
@@ -111,7 +113,8 @@ class ControllerServer:
         self._request_path = path
         self.router, self.metered_router = path.router, path.metered
         # The loop first: health is published to it from the reconciler's construction on.
-        self._loop = EventLoopThread("controller-rpc")
+        self._loop = EventLoopThread("controller-rpc", loop_choice)
+        register_loop_info(self.metrics, loop_choice.kind)
         self._probe_health = None if config.health_port is None else health.HealthServicer()
         self._health = HealthPublisher(
             self._loop, async_health.HealthServicer(), self._probe_health
@@ -162,6 +165,7 @@ class ControllerServer:
             host=config.host,
             port=config.http_port,
             tls=None if config.http_plaintext else config.security.tls,
+            loop=self._loop.choice,
             cors_origins=config.cors_origins,
         )
 
@@ -332,6 +336,9 @@ def main() -> int:
         return 2
     try:
         server = ControllerServer(config).start()
+    except IntentError as error:  # INTENTSERVE_EVENT_LOOP names no loop it can run
+        print(f"invalid controller settings:\n{error}", file=sys.stderr)
+        return 2
     except RuntimeError as error:  # the port is taken or the host is not ours
         print(
             f"cannot start the controller on {settings.host}:{settings.port}: {error}",

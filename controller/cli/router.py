@@ -32,6 +32,7 @@ from intentserve.controller.auth import Security, SecurityError, read_secret_lin
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seconds
 from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
+from intentserve.policy import IntentError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
     try:
         server = RouterServer(config).start()
+    except IntentError as error:  # INTENTSERVE_EVENT_LOOP names no loop it can run
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except RuntimeError as error:  # the port is taken or the host is not ours
         print(
             f"error: cannot start the router on {config.host}:{config.port}: {error}",

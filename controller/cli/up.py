@@ -44,7 +44,7 @@ from intentserve.controller.launch.security import (
 )
 from intentserve.controller.launch.types import ActorProbe, LaunchError
 from intentserve.controller.server import ControllerServer
-from intentserve.policy import Verdict
+from intentserve.policy import IntentError, Verdict
 
 if TYPE_CHECKING:
     from intentserve.controller.launch.launcher import RayLauncher
@@ -180,6 +180,9 @@ def _claimed(
     )
     try:
         server = ControllerServer(config).start()
+    except IntentError as error:  # INTENTSERVE_EVENT_LOOP names no loop it can run
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except RuntimeError as error:  # the port is taken or the host is not ours
         c = s.controller
         kept = ""

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -32,14 +31,29 @@ log = logging.getLogger(__name__)
 
 class RequestCall:
     """The router's view of one request on the call (what it reads of a
-    grpc.aio.ServicerContext): its own deadline, cancelled by `cancel()`."""
+    grpc.aio.ServicerContext): its own deadline, which the controller enforces (`deadline()`,
+    entered around the request's routing), the code that deadline ended it with, and cancelled
+    by `cancel()`. Made on the call's loop."""
 
     def __init__(self, timeout_s: float | None) -> None:
-        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._deadline = asyncio.timeout(timeout_s)  # None: no deadline
         self._cancelled = False
 
+    def deadline(self) -> asyncio.Timeout:
+        """The request's deadline: entered around its routing, it cancels the task when due."""
+        return self._deadline
+
     def time_remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        when = self._deadline.when()
+        if when is None:
+            return None
+        return max(0.0, when - asyncio.get_running_loop().time())
+
+    def code(self) -> grpc.StatusCode | None:
+        """DEADLINE_EXCEEDED once the deadline's timer has ended the request (a fact, whatever
+        a clock reads then: a loop's timer may fire a hair before its time by any other clock);
+        None before, as grpc's is while no code is set."""
+        return grpc.StatusCode.DEADLINE_EXCEEDED if self._deadline.expired() else None
 
     def cancelled(self) -> bool:
         return self._cancelled
@@ -130,7 +144,7 @@ class ClientStreams:
         finished = False
         try:
             async with (
-                _deadline(call),
+                call.deadline(),
                 contextlib.aclosing(self._router.agenerate(request, call)) as responses,
             ):
                 async for response in responses:
@@ -178,8 +192,3 @@ class ClientStreams:
             self._room.set()
         else:
             self._room.clear()
-
-
-def _deadline(call: RequestCall) -> contextlib.AbstractAsyncContextManager:
-    remaining_s = call.time_remaining()
-    return asyncio.timeout(remaining_s) if remaining_s is not None else contextlib.nullcontext()

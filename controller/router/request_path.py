@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from intentserve.common.tls import TlsIdentity
 from intentserve.controller.auth import Security
+from intentserve.controller.event_loop import EventLoopChoice
 from intentserve.controller.router.admission import QueueLimits
 from intentserve.controller.router.channels import worker_aio_channels, worker_channels
 from intentserve.controller.router.http.app import Frontend, build_app
@@ -62,12 +63,19 @@ class RequestPath:
         host: str,
         port: int,
         tls: TlsIdentity | None,
+        loop: EventLoopChoice,
         cors_origins: tuple[str, ...] = (),
     ) -> HttpServer:
-        """The OpenAI HTTP API, /health and /metrics on `host:port` (HTTPS with `tls`)."""
+        """The OpenAI HTTP API, /health and /metrics on `host:port` (HTTPS with `tls`), on an
+        event loop of the kind `loop` names."""
         frontend = Frontend(
             self.metered, view, security, model_names, metrics, self.tokenizing, cors_origins
         )
         return HttpServer(
-            build_app(frontend), host, port, tls, on_stopped=self.router.channels.aclose_loop
+            build_app(frontend),
+            host,
+            port,
+            tls,
+            on_stopped=self.router.channels.aclose_loop,
+            loop=loop,
         )

@@ -310,7 +310,17 @@ def _timeout_s(context: grpc.aio.ServicerContext) -> float | None:
 
 
 def deadline_passed(context) -> bool:
-    """Whether the call's deadline has passed (`context`: anything with `time_remaining()`)."""
+    """Whether the call's deadline has ended it (`context`: what the router reads of a call,
+    here `code()` and `time_remaining()`). A front end that enforces the deadline itself (a
+    GenerateMany request, client_mux.py) says so by the call's code, DEADLINE_EXCEEDED once its
+    timer fired: a fact, where its loop's clock and any other may disagree by a hair (uvloop's
+    timers fire by a clock read once per iteration). NOTE: a gRPC call's deadline is enforced
+    by grpc's core, which tells the handler only that the call ended (cancelled, its code
+    unset, as for a client's cancel); there the time left is what tells them apart: the core
+    ends the call at the deadline `time_remaining()` reads (against the wall clock, not the
+    event loop's), and its news reaches the handler after that."""
+    if context.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
     remaining_s = context.time_remaining()
     return remaining_s is not None and remaining_s <= 0
 

@@ -29,6 +29,7 @@ from intentserve.common.streaming import MAX_COMMAND_BYTES
 from intentserve.common.tls import CONTROLLER, secure_channel, server_credentials, server_name
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
 from intentserve.controller.auth import AuthInterceptor
+from intentserve.controller.event_loop import choose_event_loop, register_loop_info
 from intentserve.controller.pending_calls import PENDING_CALL_LIMITS
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_path import RequestPath
@@ -59,6 +60,7 @@ class RouterServer:
     def __init__(self, config: RouterConfig, *, watch: bool = True) -> None:
         """`watch`: follow the controller's table (False: the caller feeds `table`)."""
         self.config = config
+        loop_choice = choose_event_loop()  # first: a word it does not know is refused at once
         tls = config.security.tls
         self.table = WatchedTable(config.controller, max_stale_s=config.max_stale_s)
         self.metrics = CollectorRegistry()
@@ -86,7 +88,8 @@ class RouterServer:
                 router_id=config.router_id,
                 metadata=metadata,
             )
-        self._loop = EventLoopThread("router-rpc")
+        self._loop = EventLoopThread("router-rpc", loop_choice)
+        register_loop_info(self.metrics, loop_choice.kind)
         self._health = HealthPublisher(self._loop, async_health.HealthServicer(), None)
         self._health_status: int | None = None
         self._said: tuple[Freshness, Reason] | None = None  # what the log last said
@@ -127,6 +130,7 @@ class RouterServer:
             host=config.host,
             port=config.http_port,
             tls=config.security.tls,
+            loop=self._loop.choice,
         )
 
     def start(self) -> RouterServer:

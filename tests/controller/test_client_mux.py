@@ -11,7 +11,11 @@ import grpc
 from intentserve.common.field_errors import FieldViolation, violation_in
 from intentserve.controller.errors import UpstreamError
 from intentserve.controller.router.client_mux import ClientStreams
+from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
 from intentserve.v1 import inference_pb2
+from prometheus_client import CollectorRegistry
+
+from tests.controller.early_loop import EarlyLoop
 
 
 class StepRouter:
@@ -90,6 +94,58 @@ def test_a_deadline_fails_its_request_only_and_the_call_end_closes_the_rest():
     assert event.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert event.error.details == "deadline exceeded"
     assert sorted(closed) == ["r1", "r2"]
+
+
+def ended_on_an_early_loop(*commands_in: inference_pb2.GenerateCommand) -> dict[str, float]:
+    """Run `commands_in` (10 ms apart) on a metered StepRouter (requests "slow" never yield), on
+    a loop whose timers fire early by any clock but its own, until each request has ended; the
+    requests counted, by status."""
+    registry = CollectorRegistry()
+    metrics = RequestMetrics(registry, deployment="d", model="m")
+    router = StepRouter(num_tokens=1)
+
+    async def main() -> None:
+        queue = asyncio.Queue()
+        served = ClientStreams(MeteredRouter(router, metrics)).serve(commands(queue))
+        reader = asyncio.ensure_future(collect_all(served))
+        for command in commands_in:
+            queue.put_nowait(command)
+            await asyncio.sleep(0.01)
+        queue.put_nowait(None)  # the client is done writing: the call ends with its requests
+        await reader
+
+    loop = EarlyLoop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 5))
+    finally:
+        loop.close()
+    labels = {"deployment": "d", "model_name": "m", "finish_reason": ""}
+    counted = {}
+    for status in ("deadline_exceeded", "cancelled"):
+        value = registry.get_sample_value("intentserve_requests_total", labels | {"status": status})
+        counted[status] = value or 0.0
+    return counted
+
+
+async def collect_all(served) -> None:
+    async with contextlib.aclosing(served) as messages:
+        async for _ in messages:
+            pass
+
+
+def test_a_deadline_the_controller_enforced_is_counted_as_such_though_its_timer_fired_early():
+    # A GenerateMany request's deadline is the controller's own timer. On a loop whose timers
+    # fire early by other clocks (uvloop: its clock is read once per iteration, in whole ms),
+    # the request's time left by such a clock is still a hair above 0 when the timer ends it:
+    # it is the deadline all the same, the code its client gets.
+    counted = ended_on_an_early_loop(start(1, "slow", timeout_s=0.05))
+    assert counted == {"deadline_exceeded": 1.0, "cancelled": 0.0}
+
+
+def test_a_cancel_command_before_the_deadline_is_counted_as_cancelled():
+    cancel = inference_pb2.GenerateCommand(stream=1, cancel=True)
+    counted = ended_on_an_early_loop(start(1, "slow", timeout_s=30), cancel)
+    assert counted == {"deadline_exceeded": 0.0, "cancelled": 1.0}
 
 
 class FieldRefusingRouter:

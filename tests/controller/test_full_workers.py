@@ -7,6 +7,8 @@ import time
 from intentserve.controller.router.full_workers import FULL_BACKOFF_S, FullWorkers
 from intentserve.controller.router.routing import call_after
 
+from tests.controller.early_loop import EarlyLoop
+
 
 class Clock:
     def __init__(self) -> None:
@@ -33,14 +35,6 @@ def test_one_of_its_own_requests_ending_frees_it_at_once():
     full.mark("w0")
     full.clear("w0")
     assert not full.is_full("w0")
-
-
-class EarlyLoop(asyncio.SelectorEventLoop):
-    """A loop whose timers fire 5 ms early by `time.monotonic()`, as a loop that reads its own
-    clock once per iteration (uvloop) can."""
-
-    def call_later(self, delay, callback, *args, context=None):
-        return super().call_later(max(delay - 0.005, 0.0), callback, *args, context=context)
 
 
 def test_the_retry_after_a_refusal_comes_once_the_backoff_has_passed_by_its_clock():

@@ -4,7 +4,9 @@ no server."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import grpc
 import pytest
 from intentserve.controller.errors import NotReady, Overloaded
 from intentserve.controller.router.http.bridge import HttpCall
@@ -49,6 +51,14 @@ async def collect(responses) -> list:
     return [r async for r in responses]
 
 
+async def pause(seconds: float) -> None:
+    """At least `seconds` by the metrics' clock (time.perf_counter): a loop's timer may fire a
+    hair before its time by that clock (uvloop's asyncio.sleep(0.01) took 9.2 ms by it)."""
+    until_s = time.perf_counter() + seconds
+    while (left_s := until_s - time.perf_counter()) > 0:
+        await asyncio.sleep(left_s)
+
+
 def test_a_finished_request_counts_its_tokens_and_latencies(metered):
     registry, metrics = metered
     observed = metrics.aobserve(astream(4, inference_pb2.FINISH_REASON_LENGTH))
@@ -83,9 +93,9 @@ def test_every_gap_between_tokens_is_counted_in_its_bucket_with_its_time(metered
     async def paced():
         yield inference_pb2.GenerateResponse(token_ids=[0], num_output_tokens=1)
         for i in range(1, 4):
-            await asyncio.sleep(0.03)
+            await pause(0.03)
             yield inference_pb2.GenerateResponse(token_ids=[i], num_output_tokens=i + 1)
-        await asyncio.sleep(0.09)
+        await pause(0.09)
         yield inference_pb2.GenerateResponse(
             token_ids=[4, 5, 6], num_output_tokens=7, finish_reason=inference_pb2.FINISH_REASON_STOP
         )
@@ -120,12 +130,12 @@ def test_a_request_is_split_into_queue_prefill_and_decode_and_its_tokens_counted
     registry, metrics = metered
 
     async def queued_then_streamed():
-        await asyncio.sleep(0.05)
+        await pause(0.05)
         metrics.queue_wait_times.observe(0.05)  # as the admission queue does, in this task
-        await asyncio.sleep(0.02)  # the prefill
+        await pause(0.02)  # the prefill
         for i, response in enumerate(stream(3, inference_pb2.FINISH_REASON_STOP)):
             if i:
-                await asyncio.sleep(0.01)
+                await pause(0.01)
             yield response
 
     asyncio.run(collect(metrics.aobserve(queued_then_streamed())))
@@ -212,25 +222,44 @@ def test_a_cancelled_task_is_counted_and_closes_the_routed_call(metered):
 
 
 class Call:
-    """What the metrics read of a call: the time left before its deadline (None: none)."""
+    """What the metrics read of a call: the time left before its deadline (None: none) and its
+    code (grpc's stays None when its core ends the call; a front end that enforces the deadline
+    itself sets DEADLINE_EXCEEDED)."""
 
-    def __init__(self, remaining_s: float | None) -> None:
+    def __init__(self, remaining_s: float | None, code: grpc.StatusCode | None = None) -> None:
         self.remaining_s = remaining_s
+        self._code = code
 
     def time_remaining(self) -> float | None:
         return self.remaining_s
 
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+
+HAIR_S = 0.0003  # uvloop's timer for a deadline fired this long before the clock read 0
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+
 
 @pytest.mark.parametrize(
-    ("remaining_s", "status"),
-    [(0.0, "deadline_exceeded"), (5.0, "cancelled"), (None, "cancelled"), (2.0**63, "cancelled")],
+    ("remaining_s", "code", "status"),
+    [
+        (0.0, None, "deadline_exceeded"),
+        (5.0, None, "cancelled"),
+        (None, None, "cancelled"),
+        (2.0**63, None, "cancelled"),
+        (HAIR_S, DEADLINE, "deadline_exceeded"),  # the front end's own timer ended it
+        (HAIR_S, None, "cancelled"),  # time left, and no deadline ended it: the client's cancel
+    ],
 )
-def test_a_request_ended_by_its_deadline_counts_as_deadline_exceeded(metered, remaining_s, status):
+def test_a_request_ended_by_its_deadline_counts_as_deadline_exceeded(
+    metered, remaining_s, code, status
+):
     # A deadline, like a client's cancel, ends the handler's stream early or cancels its task;
     # the client got DEADLINE_EXCEEDED, so that is the status counted (grpc's "no deadline" is
     # about 2**63 seconds left).
     registry, metrics = metered
-    call = Call(remaining_s)
+    call = Call(remaining_s, code)
     asyncio.run(collect(metrics.aobserve(astream(2, None), call)))
 
     async def cancelled_task():

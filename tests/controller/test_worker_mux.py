@@ -13,6 +13,7 @@ from concurrent import futures
 import grpc
 import pytest
 from intentserve.controller.aio_loop import EventLoopThread
+from intentserve.controller.event_loop import choose_event_loop
 from intentserve.controller.router.channels import (
     WorkerChannels,
     worker_aio_channels,
@@ -87,7 +88,7 @@ class Transport:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.loop = EventLoopThread("test-mux") if kind == "aio" else None
+        self.loop = EventLoopThread("test-mux", choose_event_loop()) if kind == "aio" else None
 
     def channel(self, port: int):
         address = f"127.0.0.1:{port}"
@@ -213,7 +214,7 @@ def test_a_broken_call_fails_its_streams_and_the_next_request_gets_a_new_call(tr
 def test_requests_on_a_loop_get_a_fresh_channel_once_their_call_broke():
     """A worker back at its address after its call broke: the next request on the loop goes out
     on a new channel at once, not on the old one backing off its reconnects."""
-    loop = EventLoopThread("test-channels")
+    loop = EventLoopThread("test-channels", choose_event_loop())
     server, _, port = serve()
     address = f"127.0.0.1:{port}"
     # the controller's own channels (plaintext, as FAST's)

@@ -147,6 +147,24 @@ def test_ca_issues_a_router_certificate_that_router_takes_from_tls_dir(tmp_path,
     assert security.admin_tokens == frozenset({"t"})
 
 
+def test_a_router_refuses_an_event_loop_it_does_not_know_naming_the_variable(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("INTENTSERVE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("INTENTSERVE_EVENT_LOOP", "trio")
+    folder = tmp_path / "pki"
+    assert main(["ca", str(folder), "--name", DEPLOYMENT]) == 0
+    assert main(["ca", str(folder), "--router", "--deployment", DEPLOYMENT]) == 0
+    (tmp_path / "token").write_text("t\n")
+    path = manifest(tmp_path, f"{{adminTokenFile: {tmp_path / 'token'}}}")
+    code = main(["router", path, "--controller", "127.0.0.1:9", "--tls-dir", str(folder)])
+    assert code == 2
+    assert (
+        "error: INTENTSERVE_EVENT_LOOP: invalid value 'trio'; allowed values are auto, uvloop, "
+        "asyncio" in capsys.readouterr().err
+    )
+
+
 def test_a_router_takes_a_manifest_that_places_workers_on_several_nodes(
     tmp_path, capsys, monkeypatch
 ):

@@ -32,6 +32,10 @@ class HttpCall:
     def time_remaining(self) -> float | None:
         return None
 
+    def code(self) -> None:
+        """None: no deadline ends an HTTP request here (as grpc's while no code is set)."""
+        return None
+
     def add_callback(self, callback: Callable[[], object]) -> bool:
         """False when already cancelled (the caller then cancels at once), as grpc's does."""
         if self._cancelled:

@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 from intentserve.common.tls import TlsIdentity
+from intentserve.controller.event_loop import EventLoopChoice
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
@@ -35,9 +36,11 @@ class HttpServer:
         port: int,
         tls: TlsIdentity | None,
         on_stopped: Callable[[], Awaitable[None]],
+        loop: EventLoopChoice,
     ) -> None:
         """`on_stopped`: awaited on the server's loop once it has stopped serving, before the
-        loop closes: what was made on that loop (grpc.aio channels) is closed there."""
+        loop closes: what was made on that loop (grpc.aio channels) is closed there. `loop`:
+        the kind of event loop it runs on (the gRPC servers' kind)."""
         try:
             self._socket = socket.create_server(
                 (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -49,6 +52,7 @@ class HttpServer:
         config = _load_config(app, tls)
         self._server = uvicorn.Server(config)
         self._on_stopped = on_stopped
+        self._new_loop = loop.new_loop
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     def start(self) -> None:
@@ -72,7 +76,7 @@ class HttpServer:
         self._server.should_exit = True
 
     def _run(self) -> None:
-        with asyncio.Runner(loop_factory=self._server.config.get_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=self._new_loop) as runner:
             runner.run(self._serve())
 
     async def _serve(self) -> None:
