@@ -12,6 +12,7 @@ import pytest
 from intentserve import convert
 from intentserve.controller.control.convert import register_to_pb
 from intentserve.controller.launch import manifest as manifest_module
+from intentserve.controller.launch import section
 from intentserve.policy import (
     KvBudget,
     Mode,
@@ -38,7 +39,7 @@ def parses(monkeypatch) -> list[tuple[str, object]]:
         return original(enum_cls, value)
 
     monkeypatch.setattr(modes, "lookup_choice", counting)
-    monkeypatch.setattr(manifest_module, "lookup_choice", counting)
+    monkeypatch.setattr(section, "lookup_choice", counting)
     return calls
 
 

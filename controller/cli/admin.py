@@ -19,7 +19,7 @@ from intentserve.client import (
     RequestValueError,
     credentials,
 )
-from intentserve.controller.cli.render import status_text, workers_text
+from intentserve.controller.cli.render import generate_footer, status_text, workers_text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CONTROLLER_ENV = "INTENTSERVE_CONTROLLER"
@@ -84,7 +84,7 @@ def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
     """One choice's text streams as it comes; with --n above 1, each choice's is printed whole,
     in order, once every choice has ended (their chunks interleave)."""
     started_s = time.monotonic()
-    last: dict[str, Any] = {}
+    last: dict[int, dict[str, Any]] = {}  # each choice's latest chunk, by index
     texts: dict[int, list[str]] = {}
     for chunk in client.generate(
         args.prompt,
@@ -99,7 +99,7 @@ def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
         n=args.n,
         timeout_s=args.timeout,
     ):
-        last = chunk
+        last[chunk["index"]] = chunk
         if args.json:
             print(json.dumps(chunk), flush=True)
         elif args.n == 1:
@@ -111,11 +111,8 @@ def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
             print(f"[choice {index}]")
             print("".join(texts[index]))
         print()
-        print(
-            f"[{last.get('worker_id', '?')}: {last.get('num_output_tokens', 0)} tokens, "
-            f"finish {last.get('finish_reason', '?')}, {time.monotonic() - started_s:.2f} s]",
-            file=sys.stderr,
-        )
+        choices = [last[index] for index in sorted(last)]
+        print(generate_footer(choices, time.monotonic() - started_s), file=sys.stderr)
     return EXIT_OK
 
 

@@ -1,4 +1,5 @@
-"""Text for people: the status report, the worker table, a realized cache in one phrase.
+"""Text for people: the status report, the worker table, a realized cache in one phrase, the
+footer of a generation.
 
 Everything here reads the plain data of `intentserve.client` (the same dicts
 `--json` prints).
@@ -180,3 +181,18 @@ def _router_status_text(status: dict[str, Any], reason: dict, router: dict[str, 
             workers_text(status["workers"]),
         ]
     )
+
+
+def generate_footer(choices: Sequence[dict[str, Any]], elapsed_s: float) -> str:
+    """The line after a generation's text, from each choice's last chunk (in order of index):
+    `[w-0: 3 tokens, finish length, 0.05 s]`; with several choices, every choice's tokens and
+    each one's, `[w-0: 6 tokens in 2 choices (3 + 3), finish length, 0.05 s]` (the finish
+    reasons one per choice, `length / stop`, when they differ)."""
+    worker_id = choices[-1]["worker_id"] if choices else "?"
+    counts = [c["num_output_tokens"] for c in choices]
+    tokens = f"{sum(counts)} tokens"
+    if len(choices) > 1:
+        tokens += f" in {len(choices)} choices ({' + '.join(str(n) for n in counts)})"
+    finishes = [c["finish_reason"] for c in choices] or ["?"]
+    finish = finishes[0] if len(set(finishes)) == 1 else " / ".join(finishes)
+    return f"[{worker_id}: {tokens}, finish {finish}, {elapsed_s:.2f} s]"

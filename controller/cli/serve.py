@@ -18,13 +18,8 @@ import sys
 import yaml
 from intentserve.controller.cli import up as cli_up
 from intentserve.controller.cli.admin import EXIT_OK, EXIT_USAGE
-from intentserve.controller.launch.manifest import (
-    API_VERSION,
-    KIND,
-    ManifestError,
-    is_loopback,
-    parse_manifest,
-)
+from intentserve.controller.launch.manifest import API_VERSION, KIND, ManifestError, parse_manifest
+from intentserve.controller.launch.security_spec import is_loopback
 
 DEFAULT_NAME = "serve"
 

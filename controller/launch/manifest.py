@@ -14,69 +14,41 @@ naming its path in the file (`spec.pagedAttention.mode`), the value given and wh
 Shares of free memory (`kvCacheMemory: 60%`) of replicas that share one memory must fit in it:
 on one node (the embedded cluster) that is refused here; a joined cluster places the replicas
 itself, so `up` only warns there (`shared_kv_problem`).
+
+The sections live beside it, each with its own checks: `serving_spec` (model, resources,
+placement, pagedAttention, scheduler), `controller_spec`, `router_spec`, `security_spec`; what
+they all are, in `section`.
 """
 
 from __future__ import annotations
 
-import enum
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
-from intentserve.common.chat_template import ChatTemplate
-from intentserve.controller.control.state import (
-    DEFAULT_MODEL,
-    DesiredState,
-    replica_ids,
-    served_name_of,
-)
+from intentserve.controller.control.state import DesiredState, replica_ids
+from intentserve.controller.launch.controller_spec import ControllerSpec
 from intentserve.controller.launch.router_spec import RouterSpec
+from intentserve.controller.launch.section import Section
+from intentserve.controller.launch.security_spec import SecuritySpec, is_loopback
+from intentserve.controller.launch.serving_spec import (
+    ModelSpec,
+    PagedAttentionSpec,
+    PlacementSpec,
+    ResourcesSpec,
+    SchedulerSpec,
+)
 from intentserve.controller.launch.validation import describe_validation_error
-from intentserve.controller.router.admission import (
-    DEFAULT_MAX_QUEUE_WAIT_S,
-    QUEUED_PER_SLOT,
-    QueueLimits,
-)
-from intentserve.controller.router.http.cors import check_origins
 from intentserve.controller.settings import ENV_PREFIX, ControllerConfig
-from intentserve.policy import (
-    DEFAULT_AUTO_DEVICES,
-    DEFAULT_BLOCK_SIZE,
-    BackendIntent,
-    DeviceKind,
-    IntentError,
-    KvBudget,
-    KvCacheDtype,
-    Mode,
-    PagedAttentionConfig,
-    SchedulerIntent,
-    WeightFormat,
-    paged_attention_intent,
-)
-from intentserve.policy.budget import KV_MEMORY_FORMS, overcommitted, parse_kv_memory
-from intentserve.policy.config import MAX_BLOCK_SIZE, PAGED_OPTIONS
-from intentserve.policy.modes import allowed_values, lookup_choice
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from intentserve.policy import DEFAULT_AUTO_DEVICES, DeviceKind, IntentError, SchedulerIntent
+from intentserve.policy.budget import overcommitted
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 API_VERSION = "intentserve/v1"
 KIND = "Deployment"
-# NOTE: mirrors worker.model.dtype.ALLOWED_DTYPES (controller/ never imports worker/); a test
-# keeps the two equal.
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEFAULT_HTTP_PORT = 8000  # vLLM's and most OpenAI-compatible servers'
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 class ManifestError(ValueError):
@@ -88,277 +60,7 @@ class ManifestError(ValueError):
         self.problems = problems
 
 
-def _choice(enum_cls: type[enum.Enum], value: object) -> enum.Enum:
-    """Parse an enum member from the word an operator writes (YAML's bare on/off included)."""
-    member = lookup_choice(enum_cls, value)
-    if member is None:
-        raise ValueError(f"allowed values are {allowed_values(enum_cls)}")
-    return member
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True)
-
-
-class ModelSpec(_Section):
-    name: str = Field(
-        DEFAULT_MODEL,
-        min_length=1,
-        description="short name, .gguf file, folder or cached Hugging Face id",
-    )
-    # The name HTTP clients give as `model` (the exact reference is accepted too).
-    served_name: str | None = Field(
-        None, min_length=1, description="default: the short name, or the file's or folder's name"
-    )
-    dtype: str = "auto"
-    weights: WeightFormat = WeightFormat.AUTO
-    # For a checkpoint with no chat template (or the wrong one): the template's text, or the
-    # path of a file holding it. Read and compiled at load; afterwards always the text.
-    chat_template: str | None = Field(
-        None, min_length=1, description="a Jinja chat template, or a file's path"
-    )
-
-    def served(self) -> str:
-        return self.served_name or served_name_of(self.name)
-
-    @field_validator("weights", mode="before")
-    @classmethod
-    def _weights(cls, value: object) -> WeightFormat:
-        return _choice(WeightFormat, value)
-
-    @field_validator("chat_template")
-    @classmethod
-    def _chat_template(cls, value: str | None) -> str | None:
-        """Text with a Jinja delimiter is the template; anything else names a file."""
-        if value is None:
-            return None
-        if not any(mark in value for mark in ("{{", "{%")):
-            try:
-                value = Path(value).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
-                raise ValueError(
-                    "is neither a template (no {{ or {%) nor a readable file: "
-                    f"{type(error).__name__}: {error}"
-                ) from None
-        ChatTemplate(value)  # ValueError: "chat template does not compile: ..."
-        return value
-
-    @field_validator("dtype")
-    @classmethod
-    def _dtype(cls, value: str) -> str:
-        if value not in MODEL_DTYPES:
-            raise ValueError(f"allowed values are {', '.join(MODEL_DTYPES)}")
-        return value
-
-
-class ResourcesSpec(_Section):
-    device: DeviceKind = DeviceKind.CPU
-    num_cpus: float = Field(1.0, gt=0)
-    num_gpus: float = Field(0.0, ge=0, validate_default=True)
-    device_map: tuple[str, ...] = ()  # device of each decoder layer; empty: all on `device`
-    no_kv_cache: bool = False  # debug mode: the worker reports it has no KV cache at all
-
-    @field_validator("device", mode="before")
-    @classmethod
-    def _device(cls, value: object) -> DeviceKind:
-        return _choice(DeviceKind, value)
-
-    @field_validator("num_gpus")
-    @classmethod
-    def _gpus(cls, value: float, info: ValidationInfo) -> float:
-        if info.data.get("device") is DeviceKind.CUDA and value <= 0:
-            raise ValueError("must be > 0 when device is cuda (a Ray actor sees no GPU without it)")
-        return value
-
-    @field_validator("device_map")
-    @classmethod
-    def _device_map(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [d for d in value if not _DEVICE.fullmatch(d)]
-        if bad:
-            raise ValueError(f"entries must be cpu, cuda or cuda:N; {bad[0]!r} is not")
-        return value
-
-
-# Resources Ray defines itself; a replica asks for them through spec.resources.
-RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-class PlacementSpec(_Section):
-    """Where each replica's actor may run on a joined cluster: the custom resources (as its
-    nodes offer them, `ray start --resources '{"node2": 1}'`) each replica needs, in order."""
-
-    replica_resources: tuple[dict[str, float], ...] = ()
-
-    @field_validator("replica_resources")
-    @classmethod
-    def _resources(cls, value: tuple[dict[str, float], ...]) -> tuple[dict[str, float], ...]:
-        for entry in value:
-            for name, amount in entry.items():
-                if name in RAY_BUILTIN_RESOURCES:
-                    raise ValueError(
-                        f"{name!r} is set by spec.resources; entries name custom resources of "
-                        "the cluster's nodes (e.g. node2: 1)"
-                    )
-                if amount <= 0:
-                    raise ValueError(f"{name} must be more than 0, got {amount:g}")
-        return value
-
-
-class PagedAttentionSpec(_Section):
-    mode: Mode = Mode.AUTO
-    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=MAX_BLOCK_SIZE)
-    # Applies in every mode (the contiguous cache too). NoDecode: an env override is the word
-    # (`256Mi`), not JSON.
-    kv_cache_memory: Annotated[KvBudget, NoDecode] = KvBudget()
-    prefix_caching: Mode = Mode.AUTO
-    backend: BackendIntent = BackendIntent.AUTO
-    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
-    auto_enabled_devices: tuple[DeviceKind, ...] | None = None  # default: policy's (cuda)
-
-    @field_validator("mode", "prefix_caching", mode="before")
-    @classmethod
-    def _mode(cls, value: object) -> Mode:
-        return _choice(Mode, value)
-
-    @field_validator("backend", mode="before")
-    @classmethod
-    def _backend(cls, value: object) -> BackendIntent:
-        return _choice(BackendIntent, value)
-
-    @field_validator("kv_cache_dtype", mode="before")
-    @classmethod
-    def _kv_dtype(cls, value: object) -> KvCacheDtype:
-        return _choice(KvCacheDtype, value)
-
-    @field_validator("auto_enabled_devices", mode="before")
-    @classmethod
-    def _devices(cls, value: object) -> object:
-        return [_choice(DeviceKind, d) for d in value] if isinstance(value, list) else value
-
-    @field_validator("kv_cache_memory", mode="plain")
-    @classmethod
-    def _kv_memory(cls, value: object) -> KvBudget:
-        try:
-            return parse_kv_memory(value)
-        except IntentError:
-            # NOTE: the manifest's line already names the field and the value given.
-            raise ValueError(f"allowed: {KV_MEMORY_FORMS}") from None
-
-    @model_validator(mode="after")
-    def _intent(self) -> PagedAttentionSpec:
-        self.intent()  # an IntentError names the option; validation.py places it
-        return self
-
-    def intent(self) -> PagedAttentionConfig | None:
-        """The operator's policy as the typed config; an option not written is not given."""
-        given = {n: getattr(self, n) for n in PAGED_OPTIONS if n in self.model_fields_set}
-        return paged_attention_intent(self.mode, **given)
-
-
-# NOTE: the scheduler's numbers reach the workers' reports as uint32 fields; a larger one would
-# fail every worker at its report, each restart alike.
-_UINT32_MAX = 2**32 - 1
-
-
-class SchedulerSpec(_Section):
-    max_num_seqs: int = Field(16, ge=1, le=_UINT32_MAX)
-    max_model_len: int | None = Field(
-        None, ge=2, le=_UINT32_MAX, description="default: the model's, capped"
-    )
-    max_num_batched_tokens: int = Field(2048, ge=1, le=_UINT32_MAX)
-    # Tokens per streamed message of each request after its first (which goes out at once); the
-    # last message carries what is left. 1: every token as it comes.
-    stream_interval: int = Field(1, ge=1, le=_UINT32_MAX, description="tokens per streamed message")
-
-
-class HttpSpec(_Section):
-    """The HTTP API's options beyond its port."""
-
-    # Browser origins allowed to call the API cross-origin (`https://app.example`, or `*`);
-    # empty: CORS off, as by default.
-    cors_origins: tuple[str, ...] = ()
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return check_origins(value)
-
-
-class AdmissionSpec(_Section):
-    """The queue where requests wait, in arrival order, while every worker slot is taken."""
-
-    max_queued: int | None = Field(
-        None, ge=0, description=f"default: {QUEUED_PER_SLOT} x the READY workers' slots"
-    )
-    max_queue_wait_s: float = Field(DEFAULT_MAX_QUEUE_WAIT_S, gt=0, allow_inf_nan=False)
-
-    def limits(self) -> QueueLimits:
-        return QueueLimits(self.max_queued, self.max_queue_wait_s)
-
-
-class ControllerSpec(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
-    # With TLS, workers register on a port of their own, where TLS requires their certificate.
-    registry_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
-    # Plaintext, health only, for probes that speak no TLS (Kubernetes' gRPC probe).
-    health_port: int | None = Field(None, ge=0, le=65535)
-    # The OpenAI-compatible HTTP API with /health and /metrics, on `host` like gRPC (HTTPS with
-    # the controller's certificate unless insecure); null: none.
-    http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
-    http: HttpSpec = HttpSpec()
-    advertise_host: str | None = None  # where workers reach it; default: found from the route
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    heartbeat_timeout_s: float = Field(5.0, gt=0)
-    # On shutdown (SIGTERM, Ctrl-C, `down`): how long streams in flight may run to their end
-    # before they are cancelled. Under Kubernetes, below the pod's terminationGracePeriodSeconds.
-    drain_timeout_s: float = Field(2.0, ge=0, allow_inf_nan=False)
-    # Requests sent to each worker at once; null: the sequence slots it realized.
-    max_outstanding_per_worker: int | None = Field(None, ge=1)
-    admission: AdmissionSpec = AdmissionSpec()
-
-    @field_validator("heartbeat_timeout_s")
-    @classmethod
-    def _timeout(cls, value: float, info: ValidationInfo) -> float:
-        interval = info.data.get("heartbeat_interval_s")
-        if interval is not None and value <= interval:
-            raise ValueError(f"must be longer than heartbeatIntervalS ({interval:g})")
-        return value
-
-
-class SecuritySpec(_Section):
-    """Mutual TLS between the controller and its workers, the admin token and the clients' API
-    keys (README: Security). The defaults are secure: a fresh CA per `up`."""
-
-    insecure: bool = False  # plaintext, no worker identity: loopback only, unless...
-    insecure_network: bool = False  # ...this says that plaintext off loopback is wanted
-    ca_cert_file: str | None = None  # the operator's CA (e.g. a Kubernetes Secret), with its key
-    ca_key_file: str | None = None
-    admin_token_file: str | None = None  # default: a fresh token per `up`
-    api_keys_file: str | None = None  # one key per line; set: Inference needs one of them
-    # The HTTP API in plaintext, so that a local client needs no CA file, while gRPC and the
-    # workers keep TLS. Loopback only, and never open: without apiKeysFile, `up` makes a key.
-    plaintext_http: bool = False
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SecuritySpec:
-        if (self.ca_cert_file is None) != (self.ca_key_file is None):
-            missing = "caKeyFile" if self.ca_key_file is None else "caCertFile"
-            raise IntentError(missing, "give both caCertFile and caKeyFile, or neither")
-        if self.insecure and self.ca_cert_file is not None:
-            raise IntentError("insecure", "true, but a CA is given for TLS; choose one")
-        if self.insecure_network and not self.insecure:
-            raise IntentError("insecureNetwork", "only applies with insecure: true")
-        if self.plaintext_http and self.insecure:
-            raise IntentError("plaintextHttp", "true, but insecure already makes all plaintext")
-        return self
-
-
-def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-class DeploymentSpec(_Section):
+class DeploymentSpec(Section):
     model: ModelSpec = ModelSpec()
     replicas: int = Field(1, ge=1)
     min_ready: int | None = Field(None, ge=1, description="default: replicas")
@@ -407,7 +109,7 @@ class DeploymentSpec(_Section):
         return value
 
 
-class Metadata(_Section):
+class Metadata(Section):
     name: str
 
     @field_validator("name")

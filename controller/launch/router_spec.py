@@ -6,22 +6,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from intentserve.controller.auth import Security
+from intentserve.controller.launch.section import Section
 from intentserve.controller.router.settings import DEFAULT_ROUTER_PORT, RouterConfig
 from intentserve.controller.router.watched import DEFAULT_MAX_STALE_S
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 if TYPE_CHECKING:
     from intentserve.controller.launch.manifest import Manifest
 
 
-class RouterSpec(BaseModel):
+class RouterSpec(Section):
     """A separate router (`intentserve router`): where it listens and how long it serves the last
     verified worker table while the controller is unreachable. `up`'s own router runs in the
     controller's process, on the controller's ports, and is never stale."""
-
-    # NOTE: as every section of the manifest (manifest._Section, which imports this module).
-    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_ROUTER_PORT, ge=0, le=65535, description="0 picks a free port")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import intentserve
 import pytest
-from intentserve.controller.launch.manifest import DEFAULT_HTTP_PORT
+from intentserve.controller.launch.controller_spec import DEFAULT_HTTP_PORT
 from intentserve.worker.kernels.variants import VARIANT_ENV
 
 from tests.deploy.dockerfile import copies, dockerignore, ignored, parse

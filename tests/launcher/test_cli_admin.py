@@ -7,6 +7,7 @@ import json
 
 import pytest
 from intentserve.controller.cli.main import main
+from intentserve.controller.cli.render import generate_footer
 from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
 from intentserve.policy.examples import BERT, cpu
@@ -99,15 +100,36 @@ def test_generate_streams_the_text_and_reports_the_worker(deployment, capsys):
 
 @pytest.mark.integration
 def test_generate_n_prints_each_choice_whole_or_each_chunk_with_its_index(deployment, capsys):
-    code, out, _ = run(capsys, "generate", "hello", "--n", "2", "--controller", deployment.address)
+    code, out, err = run(
+        capsys, "generate", "hello", "--n", "2", "--controller", deployment.address
+    )
     assert code == 0
     assert out == "[choice 0]\nt0 t1 t2 \n[choice 1]\nt0 t1 t2 \n\n"
+    # the footer counts every choice's tokens, and each choice's as the text above reads
+    assert "6 tokens in 2 choices (3 + 3), finish length" in err
     code, out, _ = run(
         capsys, "generate", "hello", "--n", "2", "--json", "--controller", deployment.address
     )
     chunks = [json.loads(line) for line in out.splitlines()]
     assert [c["index"] for c in chunks] == [0, 1] * 3
     assert [c["finish_reason"] for c in chunks[-2:]] == ["length", "length"]
+
+
+def test_the_generate_footer_counts_every_choice_and_names_each_finish_when_they_differ():
+    def last(index: int, num_tokens: int, finish: str) -> dict:
+        return {
+            "worker_id": "w-0",
+            "index": index,
+            "num_output_tokens": num_tokens,
+            "finish_reason": finish,
+        }
+
+    assert generate_footer([last(0, 3, "length")], 0.5) == "[w-0: 3 tokens, finish length, 0.50 s]"
+    two = [last(0, 4, "length"), last(1, 2, "stop")]
+    assert generate_footer(two, 1.0) == (
+        "[w-0: 6 tokens in 2 choices (4 + 2), finish length / stop, 1.00 s]"
+    )
+    assert generate_footer([], 0.0) == "[?: 0 tokens, finish ?, 0.00 s]"
 
 
 @pytest.mark.integration

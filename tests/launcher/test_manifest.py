@@ -8,11 +8,8 @@ import textwrap
 
 import pytest
 from intentserve.controller.cli.main import main
-from intentserve.controller.launch.manifest import (
-    MODEL_DTYPES,
-    ManifestError,
-    load_manifest,
-)
+from intentserve.controller.launch.manifest import ManifestError, load_manifest
+from intentserve.controller.launch.serving_spec import MODEL_DTYPES
 from intentserve.controller.router.admission import QueueLimits
 from intentserve.policy import (
     DeviceKind,

@@ -107,6 +107,6 @@ def test_each_request_is_one_json_access_log_line_with_the_clients_request_id(se
     line = eventually(lambda: logged("intentserve.access"), what="the access log line")
     assert (line["method"], line["route"], line["status"]) == ("POST", "/v1/completions", 200)
     assert line["latency_s"] > 0
-    logger = "intentserve.worker.service.engine_loop"
+    logger = "intentserve.worker.service.in_flight"
     worker = eventually(lambda: logged(logger), timeout_s=30, what="the worker's line")
     assert (worker["request_id"], worker["finish_reason"]) == ("e2e-abc-1", "length")

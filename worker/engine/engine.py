@@ -12,6 +12,8 @@ never calls back into the engine.
 A request owns its failures: an error in its sampling, detokenizing or stop checks ends that
 request alone (finish_reason ERROR, with the cause) and its batch mates go on unchanged. Only the
 step itself (the model forward) raises, and that fails the whole batch.
+
+Checking and tokenizing a request is `prepare.py`'s (RequestPreparer), off the engine's thread.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 
 from intentserve.common.choices import choice_id, choice_seed
-from intentserve.common.ids import new_request_id, request_id_problem
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.grammar import GrammarCompiler
+from intentserve.worker.engine.prepare import RequestPreparer
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import (
     LogprobEntry,
@@ -32,6 +34,7 @@ from intentserve.worker.engine.request import (
     PreparedRequest,
     RequestOutput,
     RequestState,
+    joined,
 )
 from intentserve.worker.engine.runner import Runner
 from intentserve.worker.engine.sampler import TokenLogprobs
@@ -56,11 +59,17 @@ class Engine:
         grammars: GrammarCompiler,
     ) -> None:
         self.tokenizer = tokenizer
-        self.grammars = grammars  # the runner's sampler's too: requests are compiled here
+        self.grammars = grammars  # the runner's sampler's too: requests are compiled when prepared
         self.scheduler = scheduler
         self.runner = runner
         self.realized = realized
         self.max_model_len = max_model_len
+        self._preparer = RequestPreparer(
+            tokenizer,
+            grammars,
+            max_model_len=max_model_len,
+            vocab_size=runner.model.config.vocab_size,
+        )
         self._requests: dict[str, RequestState] = {}
         self._seqs: dict[str, Sequence] = {}
 
@@ -74,49 +83,16 @@ class Engine:
         *,
         chat: bool = False,
     ) -> PreparedRequest:
-        """Check and tokenize a request: text (with `chat`, as the user's turn through the
-        model's chat template), a whole conversation (through the template) or token ids. It
-        reads no engine state, so any thread may call it (the serving loop tokenizes off its own
-        thread). Every check of a request's content happens here, once, cheap limits before
-        tokenizing; InvalidRequestError names the field. `max_tokens=None` becomes what the
-        model length leaves after the prompt."""
-        params = params or SamplingParams()
-        if request_id and (problem := request_id_problem(request_id)) is not None:
-            raise InvalidRequestError("request_id", problem)
-        self._check_token_ids(params)
-        if params.constraint is not None:
-            self.grammars.compile(params.constraint)  # cached: a schema is compiled once
-        prompt_ids = self._prompt_ids(prompt, chat)
-        if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
-        if params.max_tokens > self.max_model_len - len(prompt_ids):
-            raise InvalidRequestError(
-                "max_tokens",
-                f"{params.max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens and "
-                f"max_model_len is {self.max_model_len} (at most "
-                f"{self.max_model_len - len(prompt_ids)})",
-            )
-        parses = isinstance(prompt, Conversation) and prompt.parses_tool_calls
-        return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params, parses)
+        """Check and tokenize a request (`RequestPreparer.prepare`); any thread may call it."""
+        return self._preparer.prepare(prompt, params, request_id, chat=chat)
 
     def tokenize(self, prompt: str | Conversation, add_bos: bool | None = None) -> list[int]:
-        """The ids `prepare` computes for `prompt` (add_bos None: the checkpoint's own choice),
-        with no limit on their number; any thread may call it."""
-        if isinstance(prompt, Conversation):
-            prompt = prompt.render(self.tokenizer)
-        elif not prompt:
-            raise InvalidRequestError("prompt", "must not be empty (or give messages)")
-        return self.tokenizer.encode(prompt, add_bos)
+        """`RequestPreparer.tokenize`; any thread may call it."""
+        return self._preparer.tokenize(prompt, add_bos)
 
     def detokenize(self, token_ids: Seq[int]) -> str:
-        """The text of `token_ids`, special tokens rendered; any thread may call it."""
-        vocab = self.runner.model.config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                "tokens", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
-            )
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        """`RequestPreparer.detokenize`; any thread may call it."""
+        return self._preparer.detokenize(token_ids)
 
     def add(self, request: PreparedRequest) -> str:
         """Queue a prepared request; its id must not be in flight already."""
@@ -249,51 +225,12 @@ class Engine:
             for request_id in order:
                 self.abort(request_id)
             raise
-        tokens: dict[str, list[int]] = {r: [] for r in order}
-        text: dict[str, list[str]] = {r: [] for r in order}
-        lps: dict[str, list] = {r: [] for r in order}
-        prompt_lps: dict[str, tuple] = {r: () for r in order}
-        calls: dict[str, list] = {r: [] for r in order}
-        last: dict[str, RequestOutput] = {}
+        deltas: dict[str, list[RequestOutput]] = {r: [] for r in order}
         for out in self.stream():
-            tokens[out.request_id] += out.new_token_ids
-            lps[out.request_id] += out.logprobs
-            prompt_lps[out.request_id] = prompt_lps[out.request_id] or out.prompt_logprobs
-            text[out.request_id].append(out.new_text)
-            calls[out.request_id] += out.tool_calls
-            last[out.request_id] = out
-        return [
-            RequestOutput(
-                r,
-                tuple(tokens[r]),
-                "".join(text[r]),
-                True,
-                last[r].finish_reason,
-                last[r].num_prompt_tokens,
-                last[r].num_output_tokens,
-                last[r].error,
-                tuple(lps[r]),
-                prompt_lps[r],
-                tuple(calls[r]),
-            )
-            for r in order
-        ]
+            deltas[out.request_id].append(out)
+        return [joined(deltas[r]) for r in order]
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _check_token_ids(self, params: SamplingParams) -> None:
-        """Token ids a request names must be the model's (logit_bias and min_tokens index the
-        logits by them)."""
-        vocab = self.runner.model.config.vocab_size
-        for name, ids in (
-            ("logit_bias", [t for t, _ in params.logit_bias]),
-            ("stop_token_ids", params.stop_token_ids),
-        ):
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(
-                    name, f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
-                )
 
     def _named(self, logprobs: TokenLogprobs) -> OutputLogprobs:
         def entry(token_id: int, logprob: float) -> LogprobEntry:
@@ -304,51 +241,6 @@ class Engine:
             entry(logprobs.token_id, logprobs.logprob),
             tuple(entry(t, lp) for t, lp in logprobs.top),
         )
-
-    def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
-        if isinstance(prompt, Conversation):
-            return self.tokenizer.encode(prompt.render(self.tokenizer))
-        if len(prompt) == 0:
-            raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
-        if not isinstance(prompt, str):
-            if chat:
-                raise InvalidRequestError("chat", "applies to a text prompt, not to token ids")
-            self._check_prompt_fits("prompt_token_ids", len(prompt))
-            vocab = self.runner.model.config.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(
-                    "prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})"
-                )
-            return list(prompt)
-        try:
-            utf8 = prompt.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise InvalidRequestError(
-                "prompt", f"is not valid Unicode text (character {error.start})"
-            ) from None
-        # NOTE: cheap first: a prompt too long for max_model_len is refused before tokenizing.
-        self._check_prompt_fits("prompt", self.tokenizer.min_num_tokens(utf8), at_least=True)
-        if chat:
-            prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
-        return self._encode(prompt, "prompt")
-
-    def _encode(self, text: str, field: str) -> list[int]:
-        prompt_ids = self.tokenizer.encode(text)
-        if not prompt_ids:
-            raise InvalidRequestError(
-                field, "makes no tokens (this tokenizer drops every character in it)"
-            )
-        self._check_prompt_fits(field, len(prompt_ids))
-        return prompt_ids
-
-    def _check_prompt_fits(self, field: str, num_tokens: int, at_least: bool = False) -> None:
-        if num_tokens >= self.max_model_len:
-            raise InvalidRequestError(
-                field,
-                f"has {'at least ' * at_least}{num_tokens} tokens; at most "
-                f"{self.max_model_len - 1} fit max_model_len={self.max_model_len}",
-            )
 
     def _stop_reason(
         self, seq_id: str, token_id: int, grammar_complete: bool

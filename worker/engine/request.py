@@ -1,7 +1,9 @@
-"""Per-request state the engine keeps beside the scheduler's Sequence: text and stop strings."""
+"""Per-request state the engine keeps beside the scheduler's Sequence: text and stop strings;
+what a request is given as (prepared) and gives back (its outputs, and their join)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from intentserve.worker.engine.sampling import SamplingParams
@@ -55,6 +57,25 @@ class RequestOutput:
     # With tools: the calls completed since the previous output (new_text holds what is no call).
     tool_calls: tuple[ToolCall, ...] = ()
     index: int = 0  # the choice's, among its request's n (Engine.add_choices)
+
+
+def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
+    """One request's deltas as one finished output (`Engine.generate`): every token, text,
+    score and call in order, the prompt's scores from the first, the end from the last."""
+    last = deltas[-1]
+    return RequestOutput(
+        last.request_id,
+        tuple(t for d in deltas for t in d.new_token_ids),
+        "".join(d.new_text for d in deltas),
+        True,
+        last.finish_reason,
+        last.num_prompt_tokens,
+        last.num_output_tokens,
+        last.error,
+        tuple(lp for d in deltas for lp in d.logprobs),
+        next((d.prompt_logprobs for d in deltas if d.prompt_logprobs), ()),
+        tuple(c for d in deltas for c in d.tool_calls),
+    )
 
 
 class RequestState:

@@ -15,7 +15,7 @@ to an `Outbox`, flushed once per step, so that one message can carry a step's to
 
 A request of `n` choices (`Engine.add_choices`) is one stream: its outputs carry their choice's
 index, a cancel aborts every choice, and a choice that fails fails the request (the others are
-aborted).
+aborted): `in_flight.py` keeps which stream each choice belongs to.
 
 A request that fails alone (finish_reason ERROR) ends its own stream with RequestFailedError; a
 step that raises fails every stream in flight, and `StepHealth` hears of each step's outcome.
@@ -35,13 +35,12 @@ from typing import Any
 
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.engine import Engine
-from intentserve.worker.engine.request import PreparedRequest, RequestOutput
+from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import SamplingParams
-from intentserve.worker.sched.sequence import FinishReason
+from intentserve.worker.service.in_flight import InFlight
 from intentserve.worker.service.request_stream import (
     EngineLoopClosedError,
     Outbox,
-    RequestFailedError,
     RequestStream,
 )
 from intentserve.worker.service.step_health import StepHealth
@@ -91,7 +90,7 @@ class EngineLoop:
         self._ops: deque[tuple[Future | None, Callable[..., Any], tuple]] = deque()
         self._closed = False
         self._has_work = False
-        self._streams: dict[str, RequestStream] = {}  # NOTE: touched on the loop thread only
+        self._in_flight = InFlight(engine)  # NOTE: touched on the loop thread only
         self._num_steps = self._num_step_seqs = 0  # NOTE: these three too
         self._total_step_s = 0.0
         self._load = self._read_load()
@@ -125,13 +124,13 @@ class EngineLoop:
         when it is added (its id already in flight), that error is its only item.
         EngineLoopClosedError after `close()`."""
         stream = self._stream(prepared.request_id, n, outbox, key)
-        self._enqueue(None, self._add_started, (prepared, stream))
+        self._enqueue(None, self._in_flight.start, (prepared, stream))
         return stream
 
     def abort(self, request_id: str) -> bool:
         """Abort a request (every choice of it) and free its KV; False when it is unknown or
         already finished."""
-        return self._call(self._abort, (request_id,))
+        return self._call(self._in_flight.abort, (request_id,))
 
     def load(self) -> EngineLoad:
         """Load as of the latest step or operation (no waiting)."""
@@ -166,7 +165,7 @@ class EngineLoop:
     def _cancel_later(self, stream: RequestStream) -> None:
         """What `RequestStream.cancel` does: queue an abort of that stream and return at once."""
         with contextlib.suppress(EngineLoopClosedError):  # close() ends every stream anyway
-            self._enqueue(None, self._abort_stream, (stream,))
+            self._enqueue(None, self._in_flight.abort_stream, (stream,))
 
     def _enqueue(self, future: Future | None, op: Callable[..., Any], args: tuple) -> None:
         with self._wakeup:
@@ -191,9 +190,9 @@ class EngineLoop:
                 self._has_work = self.engine.has_unfinished
             except Exception as error:  # NOTE: one failure must never stop the loop
                 log.exception(
-                    "engine loop failed; failing %d in-flight request(s)", len(self._streams)
+                    "engine loop failed; failing %d in-flight request(s)", len(self._in_flight)
                 )
-                self._fail_all(error)
+                self._in_flight.fail_all(error)
                 self._has_work = self.engine.has_unfinished
                 self._load = self._read_load()
         self._shut_down()
@@ -232,44 +231,8 @@ class EngineLoop:
 
     def _add(self, prepared: PreparedRequest, n: int) -> RequestStream:
         stream = self._stream(prepared.request_id, n)
-        for request_id in self.engine.add_choices(prepared, n):
-            self._streams[request_id] = stream
+        self._in_flight.add(prepared, stream)
         return stream
-
-    def _add_started(self, prepared: PreparedRequest, stream: RequestStream) -> None:
-        try:
-            request_ids = self.engine.add_choices(prepared, len(stream.choice_ids))
-        except Exception as error:
-            stream._fail(error)
-        else:
-            for request_id in request_ids:
-                self._streams[request_id] = stream
-        finally:
-            stream.outbox.flush()
-
-    def _abort(self, request_id: str) -> bool:
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return self.engine.abort(request_id)
-        self._abort_stream(stream)
-        return True
-
-    def _abort_stream(self, stream: RequestStream) -> None:
-        """Abort every choice of `stream` still running; each ends with an ABORT output."""
-        # NOTE: only the ids that are this stream's: a stream whose add was refused because
-        # another request holds the id must never abort that one.
-        if self._drop(stream):
-            stream._put_aborted()
-            if stream.outbox is not None:
-                stream.outbox.flush()
-
-    def _drop(self, stream: RequestStream) -> bool:
-        """Abort the choices of `stream` still in the engine and forget them; whether any was."""
-        live = [r for r in stream.choice_ids if self._streams.get(r) is stream]
-        for request_id in live:
-            del self._streams[request_id]
-            self.engine.abort(request_id)
-        return bool(live)
 
     def _step(self) -> None:
         started_s = time.perf_counter()
@@ -284,44 +247,10 @@ class EngineLoop:
         self._num_steps += 1
         self._total_step_s += time.perf_counter() - started_s
         self._num_step_seqs += len(outputs)
-        # A request fails whole: the other choices of one that failed are aborted first.
-        failed = {
-            o.request_id: self._streams[o.request_id]
-            for o in outputs
-            if o.finish_reason is FinishReason.ERROR and o.request_id in self._streams
-        }
-        for stream in failed.values():
-            self._drop(stream)
+        failed = self._in_flight.drop_failed(outputs)
         # NOTE: refreshed before the outputs go out, so a consumer never sees an older load.
         self._load = self._read_load()
-        outboxes: set[Outbox] = set()
-        for output in outputs:
-            stream = failed.get(output.request_id) or self._streams.get(output.request_id)
-            if stream is None:
-                continue
-            if output.finish_reason is FinishReason.ERROR:
-                stream._fail(RequestFailedError(stream.request_id, output.error))
-            else:
-                if output.finished:
-                    _log_finished(output)  # NOTE: before its reader can see the end
-                stream._put(output)
-            if output.finished:
-                self._streams.pop(output.request_id, None)
-            if stream.outbox is not None:
-                outboxes.add(stream.outbox)
-        for outbox in outboxes:  # one batch per outbox per step
-            outbox.flush()
-
-    def _fail_all(self, error: Exception) -> None:
-        for stream in {id(s): s for s in self._streams.values()}.values():
-            try:
-                self._drop(stream)
-            except Exception:
-                log.exception("aborting %s after the failure failed too", stream.request_id)
-            stream._fail(error)
-            if stream.outbox is not None:
-                stream.outbox.flush()
-        self._streams.clear()
+        self._in_flight.deliver(outputs, failed)
 
     def _shut_down(self) -> None:
         with self._wakeup:
@@ -330,11 +259,11 @@ class EngineLoop:
         for future, op, args in ops:
             if future is not None:
                 future.set_exception(closed)
-            elif op == self._add_started:  # a started request that never reached the engine
+            elif op == self._in_flight.start:  # a started request that never reached the engine
                 _, stream = args
                 stream._fail(closed)
                 stream.outbox.flush()
-        self._fail_all(closed)
+        self._in_flight.fail_all(closed)
         self._load = self._read_load()
 
     def _read_load(self) -> EngineLoad:
@@ -351,24 +280,3 @@ class EngineLoop:
             total_step_s=self._total_step_s,
             num_step_seqs=self._num_step_seqs,
         )
-
-
-def _log_finished(output: RequestOutput) -> None:
-    """One line per finished request, named by the id the controller routed it with (the HTTP
-    client's X-Request-Id, when it sent one), so one id follows it through every log."""
-    reason = output.finish_reason.value if output.finish_reason is not None else ""
-    log.info(
-        "request %s finished: %s, %d prompt + %d generated tokens",
-        output.request_id,
-        reason,
-        output.num_prompt_tokens,
-        output.num_output_tokens,
-        extra={
-            "fields": {
-                "request_id": output.request_id,
-                "finish_reason": reason,
-                "num_prompt_tokens": output.num_prompt_tokens,
-                "num_output_tokens": output.num_output_tokens,
-            }
-        },
-    )

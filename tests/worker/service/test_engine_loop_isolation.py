@@ -140,7 +140,7 @@ def test_the_load_counts_steps_their_time_and_the_sequences_each_advanced(served
 
 def test_a_finished_request_is_one_log_line_named_by_its_request_id(served, caplog):
     loop, _ = served
-    caplog.set_level(logging.INFO, logger="intentserve.worker.service.engine_loop")
+    caplog.set_level(logging.INFO, logger="intentserve.worker.service.in_flight")
     list(loop.submit("hello", PARAMS, request_id="trace-7"))
     (record,) = [r for r in caplog.records if "trace-7" in r.getMessage()]
     assert record.getMessage().startswith("request trace-7 finished: length, ")

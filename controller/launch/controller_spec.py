@@ -1,0 +1,70 @@
+"""`spec.controller`: where the controller listens (gRPC, its registry, health and HTTP ports),
+how it hears from its workers, and how requests queue for them."""
+
+from __future__ import annotations
+
+from intentserve.controller.launch.section import Section
+from intentserve.controller.router.admission import (
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    QUEUED_PER_SLOT,
+    QueueLimits,
+)
+from intentserve.controller.router.http.cors import check_origins
+from pydantic import Field, ValidationInfo, field_validator
+
+DEFAULT_HTTP_PORT = 8000  # vLLM's and most OpenAI-compatible servers'
+
+
+class HttpSpec(Section):
+    """The HTTP API's options beyond its port."""
+
+    # Browser origins allowed to call the API cross-origin (`https://app.example`, or `*`);
+    # empty: CORS off, as by default.
+    cors_origins: tuple[str, ...] = ()
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_origins(value)
+
+
+class AdmissionSpec(Section):
+    """The queue where requests wait, in arrival order, while every worker slot is taken."""
+
+    max_queued: int | None = Field(
+        None, ge=0, description=f"default: {QUEUED_PER_SLOT} x the READY workers' slots"
+    )
+    max_queue_wait_s: float = Field(DEFAULT_MAX_QUEUE_WAIT_S, gt=0, allow_inf_nan=False)
+
+    def limits(self) -> QueueLimits:
+        return QueueLimits(self.max_queued, self.max_queue_wait_s)
+
+
+class ControllerSpec(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535, description="0 picks a free port")
+    # With TLS, workers register on a port of their own, where TLS requires their certificate.
+    registry_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    # Plaintext, health only, for probes that speak no TLS (Kubernetes' gRPC probe).
+    health_port: int | None = Field(None, ge=0, le=65535)
+    # The OpenAI-compatible HTTP API with /health and /metrics, on `host` like gRPC (HTTPS with
+    # the controller's certificate unless insecure); null: none.
+    http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
+    http: HttpSpec = HttpSpec()
+    advertise_host: str | None = None  # where workers reach it; default: found from the route
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_timeout_s: float = Field(5.0, gt=0)
+    # On shutdown (SIGTERM, Ctrl-C, `down`): how long streams in flight may run to their end
+    # before they are cancelled. Under Kubernetes, below the pod's terminationGracePeriodSeconds.
+    drain_timeout_s: float = Field(2.0, ge=0, allow_inf_nan=False)
+    # Requests sent to each worker at once; null: the sequence slots it realized.
+    max_outstanding_per_worker: int | None = Field(None, ge=1)
+    admission: AdmissionSpec = AdmissionSpec()
+
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _timeout(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("heartbeat_interval_s")
+        if interval is not None and value <= interval:
+            raise ValueError(f"must be longer than heartbeatIntervalS ({interval:g})")
+        return value

@@ -1,0 +1,134 @@
+"""Preparing a request: every check of its content, once, and its prompt tokenized.
+
+    prepared = preparer.prepare("Hello", SamplingParams(max_tokens=8))  # InvalidRequestError
+    engine.add(prepared)                                                # names the field
+
+Cheap limits come before tokenizing (a prompt too long for max_model_len is refused from its
+byte count). It reads no engine state, so any thread may call it: the serving loop tokenizes off
+its own thread, and only adding the prepared request touches the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence as Seq
+
+from intentserve.common.ids import new_request_id, request_id_problem
+from intentserve.worker.engine.chat import Conversation
+from intentserve.worker.engine.grammar import GrammarCompiler
+from intentserve.worker.engine.request import PreparedRequest
+from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
+from intentserve.worker.model.tokenizer import Tokenizer
+
+
+class RequestPreparer:
+    """The checks and the tokenizing of one engine's requests (its tokenizer, grammars, model
+    length and vocabulary)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        grammars: GrammarCompiler,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.grammars = grammars
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+
+    def prepare(
+        self,
+        prompt: str | Seq[int] | Conversation,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        chat: bool = False,
+    ) -> PreparedRequest:
+        """Check and tokenize a request: text (with `chat`, as the user's turn through the
+        model's chat template), a whole conversation (through the template) or token ids.
+        InvalidRequestError names the field. `max_tokens=None` becomes what the model length
+        leaves after the prompt."""
+        params = params or SamplingParams()
+        if request_id and (problem := request_id_problem(request_id)) is not None:
+            raise InvalidRequestError("request_id", problem)
+        self._check_in_vocab("logit_bias", [t for t, _ in params.logit_bias])
+        self._check_in_vocab("stop_token_ids", params.stop_token_ids)
+        if params.constraint is not None:
+            self.grammars.compile(params.constraint)  # cached: a schema is compiled once
+        prompt_ids = self._prompt_ids(prompt, chat)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
+        if params.max_tokens > self.max_model_len - len(prompt_ids):
+            raise InvalidRequestError(
+                "max_tokens",
+                f"{params.max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens and "
+                f"max_model_len is {self.max_model_len} (at most "
+                f"{self.max_model_len - len(prompt_ids)})",
+            )
+        parses = isinstance(prompt, Conversation) and prompt.parses_tool_calls
+        return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params, parses)
+
+    def tokenize(self, prompt: str | Conversation, add_bos: bool | None = None) -> list[int]:
+        """The ids `prepare` computes for `prompt` (add_bos None: the checkpoint's own choice),
+        with no limit on their number."""
+        if isinstance(prompt, Conversation):
+            prompt = prompt.render(self.tokenizer)
+        elif not prompt:
+            raise InvalidRequestError("prompt", "must not be empty (or give messages)")
+        return self.tokenizer.encode(prompt, add_bos)
+
+    def detokenize(self, token_ids: Seq[int]) -> str:
+        """The text of `token_ids`, special tokens rendered."""
+        self._check_in_vocab("tokens", token_ids)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def _check_in_vocab(self, field: str, token_ids: Seq[int]) -> None:
+        """Token ids a request names must be the model's (logit_bias and min_tokens index the
+        logits by them)."""
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                field, f"ids {bad[:5]} are outside the vocabulary (0..{self.vocab_size - 1})"
+            )
+
+    def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
+        if isinstance(prompt, Conversation):
+            return self.tokenizer.encode(prompt.render(self.tokenizer))
+        if len(prompt) == 0:
+            raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
+        if not isinstance(prompt, str):
+            if chat:
+                raise InvalidRequestError("chat", "applies to a text prompt, not to token ids")
+            self._check_prompt_fits("prompt_token_ids", len(prompt))
+            self._check_in_vocab("prompt_token_ids", prompt)
+            return list(prompt)
+        try:
+            utf8 = prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidRequestError(
+                "prompt", f"is not valid Unicode text (character {error.start})"
+            ) from None
+        # NOTE: cheap first: a prompt too long for max_model_len is refused before tokenizing.
+        self._check_prompt_fits("prompt", self.tokenizer.min_num_tokens(utf8), at_least=True)
+        if chat:
+            prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
+        return self._encode(prompt, "prompt")
+
+    def _encode(self, text: str, field: str) -> list[int]:
+        prompt_ids = self.tokenizer.encode(text)
+        if not prompt_ids:
+            raise InvalidRequestError(
+                field, "makes no tokens (this tokenizer drops every character in it)"
+            )
+        self._check_prompt_fits(field, len(prompt_ids))
+        return prompt_ids
+
+    def _check_prompt_fits(self, field: str, num_tokens: int, at_least: bool = False) -> None:
+        if num_tokens >= self.max_model_len:
+            raise InvalidRequestError(
+                field,
+                f"has {'at least ' * at_least}{num_tokens} tokens; at most "
+                f"{self.max_model_len - 1} fit max_model_len={self.max_model_len}",
+            )
