@@ -48,8 +48,10 @@ def test_simulated_workers_register_verify_and_stream_their_steps_through_the_co
     served_by = set()
     for _ in range(4):
         responses = generate(stub, 7)
-        assert [len(r.token_ids) for r in responses] == [3, 3, 1]  # three tokens a step
-        assert [r.num_output_tokens for r in responses] == [3, 6, 7]
+        # three tokens a step; steps that wait in the router may leave it as one message
+        ends = [r.num_output_tokens for r in responses]
+        assert set(ends) <= {3, 6, 7} and ends[-1] == 7, ends
+        assert sum(len(r.token_ids) for r in responses) == 7
         assert responses[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
         served_by.add(responses[0].worker_id)
     assert served_by <= {"sim-0", "sim-1"}

@@ -73,7 +73,8 @@ def deployment():
 
 def _generate(client: ControllerClient, num_requests: int) -> None:
     for _ in range(num_requests):
-        assert len(list(client.generate("hi", max_tokens=3, timeout_s=5))) == 3
+        chunks = client.generate("hi", max_tokens=3, timeout_s=5)
+        assert sum(len(c["token_ids"]) for c in chunks) == 3  # chunks that wait may merge
 
 
 def _refusals(caplog, worker_id: str) -> list[logging.LogRecord]:

@@ -246,7 +246,7 @@ def test_generate_streams_what_the_worker_streams(harness):
     finally:
         worker.stop()
         harness.router.close()
-    assert [r.token_ids[0] for r in responses] == [100, 101, 102]
+    assert [t for r in responses for t in r.token_ids] == [100, 101, 102]  # chunks may merge
     assert {r.worker_id for r in responses} == {"w0"}
     assert responses[0].request_id  # generated when the client left it empty
     assert worker.requests[0].request_id == responses[0].request_id

@@ -137,7 +137,7 @@ def test_requests_share_the_call_and_each_ends_its_own_way(transport):
     try:
         a, b, c = mux.open(request("one two three"), 5.0), mux.open(request("fail"), None), None
         c = mux.open(request("hold"), None)
-        assert [r.text for r in a] == ["one", "two", "three"]
+        assert "".join(r.text for r in a) == "onetwothree"  # chunks that wait may merge
         with pytest.raises(StreamFailed) as error:
             list(b)
         assert (error.value.code(), error.value.details()) == (
@@ -202,7 +202,7 @@ def test_a_broken_call_fails_its_streams_and_the_next_request_gets_a_new_call(tr
         server, servicer, _ = serve(port)
         transport.wait_ready(channel)
         again = transport.mux(channel)
-        assert [r.text for r in again.open(request("back again"), 5.0)] == ["back", "again"]
+        assert "".join(r.text for r in again.open(request("back again"), 5.0)) == "backagain"
         assert servicer.calls == 1
         again.close()
     finally:

@@ -5,6 +5,7 @@ rejection at registration and at load time, re-registration after a controller r
 from __future__ import annotations
 
 import gc
+import itertools
 import shutil
 import threading
 import time
@@ -123,7 +124,10 @@ def test_the_worker_streams_tokens_n_at_a_time_through_the_controller(
         chunks = list(client.generate("hello", max_tokens=10, timeout=30))
     finally:
         client.channel.close()
-    assert [len(c.token_ids) for c in chunks] == [1, 4, 4, 1]
+    # the worker sends the first token, then every 4th, then the last: [1, 4, 4, 1]; chunks
+    # that wait in the router may leave it as one, so a chunk ends only where one of those ends
+    ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
+    assert set(ends) <= {1, 5, 9, 10} and ends[-1] == 10, ends
     assert chunks[-1].num_output_tokens == 10
     # what the worker serves with is in its report, and `intentserve status` says it
     realized = worker_record(server).realized
