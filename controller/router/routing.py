@@ -51,8 +51,8 @@ from intentserve.controller.router.admission import (
 )
 from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.full_workers import FullWorkers
+from intentserve.controller.router.mux_streams import Stream
 from intentserve.controller.router.table import Route, WorkerTable
-from intentserve.controller.router.worker_mux import Stream
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 
