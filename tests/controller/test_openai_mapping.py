@@ -17,16 +17,14 @@ from intentserve.controller.router.http.errors import (
     from_unsupported,
     from_validation,
 )
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_convert import (
     chat_request_to_pb,
     completion_request_to_pb,
     param_of,
 )
 from intentserve.controller.router.http.openai_reply import Reply
-from intentserve.controller.router.http.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from intentserve.controller.router.http.openai_schema import CompletionRequest
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from pydantic import ValidationError

@@ -44,11 +44,9 @@ from intentserve.controller.router.http.errors import (
     from_unsupported,
     from_validation,
 )
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_reply import Reply, merged_response, merged_usage
-from intentserve.controller.router.http.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from intentserve.controller.router.http.openai_schema import CompletionRequest
 from intentserve.controller.router.http.tokenize import add_tokenize_routes
 from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.controller.router.tokenize_route import TokenizeRoute

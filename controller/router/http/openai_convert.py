@@ -9,13 +9,15 @@ import json
 from typing import Any
 
 from intentserve.common.ids import new_request_id
+from intentserve.controller.router.http.openai_chat_schema import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ToolDefinition,
+)
 from intentserve.controller.router.http.openai_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
-    ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
-    ToolDefinition,
 )
 from intentserve.v1 import inference_pb2
 
