@@ -5,7 +5,7 @@ where a shared host's load moves the whole-process figure more than these parts 
     python bench/relay_parts.py                        # 256 streams x 400 tokens, 3 rounds
     python bench/relay_parts.py --streams 64 --tokens 100 --rounds 1
 
-- hand-off: a worker message's tokens handed to their streams (`worker_mux._hand_over`, as the
+- hand-off: a worker message's tokens handed to their streams (`mux_streams.hand_over`, as the
   mux's reader does, one message a token for every stream) and read by one task a stream
   (`AsyncMuxStream`), the task's wake-up included;
 - metrics: a stream's responses through `RequestMetrics.aobserve` (time to first token, the gaps
@@ -32,8 +32,8 @@ import statistics
 import time
 
 from intentserve.common.streaming import END
+from intentserve.controller.router.mux_streams import AsyncMuxStream, hand_over
 from intentserve.controller.router.request_metrics import RequestMetrics
-from intentserve.controller.router.worker_mux import AsyncMuxStream, _hand_over
 from intentserve.v1 import inference_pb2
 from prometheus_client import CollectorRegistry
 
@@ -63,9 +63,9 @@ async def hand_off_us(num_streams: int, num_tokens: int) -> float:
     await asyncio.sleep(0)  # every reader waits for its first token
     start_s = time.process_time()
     for _ in range(num_tokens):
-        _hand_over([(stream, token) for stream in streams])
+        hand_over([(stream, token) for stream in streams])
         await asyncio.sleep(0)  # the readers run, and wait again
-    _hand_over([(stream, END) for stream in streams])
+    hand_over([(stream, END) for stream in streams])
     await asyncio.gather(*readers)
     spent_s = time.process_time() - start_s
     if counts != [num_tokens] * num_streams:

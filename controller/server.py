@@ -1,5 +1,6 @@
 """The controller process: one gRPC server with the worker registry, inference router, admin API,
-`grpc.health.v1` (the readiness gate) and reflection, plus the reconcile loop.
+`grpc.health.v1` (the readiness gate) and reflection (assembled in grpc_server.py), plus the
+reconcile loop.
 
 The gRPC server is a `grpc.aio` one on an event loop in a thread of its own: every streamed
 response is written from that one thread, where a sync server spends a thread (and its wake-ups)
@@ -18,51 +19,27 @@ import signal
 import sys
 import threading
 import time
-from concurrent import futures
 
-import grpc
-import grpc.aio
 from grpc_health.v1 import _async as async_health
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-from intentserve.common.status import AsyncErrorInterceptor
-from intentserve.common.streaming import MAX_COMMAND_BYTES
-from intentserve.common.tls import (
-    server_credentials,
-)
+from grpc_health.v1 import health
 from intentserve.controller.aio_loop import EventLoopThread, HealthPublisher
-from intentserve.controller.auth import AuthInterceptor, SecurityError
+from intentserve.controller.auth import SecurityError
 from intentserve.controller.control.deployment import Deployment, deployment_state
 from intentserve.controller.control.metrics import DeploymentCollector
 from intentserve.controller.control.reconcile import Reconciler
-from intentserve.controller.control.servicers import (
-    AdminServicer,
-    WorkerRegistryServicer,
-    WorkerTableServicer,
-)
 from intentserve.controller.control.state import DeploymentState
 from intentserve.controller.control.table_feed import TableFeed
 from intentserve.controller.embedded import EmbeddedTable, EmbeddedView
 from intentserve.controller.event_loop import choose_event_loop, register_loop_info
-from intentserve.controller.pending_calls import PENDING_CALL_LIMITS
+from intentserve.controller.grpc_server import build_grpc_server, build_probe_server
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_path import RequestPath
-from intentserve.controller.router.servicer import InferenceServicer
 from intentserve.controller.settings import (
     ControllerConfig,
     ControllerSettings,
     describe_errors,
 )
-from intentserve.controller.status_codes import STATUS_CODES
 from intentserve.policy import IntentError, Reason, ReasonCode, Verdict
-from intentserve.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    inference_pb2,
-    inference_pb2_grpc,
-    worker_pb2,
-    worker_pb2_grpc,
-)
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
@@ -72,14 +49,6 @@ END_WAIT_S = 1.0  # after the grace: for ended streams to send their status, bef
 STOPPING = Reason(
     ReasonCode.WORKER_NOT_SERVING,
     "the controller is stopping (intentserve down, SIGTERM or Ctrl-C); the stream was ended",
-)
-SERVICE_NAMES = (
-    worker_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name,
-    inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
-    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
-    admin_pb2.DESCRIPTOR.services_by_name["WorkerTable"].full_name,
-    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-    reflection.SERVICE_NAME,
 )
 
 
@@ -134,8 +103,18 @@ class ControllerServer:
             DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
         )
         try:
-            self._server, self.bound_port, self.registry_port = self._loop.run(self._build_server())
-            self._health_server, self.health_port = self._probe_server()
+            self._server, self.bound_port, self.registry_port = self._loop.run(
+                build_grpc_server(
+                    config,
+                    self.deployment,
+                    self.metered_router,
+                    self._request_path.tokenizing,
+                    self.table_feed,
+                    self.request_shutdown,
+                    self._health.servicer,
+                )
+            )
+            self._health_server, self.health_port = build_probe_server(config, self._probe_health)
             self._http = self._http_api()
         except BaseException:
             self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
@@ -144,14 +123,6 @@ class ControllerServer:
     def _workers_changed(self) -> None:
         self.reconciler.wake()
         self.router.workers_changed()
-
-    def _probe_server(self) -> tuple[grpc.Server | None, int | None]:
-        """Probes that speak no TLS get a port of their own, with nothing on it but health."""
-        if self._probe_health is None:
-            return None, None
-        server = grpc.server(futures.ThreadPoolExecutor(2))
-        health_pb2_grpc.add_HealthServicer_to_server(self._probe_health, server)
-        return server, server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
 
     def _http_api(self) -> HttpServer | None:
         config = self.config
@@ -168,49 +139,6 @@ class ControllerServer:
             loop=self._loop.choice,
             cors_origins=config.cors_origins,
         )
-
-    async def _build_server(self) -> tuple[grpc.aio.Server, int, int]:
-        """The gRPC server, made on the loop that runs it; its public and registry ports."""
-        config = self.config
-        server = grpc.aio.server(
-            # NOTE: authorization first: a refused call never reaches the error mapping.
-            interceptors=[
-                AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
-                AsyncErrorInterceptor(STATUS_CODES),
-            ],
-            options=[
-                ("grpc.so_reuseport", 0),  # a second controller on the port is an error
-                # a GenerateMany command: a request up to MAX_REQUEST_BYTES, its key and timeout
-                ("grpc.max_receive_message_length", MAX_COMMAND_BYTES),
-                *PENDING_CALL_LIMITS,  # a burst of streams is taken, not cancelled at the door
-            ],
-        )
-        worker_pb2_grpc.add_WorkerRegistryServicer_to_server(
-            WorkerRegistryServicer(self.deployment, config.heartbeat_interval_s), server
-        )
-        inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.metered_router, self._request_path.tokenizing), server
-        )
-        admin_pb2_grpc.add_WorkerTableServicer_to_server(
-            WorkerTableServicer(self.table_feed), server
-        )
-        admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.deployment, self.request_shutdown), server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
-        reflection.enable_server_reflection(SERVICE_NAMES, server)
-        tls = config.security.tls
-        if tls is None:
-            port = server.add_insecure_port(f"{config.host}:{config.port}")
-            return server, port, port
-        # Two ports: clients and probes need no certificate on the public one; workers
-        # register on the other, where TLS itself requires a certificate of the CA.
-        # NOTE: grpc's Python API cannot request an optional client certificate.
-        public = server_credentials(tls, require_client_auth=False)
-        mutual = server_credentials(tls, require_client_auth=True)
-        port = server.add_secure_port(f"{config.host}:{config.port}", public)
-        registry_port = server.add_secure_port(f"{config.host}:{config.registry_port}", mutual)
-        return server, port, registry_port
 
     @property
     def http_url(self) -> str | None:

@@ -33,16 +33,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-from intentserve.common.field_errors import violation_of
 from intentserve.common.ids import new_request_id
-from intentserve.common.streaming import MAX_REQUEST_BYTES
-from intentserve.controller.errors import (
-    NotReady,
-    Overloaded,
-    RequestTooLarge,
-    UpstreamError,
-    WorkerUnavailable,
-)
+from intentserve.controller.errors import NotReady, Overloaded
 from intentserve.controller.router.admission import (
     DEFAULT_QUEUE_LIMITS,
     AdmissionQueue,
@@ -51,8 +43,10 @@ from intentserve.controller.router.admission import (
 )
 from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.full_workers import FullWorkers
+from intentserve.controller.router.mux_streams import Stream
+from intentserve.controller.router.request_size import check_size
 from intentserve.controller.router.table import Route, WorkerTable
-from intentserve.controller.router.worker_mux import Stream
+from intentserve.controller.router.upstream import NO_READY_WORKER, TryAnother, upstream_failure
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 
@@ -60,15 +54,6 @@ log = logging.getLogger(__name__)
 
 # NOTE: grpc reports "no deadline" as a remaining time of about 2**63 seconds.
 _NO_DEADLINE_S = 1e9
-NO_READY_WORKER = Reason(ReasonCode.WORKER_NOT_SERVING, "no READY worker to route to")
-
-
-class _TryAnother(Exception):
-    """The chosen worker refused before streaming anything (queue full, unreachable)."""
-
-    def __init__(self, failure: Exception) -> None:
-        super().__init__(str(failure))
-        self.failure = failure  # what the client gets when no other worker is left
 
 
 class _Stream:
@@ -130,7 +115,7 @@ class Router:
                     async for response in responses:
                         yield response
                 return
-            except _TryAnother as refusal:
+            except TryAnother as refusal:
                 full = isinstance(refusal.failure, Overloaded)
                 if full:  # it waits at the head of the queue, as since it came
                     again_since_s = arrived_s
@@ -274,35 +259,6 @@ def call_after(delay_s: float, callback: Callable[[], None]) -> None:
     loop.call_later(delay_s, fire)
 
 
-def check_size(request: inference_pb2.GenerateRequest) -> None:
-    """RequestTooLarge, naming the request's largest field, when it is over MAX_REQUEST_BYTES:
-    on a worker's multiplexed call a message over its receive limit would end the call, and
-    every other request on it with it."""
-    size = request.ByteSize()
-    if size > MAX_REQUEST_BYTES:
-        raise RequestTooLarge(
-            _largest_field(request),
-            f"the request is {size} bytes; allowed: at most {MAX_REQUEST_BYTES} bytes in all "
-            "(prompt, messages, stop strings and the rest)",
-        )
-
-
-def _largest_field(message, prefix: str = "") -> str:
-    """The dotted name of the set field that takes the most bytes (into singular messages)."""
-    sizes = []
-    for field, value in message.ListFields():
-        values = value if field.is_repeated else [value]
-        if field.message_type is not None:
-            size = sum(v.ByteSize() for v in values)
-        else:  # text by its length (no copy of a 50 MB prompt to rank it); a number up to 10
-            size = sum(len(v) if isinstance(v, str | bytes) else 10 for v in values)
-        inner = value if field.message_type is not None and not field.is_repeated else None
-        sizes.append((size, field, inner))
-    _, field, inner = max(sizes, key=lambda s: s[0])
-    name = prefix + field.name
-    return _largest_field(inner, name + ".") if inner is not None and inner.ListFields() else name
-
-
 def _timeout_s(context: grpc.aio.ServicerContext) -> float | None:
     """The client's remaining deadline, to forward; None when it set none."""
     remaining_s = context.time_remaining()
@@ -329,23 +285,3 @@ def _client_gone(context: grpc.aio.ServicerContext) -> bool:
     """Whether the client cancelled or its deadline passed (the worker, which holds the same
     deadline, may report it before the task is cancelled)."""
     return context.cancelled() or deadline_passed(context)
-
-
-def upstream_failure(
-    worker_id: str, error: grpc.RpcError, started: bool, abort_reason: Reason | None
-) -> Exception:
-    """The exception a failed upstream call becomes for the client."""
-    code, details = error.code(), error.details()
-    where = "mid-stream" if started else "before streaming"
-    if abort_reason is not None:
-        return WorkerUnavailable(f"worker {worker_id} was lost {where}: {abort_reason.message}")
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and not started:
-        return _TryAnother(Overloaded(f"worker {worker_id}: {details}"))
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        failure = WorkerUnavailable(f"worker {worker_id} became unavailable {where}: {details}")
-        return failure if started else _TryAnother(failure)
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        # The engine's check of the request, naming the field: relayed word for word, with its
-        # BadRequest detail.
-        return UpstreamError(code, details, violation_of(error))
-    return UpstreamError(code, f"worker {worker_id}: {details}")

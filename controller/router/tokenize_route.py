@@ -15,8 +15,8 @@ import grpc
 from google.protobuf.message import Message
 from intentserve.controller.errors import NotReady
 from intentserve.controller.router.channels import WorkerChannels
-from intentserve.controller.router.routing import NO_READY_WORKER, upstream_failure
 from intentserve.controller.router.table import WorkerTable
+from intentserve.controller.router.upstream import NO_READY_WORKER, upstream_failure
 from intentserve.v1 import inference_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 60.0

@@ -13,10 +13,7 @@
     mux = WorkerMux(aio_channel, "local-0", loop=loop)  # the call itself on `loop`
 
 The worker sends one message per engine step with every request's news; the mux's reader hands
-each event to its request's queue, where the thread serving that client takes it. In async
-mode (the gRPC front end, whose handlers run on one event loop) a message's items for another
-loop go to it in one `call_soon_threadsafe`, however many of its requests it carries: a thread
-wake-up per engine step, not per token.
+each event to its request's stream (`mux_streams.py`: the streams, their failure, the hand-over).
 
 The call runs either on a sync channel, read by a thread of the mux's own, or (`loop=`) on a
 grpc.aio channel made on that loop, read by a task there: a message then reaches the front end's
@@ -35,149 +32,29 @@ mux is refused (the caller makes a new one).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
 import queue
 import threading
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import grpc
-from intentserve.common.field_errors import FieldViolation, violation_in
-from intentserve.common.streaming import END, HandOver
-from intentserve.controller.router.coalesce import append, joins
+from intentserve.common.field_errors import violation_in
+from intentserve.common.streaming import END
+from intentserve.controller.router.mux_streams import (
+    AsyncMuxStream,
+    MuxStream,
+    Stream,
+    StreamFailed,
+    hand_over,
+    running_loop,
+)
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-class StreamFailed(grpc.RpcError):
-    """One request's end on the multiplexed call, read as its own call's error would be."""
-
-    def __init__(
-        self, code: grpc.StatusCode, details: str, field_violation: FieldViolation | None = None
-    ) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self._code = code
-        self._details = details
-        self.field_violation = field_violation  # a refused field, from the worker's detail
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-class MuxStream(HandOver):
-    """One request on a worker's multiplexed call; iterate it for its responses (a
-    GenerateResponse each; a failure is raised as StreamFailed)."""
-
-    def __init__(self, mux: WorkerMux, key: int) -> None:
-        super().__init__()
-        self._mux = mux
-        self.key = key
-
-    def cancel(self) -> None:
-        """Abort the request on the worker and end this stream with CANCELLED now (a no-op once
-        it has ended)."""
-        if self._mux.cancel(self.key):
-            self._items.put(StreamFailed(grpc.StatusCode.CANCELLED, "cancelled by the caller"))
-
-    def _put(self, item: object) -> None:
-        self._items.put(item)
-
-
-class AsyncMuxStream:
-    """One request on a worker's multiplexed call, read on an event loop: `async for` its
-    responses (a failure is raised as StreamFailed). Items reach it on `loop` only. A choice's
-    chunks that wait together are read as one response (`coalesce`).
-
-    NOTE: a deque and the reader's one future while it waits, not an asyncio.Queue: an item
-    costs an append, and a wake-up only when the reader is waiting for it."""
-
-    def __init__(self, mux: WorkerMux, key: int, loop: asyncio.AbstractEventLoop) -> None:
-        self._mux = mux
-        self.key = key
-        self.loop = loop
-        self._items: collections.deque = collections.deque()
-        self._waiter: asyncio.Future | None = None
-        self._done = False
-
-    def __aiter__(self) -> AsyncMuxStream:
-        return self
-
-    async def __anext__(self) -> inference_pb2.GenerateResponse:
-        if self._done:
-            raise StopAsyncIteration
-        items = self._items
-        while not items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        item = items.popleft()
-        if item is END:
-            self._done = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        while items and joins(item, items[0]):  # the reader fell behind: one message for all
-            append(item, items.popleft())
-        return item
-
-    def cancel(self) -> None:
-        """As MuxStream.cancel; callable from any thread (a lost worker's streams are ended by
-        the reconcile loop)."""
-        if self._mux.cancel(self.key):
-            failure = StreamFailed(grpc.StatusCode.CANCELLED, "cancelled by the caller")
-            self.loop.call_soon_threadsafe(self._put, failure)
-
-    def _put(self, item: object) -> None:
-        """On the loop's thread only."""
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-Stream = MuxStream | AsyncMuxStream
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _hand_over(deliveries: Iterable[tuple[Stream, object]]) -> None:
-    """Give each item to its stream: a sync stream, or an async one on the loop this runs on,
-    at once; those of another loop in one call onto it (NOTE: a thread wake-up of that loop per
-    message, not per event)."""
-    here = _running_loop()
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Stream, object]]] = defaultdict(list)
-    for stream, item in deliveries:
-        if isinstance(stream, AsyncMuxStream) and stream.loop is not here:
-            by_loop[stream.loop].append((stream, item))
-        else:
-            stream._put(item)
-    for loop, batch in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_put_all, batch)
-        except RuntimeError:  # the loop has closed: the server stopped, nobody reads
-            log.debug("dropped %d items for a closed event loop", len(batch))
-
-
-def _put_all(batch: list[tuple[Stream, object]]) -> None:
-    for stream, item in batch:
-        stream._put(item)
 
 
 class WorkerMux:
@@ -207,7 +84,7 @@ class WorkerMux:
             self._call = worker_pb2_grpc.WorkerStreamsStub(channel).Serve(self._command_stream())
             self._reader = threading.Thread(target=self._read, name=f"mux-{worker_id}", daemon=True)
             self._reader.start()
-        elif _running_loop() is loop:
+        elif running_loop() is loop:
             self._start_on_loop(channel)
         else:
             asyncio.run_coroutine_threadsafe(self._astart(channel), loop).result()
@@ -344,7 +221,7 @@ class WorkerMux:
             self._ended = ended
             left, self._streams = self._streams, {}
             self._num_running.clear()
-        _hand_over((stream, ended) for stream in left.values())
+        hand_over((stream, ended) for stream in left.values())
 
     def _dispatch(self, message: worker_pb2.StreamEvents) -> None:
         deliveries: list[tuple[Stream, object]] = []
@@ -368,4 +245,4 @@ class WorkerMux:
                     violation = violation_in(event.error.status_details)
                     failure = StreamFailed(code, event.error.details, violation)
                     deliveries.append((stream, failure))
-        _hand_over(deliveries)
+        hand_over(deliveries)

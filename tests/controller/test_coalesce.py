@@ -10,7 +10,7 @@ import grpc
 import pytest
 from intentserve.common.streaming import END
 from intentserve.controller.router import coalesce
-from intentserve.controller.router.worker_mux import AsyncMuxStream, StreamFailed, _hand_over
+from intentserve.controller.router.mux_streams import AsyncMuxStream, StreamFailed, hand_over
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
 from tests.controller.conftest import eventually, ready
@@ -53,8 +53,8 @@ def test_every_field_of_a_response_has_a_rule_for_merging():
 def test_chunks_that_waited_together_are_one_response_with_all_their_tokens():
     async def scenario():
         stream = AsyncMuxStream(FakeMux(), 1, asyncio.get_running_loop())
-        _hand_over([(stream, chunk(0)), (stream, chunk(1))])  # two engine steps' messages
-        _hand_over([(stream, chunk(2, finish=LENGTH)), (stream, END)])
+        hand_over([(stream, chunk(0)), (stream, chunk(1))])  # two engine steps' messages
+        hand_over([(stream, chunk(2, finish=LENGTH)), (stream, END)])
         return await responses(stream)
 
     [merged] = asyncio.run(scenario())
@@ -73,9 +73,9 @@ def test_a_reader_that_keeps_up_gets_each_chunk_as_it_was_sent():
         stream = AsyncMuxStream(FakeMux(), 2, loop)
         got = []
         for token in range(4):
-            _hand_over([(stream, chunk(token, finish=LENGTH if token == 3 else 0))])
+            hand_over([(stream, chunk(token, finish=LENGTH if token == 3 else 0))])
             got.append(await stream.__anext__())
-        _hand_over([(stream, END)])
+        hand_over([(stream, END)])
         with pytest.raises(StopAsyncIteration):
             await stream.__anext__()
         return got
@@ -86,7 +86,7 @@ def test_a_reader_that_keeps_up_gets_each_chunk_as_it_was_sent():
 def test_choices_are_never_merged_into_each_other_nor_past_a_choices_last_chunk():
     async def scenario():
         stream = AsyncMuxStream(FakeMux(), 3, asyncio.get_running_loop())
-        _hand_over(
+        hand_over(
             [
                 (stream, chunk(0, index=0)),
                 (stream, chunk(1, index=0)),
@@ -106,7 +106,7 @@ def test_choices_are_never_merged_into_each_other_nor_past_a_choices_last_chunk(
         stream = AsyncMuxStream(FakeMux(), 4, asyncio.get_running_loop())
         # NOTE: a worker sends nothing of a choice after its last chunk; were it to, the finished
         # chunk would still be read as the last of what came before it
-        _hand_over([(stream, chunk(0, finish=STOP)), (stream, chunk(1)), (stream, END)])
+        hand_over([(stream, chunk(0, finish=STOP)), (stream, chunk(1)), (stream, END)])
         return await responses(stream)
 
     assert [list(r.token_ids) for r in asyncio.run(finished_first())] == [[0], [1]]
@@ -116,7 +116,7 @@ def test_a_failure_after_waiting_chunks_comes_after_their_tokens():
     async def scenario():
         stream = AsyncMuxStream(FakeMux(), 5, asyncio.get_running_loop())
         failure = StreamFailed(grpc.StatusCode.UNAVAILABLE, "worker w0 was lost")
-        _hand_over([(stream, chunk(0)), (stream, chunk(1)), (stream, failure)])
+        hand_over([(stream, chunk(0)), (stream, chunk(1)), (stream, failure)])
         first = await stream.__anext__()
         with pytest.raises(StreamFailed) as error:
             await stream.__anext__()

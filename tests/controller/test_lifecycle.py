@@ -17,8 +17,9 @@ from intentserve.client import ControllerClient
 from intentserve.client.credentials import Credentials
 from intentserve.controller.control.convert import deployment_state_from_pb, worker_state_from_pb
 from intentserve.controller.control.state import DeploymentState, WorkerState
+from intentserve.controller.grpc_server import SERVICE_NAMES
 from intentserve.controller.launch.pki import DeploymentCa
-from intentserve.controller.server import SERVICE_NAMES, ControllerServer
+from intentserve.controller.server import ControllerServer
 from intentserve.controller.settings import ControllerSettings
 from intentserve.policy import ReasonCode, examples
 from intentserve.v1 import admin_pb2, worker_pb2, worker_pb2_grpc

@@ -8,14 +8,12 @@ import json
 
 import pytest
 from intentserve.controller.router.http.errors import from_unsupported, from_validation
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_convert import (
     chat_request_to_pb,
     completion_request_to_pb,
 )
-from intentserve.controller.router.http.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from intentserve.controller.router.http.openai_schema import CompletionRequest
 from intentserve.v1 import inference_pb2
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params

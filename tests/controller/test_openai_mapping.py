@@ -17,16 +17,14 @@ from intentserve.controller.router.http.errors import (
     from_unsupported,
     from_validation,
 )
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_convert import (
-    Reply,
     chat_request_to_pb,
     completion_request_to_pb,
     param_of,
 )
-from intentserve.controller.router.http.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from intentserve.controller.router.http.openai_reply import Reply
+from intentserve.controller.router.http.openai_schema import CompletionRequest
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
 from pydantic import ValidationError
@@ -401,7 +399,7 @@ def test_a_worker_refusing_n_past_its_max_num_seqs_names_param_n():
 
 
 def test_n_replies_merge_into_one_response_with_indexed_choices():
-    from intentserve.controller.router.http.openai_convert import merged_response
+    from intentserve.controller.router.http.openai_reply import merged_response
 
     replies = [Reply(True, MODEL, "req-1", index=i) for i in range(2)]
     for i, reply in enumerate(replies):

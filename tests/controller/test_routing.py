@@ -10,7 +10,7 @@ from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.controller.control.convert import worker_state_from_pb
 from intentserve.controller.control.state import WorkerState
 from intentserve.controller.errors import RequestTooLarge
-from intentserve.controller.router.routing import check_size
+from intentserve.controller.router.request_size import check_size
 from intentserve.policy import examples
 from intentserve.v1 import admin_pb2, inference_pb2, worker_pb2
 

@@ -19,7 +19,8 @@ from intentserve.controller.router.channels import (
     worker_aio_channels,
     worker_channels,
 )
-from intentserve.controller.router.worker_mux import StreamFailed, WorkerMux
+from intentserve.controller.router.mux_streams import StreamFailed
+from intentserve.controller.router.worker_mux import WorkerMux
 from intentserve.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 
 from tests.controller.conftest import DEPLOYMENT

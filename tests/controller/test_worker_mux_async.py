@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 from intentserve.common.streaming import END
-from intentserve.controller.router.worker_mux import AsyncMuxStream, StreamFailed, _hand_over
+from intentserve.controller.router.mux_streams import AsyncMuxStream, StreamFailed, hand_over
 from intentserve.v1 import inference_pb2
 
 
@@ -46,10 +46,10 @@ def test_a_messages_items_reach_the_loop_in_one_hand_over_and_in_order():
         mux = FakeMux()
         streams = [AsyncMuxStream(mux, key, loop) for key in (1, 2, 3)]
         # One message: a token for each stream, and the end of the first.
-        _hand_over([(s, response(10 + i)) for i, s in enumerate(streams)] + [(streams[0], END)])
+        hand_over([(s, response(10 + i)) for i, s in enumerate(streams)] + [(streams[0], END)])
         assert loop.num_calls == 1
-        _hand_over([(s, response(20 + i)) for i, s in enumerate(streams[1:], 1)])
-        _hand_over([(s, END) for s in streams[1:]])
+        hand_over([(s, response(20 + i)) for i, s in enumerate(streams[1:], 1)])
+        hand_over([(s, END) for s in streams[1:]])
         assert loop.num_calls == 3
         return [await read(s) for s in streams]
 
@@ -61,7 +61,7 @@ def test_a_cancel_from_another_thread_ends_the_stream_with_cancelled():
         loop = asyncio.get_running_loop()
         mux = FakeMux()
         stream = AsyncMuxStream(mux, 7, loop)
-        _hand_over([(stream, response(1))])
+        hand_over([(stream, response(1))])
         await loop.run_in_executor(None, stream.cancel)
         assert mux.cancelled == [7]
         assert (await stream.__anext__()).token_ids == [1]
@@ -81,8 +81,8 @@ def test_a_waiting_reader_gets_every_item_in_order_and_its_cancel_ends_the_wait(
         reader = asyncio.ensure_future(read(stream))
         for token in range(5):  # each item lands while the reader waits for it
             await asyncio.sleep(0)
-            _hand_over([(stream, response(token))])
-        _hand_over([(stream, response(5)), (stream, response(6)), (stream, END)])
+            hand_over([(stream, response(token))])
+        hand_over([(stream, response(5)), (stream, response(6)), (stream, END)])
         assert await reader == [0, 1, 2, 3, 4, 5, 6]
 
         waiting = AsyncMuxStream(FakeMux(), 4, loop)
@@ -91,7 +91,7 @@ def test_a_waiting_reader_gets_every_item_in_order_and_its_cancel_ends_the_wait(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        _hand_over([(waiting, response(9)), (waiting, END)])  # no waiter left to wake
+        hand_over([(waiting, response(9)), (waiting, END)])  # no waiter left to wake
         assert await read(waiting) == [9]
 
     asyncio.run(scenario())

@@ -44,11 +44,9 @@ from intentserve.controller.router.http.errors import (
     from_unsupported,
     from_validation,
 )
-from intentserve.controller.router.http.openai_convert import Reply
-from intentserve.controller.router.http.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
+from intentserve.controller.router.http.openai_reply import Reply, merged_response, merged_usage
+from intentserve.controller.router.http.openai_schema import CompletionRequest
 from intentserve.controller.router.http.tokenize import add_tokenize_routes
 from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.controller.router.tokenize_route import TokenizeRoute
@@ -192,7 +190,7 @@ def build_app(frontend: Frontend) -> FastAPI:
             raise from_routing(error, body) from None
         finally:
             _end(call, watcher)
-        return JSONResponse(openai_convert.merged_response(replies))
+        return JSONResponse(merged_response(replies))
 
     @app.get("/health")
     async def health() -> Response:
@@ -245,7 +243,7 @@ async def _events(
             if text or finish is not None or reply.logprobs or reply.has_unsent_calls:
                 yield _sse(reply.chunk(text, finish, **extra))
         if include_usage:
-            yield _sse({**replies[0].usage_chunk(), "usage": openai_convert.merged_usage(replies)})
+            yield _sse({**replies[0].usage_chunk(), "usage": merged_usage(replies)})
     except Exception as error:
         yield _sse(from_routing(error, body).body())
     finally:

@@ -15,12 +15,9 @@ import grpc
 from intentserve.common.field_errors import violation_of
 from intentserve.common.status import lookup
 from intentserve.controller.errors import NotReady
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_convert import param_of
-from intentserve.controller.router.http.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    UnsupportedField,
-)
+from intentserve.controller.router.http.openai_schema import CompletionRequest, UnsupportedField
 from intentserve.controller.status_codes import STATUS_CODES
 from pydantic import ValidationError
 

@@ -1,5 +1,7 @@
 """The request bodies of OpenAI's `/v1/completions` and `/v1/chat/completions` (with vLLM's
-extra sampling fields), as far as this server honours them.
+extra sampling fields), as far as this server honours them: the fields both share
+(`OpenAIRequest`) and the completions body here, chat's body and its conversation in
+`openai_chat_schema.py`.
 
 Only the JSON's shape is checked here (types, and the ranges the protobuf fields can hold); every
 check of a value's meaning (temperature >= 0, top_p in (0, 1], max_tokens within the model length)
@@ -18,7 +20,7 @@ Structured outputs: OpenAI's `response_format` (`text`, `json_object`, `json_sch
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 from intentserve.controller.router.http.structured import ResponseFormat, StructuredOutputs
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -38,11 +40,7 @@ class UnsupportedField(ValueError):
         self.param = param
 
 
-def _given(value: Any) -> bool:
-    return value is not None
-
-
-def _first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], bool], str]]):
+def first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], bool], str]]):
     """The first (field, message) of `refusals` whose value asks for something."""
     for name, (asks, message) in refusals.items():
         value = getattr(model, name)
@@ -52,25 +50,6 @@ def _first_asked(model: BaseModel, refusals: dict[str, tuple[Callable[[Any], boo
 
 
 TOOLS = "completions take no tools (tool calling is chat's)"
-TOOL_CHOICES = ("auto", "none", "required")
-
-
-def names_a_function(value: Any) -> bool:
-    """OpenAI's named tool choice, `{"type": "function", "function": {"name": ...}}`."""
-    function = value.get("function") if isinstance(value, dict) else None
-    return (
-        isinstance(function, dict)
-        and value.keys() == {"type", "function"}
-        and value["type"] == "function"
-        and function.keys() == {"name"}
-        and isinstance(function["name"], str)
-    )
-
-
-CHAT_TOOL_CHOICE = (
-    lambda v: v not in TOOL_CHOICES and not names_a_function(v),
-    "allowed: 'auto', 'none', 'required', {'type': 'function', 'function': {'name': ...}}",
-)
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: not 1 <= v <= MAX_CHOICES, f"allowed: 1 to {MAX_CHOICES} choices"),
@@ -84,7 +63,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Request(BaseModel):
+class OpenAIRequest(BaseModel):
+    """The fields both bodies share, and how a field that asks for what is not done is found."""
+
     model_config = ConfigDict(extra="forbid")
     refusals: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = REFUSALS
 
@@ -143,7 +124,7 @@ class _Request(BaseModel):
             **self._unsupported_here(),
         }
         first = next(((p, m) for p, (asked, m) in asks.items() if asked), None)
-        first = first or _first_asked(self, self.refusals)
+        first = first or first_asked(self, self.refusals)
         return None if first is None else UnsupportedField(*first)
 
     def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
@@ -178,7 +159,7 @@ class _Request(BaseModel):
         return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(OpenAIRequest):
     refusals: ClassVar = {
         **REFUSALS,
         "best_of": (lambda v: v != 1, "only best_of=1 is supported"),
@@ -201,158 +182,3 @@ class CompletionRequest(_Request):
         batched = isinstance(self.prompt, list) and bool(self.prompt)
         batched = batched and not isinstance(self.prompt[0], int) and len(self.prompt) != 1
         return {"prompt": (batched, "one prompt per request: batched prompts are not supported")}
-
-
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: Annotated[str, Field(min_length=1)]
-    description: str = ""
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # true asks for the arguments constrained to the schema: refused
-
-
-class ToolDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    arguments: str  # a JSON object, as text
-
-
-class ToolCallParam(BaseModel):
-    """A call in an assistant turn (what the reply's `tool_calls` held)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # What the SDK's own reply object dumps passes when empty; a value asks for something.
-    refusals: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
-        "name": (_given, "participant names are not supported"),
-        "function_call": (_given, "the deprecated function_call is not supported; send tool_calls"),
-        "audio": (_given, "audio is not supported (this deployment serves a text model)"),
-        "refusal": (_given, "a refusal turn is not supported; send it as content"),
-        "annotations": (bool, "annotations are not supported"),
-    }
-
-    role: str
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallParam] | None = None  # an assistant turn's
-    tool_call_id: str | None = None  # a tool turn's
-    function_call: Any = None
-    audio: Any = None
-    refusal: str | None = None
-    annotations: list[Any] | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, content: Any) -> Any:
-        """A part of another type (an image, audio) is refused naming it, before the union's
-        other member reports that a list is not a string."""
-        if isinstance(content, list):
-            for i, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text":
-                    raise ValueError(
-                        f"part {i} is of type {kind!r}; allowed: text parts (this deployment "
-                        "serves a text model)"
-                    )
-        return content
-
-    @property
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
-
-
-def conversation_unsupported(
-    messages: list[ChatMessage], tools: list[ToolDefinition] | None
-) -> UnsupportedField | None:
-    """The first field of a conversation's turns or tools that asks for what is not done (chat
-    completions and /tokenize alike)."""
-    for i, message in enumerate(messages):
-        asked = _first_asked(message, ChatMessage.refusals)
-        if asked is not None:
-            return UnsupportedField(f"messages[{i}].{asked[0]}", asked[1])
-    for i, tool in enumerate(tools or []):
-        if tool.function.strict:
-            return UnsupportedField(
-                f"tools[{i}].function.strict",
-                "the arguments are not constrained to the schema; allowed: false",
-            )
-    return None
-
-
-class ChatCompletionRequest(_Request):
-    refusals: ClassVar = {
-        **REFUSALS,
-        "tool_choice": CHAT_TOOL_CHOICE,
-        "echo": (bool, "echo is not supported for chat (completions echo the prompt)"),
-        "store": (bool, "nothing is stored by this server; allowed: false"),
-        "modalities": (lambda v: v != ["text"], "only text is served; allowed: ['text']"),
-        "service_tier": (
-            lambda v: v not in ("auto", "default"),
-            "one tier is served; allowed: 'auto', 'default'",
-        ),
-    }
-
-    messages: list[ChatMessage]
-    max_completion_tokens: UInt32 | None = None
-    logprobs: bool = False
-    top_logprobs: UInt32 | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    safety_identifier: str | None = None  # a label, as `user`: asks for nothing
-    tools: list[ToolDefinition] | None = None
-    parallel_tool_calls: bool | None = None
-    store: bool | None = None
-    modalities: list[str] | None = None
-    service_tier: str | None = None
-
-    def unsupported(self) -> UnsupportedField | None:
-        return conversation_unsupported(self.messages, self.tools) or super().unsupported()
-
-    def _unsupported_here(self) -> dict[str, tuple[bool, str]]:
-        return {
-            "top_logprobs": (
-                self.top_logprobs is not None and not self.logprobs,
-                "only allowed when logprobs is true",
-            ),
-            "parallel_tool_calls": (
-                self.parallel_tool_calls is False
-                and bool(self.tools)
-                and self.tool_choice in (None, "auto"),
-                "with tool_choice 'auto' nothing keeps the model to one call; false is "
-                "honoured with tool_choice 'required' or a named function",
-            ),
-        }
-
-    @property
-    def num_logprobs(self) -> int | None:
-        """How many alternatives per token (None: no logprobs)."""
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    @property
-    def max_tokens_param(self) -> str:
-        """The name the client gave its limit by (errors about it name that one)."""
-        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"

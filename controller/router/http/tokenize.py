@@ -16,14 +16,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from intentserve.controller.router.http.errors import from_routing
-from intentserve.controller.router.http.openai_convert import fill_conversation
-from intentserve.controller.router.http.openai_schema import (
+from intentserve.controller.router.http.openai_chat_schema import (
     ChatMessage,
     ToolDefinition,
-    UInt32,
-    UnsupportedField,
     conversation_unsupported,
 )
+from intentserve.controller.router.http.openai_convert import fill_conversation
+from intentserve.controller.router.http.openai_schema import UInt32, UnsupportedField
 from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.v1 import inference_pb2
 from pydantic import BaseModel, ConfigDict
