@@ -102,7 +102,12 @@ class ControllerServer:
         self.metrics.register(
             DeploymentCollector(self.deployment, self.reconciler, config.max_restarts)
         )
+        # NOTE: the gRPC server last: grpc.aio cannot stop a server that never started, so a
+        # port taken after it was made would leave one behind (its finalizer fails at exit).
+        self._http = None
         try:
+            self._health_server, self.health_port = build_probe_server(config, self._probe_health)
+            self._http = self._http_api()
             self._server, self.bound_port, self.registry_port = self._loop.run(
                 build_grpc_server(
                     config,
@@ -114,10 +119,10 @@ class ControllerServer:
                     self._health.servicer,
                 )
             )
-            self._health_server, self.health_port = build_probe_server(config, self._probe_health)
-            self._http = self._http_api()
         except BaseException:
             self._loop.close()  # NOTE: else a port that is taken leaves its loop thread behind
+            if self._http is not None:
+                self._http.join()  # never started: this closes its socket
             raise
 
     def _workers_changed(self) -> None:

@@ -95,11 +95,16 @@ class RouterServer:
         self._said: tuple[Freshness, Reason] | None = None  # what the log last said
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="router-health", daemon=True)
+        # NOTE: the gRPC server last: grpc.aio cannot stop a server that never started, so a
+        # port taken after it was made would leave one behind (its finalizer fails at exit).
+        self._http = None
         try:
-            self._server, self.bound_port = self._loop.run(self._build_server())
             self._http = self._http_api()
+            self._server, self.bound_port = self._loop.run(self._build_server())
         except BaseException:
             self._loop.close()
+            if self._http is not None:
+                self._http.join()  # never started: this closes its socket
             raise
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -114,3 +115,31 @@ def make_worker():
     yield make
     for worker in workers:
         worker.stop()
+
+
+@pytest.fixture
+def made_aio_servers(monkeypatch) -> list[grpc.aio.Server]:
+    """Every grpc.aio server made while the test runs.
+
+    NOTE: a grpc.aio server made and never started cannot be stopped (its stop() does nothing
+    in that state); one kept alive to interpreter exit fails in its finalizer, which printed
+    "Error in sys.excepthook:" after the whole suite's summary. So a server that a taken port
+    refuses must bind every such port before it makes its gRPC server."""
+    made: list[grpc.aio.Server] = []
+    make = grpc.aio.server
+
+    def recorded(*args, **kwargs) -> grpc.aio.Server:
+        made.append(make(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(grpc.aio, "server", recorded)
+    return made
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback port that something else listens on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]

@@ -298,3 +298,10 @@ def test_a_second_controller_on_a_taken_port_is_refused(start_controller):
     # The refused one's event loop thread is gone with it.
     loops = [t for t in threading.enumerate() if t.name == "controller-rpc"]
     assert len(loops) == 1
+
+
+def test_a_taken_http_port_is_refused_before_a_grpc_server_is_made(made_aio_servers, taken_port):
+    settings = ControllerSettings(host="127.0.0.1", port=0, http_port=taken_port, insecure=True)
+    with pytest.raises(RuntimeError, match=f"cannot serve HTTP on 127.0.0.1:{taken_port}"):
+        ControllerServer(settings.config())
+    assert made_aio_servers == []

@@ -136,6 +136,13 @@ def test_a_router_refuses_the_controllers_admin_commands_naming_where_they_go(de
     )
 
 
+def test_a_taken_http_port_is_refused_before_a_grpc_server_is_made(made_aio_servers, taken_port):
+    config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0, http_port=taken_port)
+    with pytest.raises(RuntimeError, match=f"cannot serve HTTP on 127.0.0.1:{taken_port}"):
+        RouterServer(config, watch=False)
+    assert made_aio_servers == []
+
+
 def test_a_router_fed_by_hand_needs_no_controller():
     """What a benchmark does: the table comes from the caller, not a watch."""
     config = RouterConfig(DEPLOYMENT, controller="nowhere:1", port=0)
