@@ -10,7 +10,8 @@
 #                  runtime; the node's driver comes in through the NVIDIA Container Toolkit) with
 #                  TORCH_INDEX=https://download.pytorch.org/whl/cu128 (the CUDA build matching the
 #                  nodes' driver) and EXTRAS=cluster,cuda: the `cuda` extra is Triton, for the
-#                  triton_paged backend (all wheels, no compiler). vllm-flash-attn (`backend:
+#                  triton_paged backend (wheels; its runtime stage adds gcc, which Triton
+#                  needs at a kernel's first launch). vllm-flash-attn (`backend:
 #                  flash`) is not in it: its last release, 2.6.2, pins torch==2.4.0, so the image
 #                  reports flash unavailable with the import error and `auto` picks triton_paged.
 # The CPU kernels are compiled here for every portable ISA variant (x86-64-v3: AVX2; avx512:
@@ -51,9 +52,15 @@ ENV INTENTSERVE_KERNEL_CACHE=/opt/intentserve/kernels
 RUN python -m intentserve.worker.kernels --build --all-variants
 
 FROM ${PYTHON_IMAGE} AS runtime
+ARG EXTRAS=cluster
 # libgomp1: the OpenMP runtime the CPU kernels link (torch's own copy serves once torch is loaded).
+# With the cuda extra, a C compiler too: Triton builds its small launcher (against this image's
+# Python headers) at a kernel's first launch on each machine, and fails without one. The CPU
+# image has none: its kernels were compiled in the build stage.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
+    && case ",${EXTRAS}," in *,cuda,*) \
+        apt-get install -y --no-install-recommends gcc libc6-dev ;; esac \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 1000 --create-home --shell /bin/bash intentserve
 COPY --from=build /opt/intentserve /opt/intentserve

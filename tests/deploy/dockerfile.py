@@ -82,8 +82,12 @@ def _substitute(text: str, scope: dict[str, str]) -> str:
     return _REFERENCE.sub(lambda m: scope.get(m.group(1) or m.group(2), m.group(0)), text)
 
 
-def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
-    """The global ARG defaults and the stages, in order."""
+def parse(
+    path: Path, build_args: dict[str, str] | None = None
+) -> tuple[dict[str, str], list[Stage]]:
+    """The global ARG defaults and the stages, in order; `build_args` (`docker build
+    --build-arg NAME=VALUE`) override the defaults of the ARGs they name, as docker does."""
+    build_args = build_args or {}
     global_args: dict[str, str] = {}
     stages: list[Stage] = []
     for line in _logical_lines(path.read_text()):
@@ -95,7 +99,11 @@ def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
             stages.append(Stage(words[0], words[2] if len(words) == 3 else None))
         elif keyword == "ARG" and not stages:
             name, default = _arg(rest)
-            global_args[name] = default
+            global_args[name] = build_args.get(name, default)
+        elif keyword == "ARG":
+            name, default = _arg(rest)
+            given = f"{name}={build_args[name]}" if name in build_args else rest.strip()
+            stages[-1].instructions.append(Instruction(keyword, given))
         else:
             stages[-1].instructions.append(Instruction(keyword, rest.strip()))
     return global_args, stages

