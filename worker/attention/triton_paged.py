@@ -12,6 +12,8 @@ tile tensors are fixed for a batch size.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,11 +38,18 @@ ROWS_PER_PREFILL_TILE = 64
 
 
 def _import_triton() -> str:
-    """ "" when Triton imports, else why not."""
+    """ "" when Triton imports and can build its launcher, else why not."""
     try:
         import triton  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure is a capability fact
         return f"triton does not import ({type(exc).__name__}: {exc})"
+    # Triton compiles a small C launcher at a kernel's first launch, with $CC or else gcc or
+    # clang from PATH (as its runtime looks for them): without one the first step would fail.
+    if not os.environ.get("CC") and not any(shutil.which(c) for c in ("gcc", "clang")):
+        return (
+            "triton needs a C compiler to build its launcher at the first launch: set CC or "
+            "install gcc or clang (the CUDA image has gcc)"
+        )
     return ""
 
 

@@ -172,3 +172,16 @@ def test_triton_is_a_capability_not_a_crash_on_cpu():
     status = triton_status(torch.device("cpu"))
     assert not status.available
     assert "needs a CUDA device" in status.reason
+
+
+def test_without_a_c_compiler_the_triton_kernel_is_unavailable_naming_what_it_needs(monkeypatch):
+    """Triton builds a small C launcher at a kernel's first launch: a CUDA worker with no C
+    compiler reports the backend unavailable, with the reason, instead of failing its first step
+    (`auto` then falls back, saying why; `on` with `backend: triton` is refused by name)."""
+    import shutil
+
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    status = triton_status(torch.device("cuda"))  # a device object needs no GPU
+    assert not status.available
+    assert "C compiler" in status.reason and "CC" in status.reason and "gcc" in status.reason
