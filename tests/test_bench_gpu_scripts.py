@@ -66,6 +66,8 @@ def test_the_wheels_script_builds_the_project_and_fetches_binary_wheels_for_the_
     assert "--only-binary=:all:" in download and "--no-deps" in download
     assert download[download.index("--python-version") + 1] == "3.12"
     assert download[download.index("-d") + 1] == ".whl"
+    # One set that works together: the images' lock, as the images install it.
+    assert download[download.index("--constraint") + 1] == "deploy/image/constraints.txt"
     fetched = dict(_requirement(a) for a in download[download.index("-d") + 2 :])
 
     runtime = [r for r in requires("intentserve") if "extra ==" not in r]  # pyproject's own
@@ -76,6 +78,32 @@ def test_the_wheels_script_builds_the_project_and_fetches_binary_wheels_for_the_
             assert fetched[name] == pins[name], name
     # The generated modules and the TLS and HTTP fronts come from these wheels on the lease.
     assert {"protobuf", "grpcio", "cryptography", "fastapi", "gguf"} <= fetched.keys()
+
+
+def _fetched_by_the_wheels_script(tmp_path: Path) -> set[str]:
+    """The names gpu_wheels.sh downloads for the lease (run with a recording `python`)."""
+    script = _copy_script(tmp_path, "gpu_wheels.sh")
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "PY": str(_recorder(tmp_path / "bin", "python", log))}
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    download = _calls(log)[1]
+    return {_requirement(a)[0] for a in download[download.index("-d") + 2 :]}
+
+
+def test_every_runtime_requirement_is_on_the_lease_image_or_carried_to_it(tmp_path):
+    """What the package needs at run time reaches the lease: the image has it (bench/
+    lease_image.txt, from the device tool's KINDS.md) or gpu_wheels.sh fetches it. The one
+    exception is named with its reason in gpu_rehearsal.LEASE_WITHOUT, and the rehearsal's venv
+    lacks it too, so a check that needed it would fail there first."""
+    from bench.gpu_rehearsal import LEASE_WITHOUT, lease_image
+
+    image = set(lease_image())
+    carried = _fetched_by_the_wheels_script(tmp_path)
+    needed = {_requirement(r)[0] for r in requires("intentserve") if "extra ==" not in r}
+    missing = sorted(needed - image - carried - LEASE_WITHOUT.keys())
+    assert not missing, f"neither on the lease image nor fetched by gpu_wheels.sh: {missing}"
+    # An exception that reaches the lease anyway, or that the package no longer needs, is stale.
+    assert LEASE_WITHOUT.keys() <= needed - image - carried
 
 
 def test_the_lease_script_installs_the_carried_wheels_then_runs_the_gpu_check(tmp_path):

@@ -1,0 +1,77 @@
+"""make gpu-rehearsal (bench/gpu_rehearsal.py): the lease's check in a venv of only what the lease's
+image holds, with the carried wheels installed as the lease installs them. Run whole here (it
+needs the package index, as `make test` does), so the check a lease runs has run in the lease's
+environment before any lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_rehearsal import (
+    LEASE_WITHOUT,
+    check_imports,
+    gpu_test_files,
+    lease_image,
+    normalize,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_image_list_reads_names_and_the_versions_a_session_saw():
+    image = lease_image()
+    assert image["torch"] == "2.11.0" and image["triton"] == "3.6.0"
+    assert image["huggingface-hub"] == "1.33.0" and image["pytest"] == ""
+    assert not {"ray", "pydantic", "llguidance", "fastapi"} & image.keys()  # carried, or not there
+    assert normalize("Typing_Extensions") == "typing-extensions"
+
+
+def test_the_imports_checked_include_those_inside_the_parts():
+    modules = check_imports()
+    assert {"bench.gpu_parts", "torch", "triton"} <= modules
+    # The parts import these inside their functions (a missing one fails a part, not the import).
+    assert any(m.startswith("intentserve.controller.") for m in modules)
+    assert "intentserve.worker.engine.builder" in modules
+    assert "bench.torch_api" not in modules  # the rehearsal's own, not the lease's
+
+
+def test_the_gpu_layer_is_every_file_holding_a_gpu_test():
+    files = gpu_test_files()
+    assert "tests/worker/engine/test_triton_paged.py" in files
+    assert "tests/worker/engine/test_cuda_backends.py" in files
+    assert all("mark.gpu" in (ROOT / f).read_text() for f in files)
+
+
+@pytest.mark.integration
+def test_the_rehearsal_passes_every_step_in_the_leases_environment(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        ["make", "-s", "--no-print-directory", "gpu-rehearsal", f"REHEARSAL={tmp_path}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    steps = json.loads((tmp_path / "rehearsal.json").read_text())["steps"]
+    assert all(s["ok"] for s in steps.values()), steps
+    # The image's versions where served here; the carried wheels were the ones imported.
+    venv = steps["venv"]
+    assert venv["versions"]["triton"] == "3.6.0" and venv["versions"]["torch"].startswith("2.13")
+    assert str(tmp_path / "site") in steps["imports"]["intentserve_from"]
+    assert steps["requirements"]["absent_by_design"] == LEASE_WITHOUT
+    # The dry run's parts all ran from the carried wheels; the gpu layer's CUDA tests skipped
+    # with their reasons, the CPU paths passed.
+    assert steps["lease_script"]["parts"]
+    layer = steps["gpu_layer"]
+    assert layer["gpu_tests"] > 0 and "failed" not in layer["summary"]
+    assert any("needs a CUDA device" in reason for reason in layer["skips"])
+    # Every torch name the GPU path uses is in the lease's torch.
+    assert steps["torch_api"]["release"] == "2.11.0" and steps["torch_api"]["names"] > 100
+    assert "| torch_api | True |" in (tmp_path / "rehearsal.md").read_text()
