@@ -2,16 +2,12 @@ import pytest
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.model.registry import load_model
 
-from tests.worker.model.kernel_paths import VARIANT_NAMES, forced_variant
+from tests.worker.model.kernel_paths import variant_fixture
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config, write_hf_folder
 
-
-@pytest.fixture(scope="module", params=VARIANT_NAMES)
-def kernel_variant(request):
-    """Runs a module's (or a test's) kernel tests once per ISA variant this CPU runs, each with
-    that variant's kernels (INTENTSERVE_KERNEL_VARIANT); the others skip with the reason."""
-    with forced_variant(request.param):
-        yield request.param
+# Each kernel test once per ISA variant (kernel_paths.variant_fixture); a GEMM's module narrows
+# it to the variants whose build has its path.
+kernel_variant = variant_fixture()
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,11 @@ from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import Bf16Linear, PackedLinear, prepack_linears
 
-from tests.worker.model.kernel_paths import built_or_skip, on_path
+from tests.worker.model.kernel_paths import built_or_skip, on_path, variant_fixture
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
+
+# The variants whose build has AVX512-BF16 (x86-64-v3's refuses the kernel: test_variant_refusals).
+kernel_variant = variant_fixture("AVX512-BF16")
 
 
 @pytest.fixture(scope="module")

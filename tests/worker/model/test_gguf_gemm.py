@@ -18,7 +18,7 @@ from intentserve.worker.model.gguf_linear import (
     interleave,
 )
 
-from tests.worker.model.kernel_paths import built_or_skip
+from tests.worker.model.kernel_paths import built_or_skip, forced_variant, variants_with
 
 # gguf.quants.quantize writes these
 QUANTIZABLE = (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0)
@@ -36,17 +36,24 @@ _HALF_FIELDS = {
 }
 
 
-@pytest.fixture(scope="module", params=["AVX512-VNNI", "AVX2"])
-def kernel(request, kernel_variant):
-    kernel = built_or_skip(gguf_gemm_kernel, "GGUF GEMM kernel")
-    was = kernel.vnni(-1)
-    if request.param == "AVX512-VNNI" and not kernel.vnni(1):
-        pytest.skip("this CPU, or the kernel's build for it, has no VNNI dot products")
-    if request.param == "AVX2":
-        kernel.vnni(0)
-    assert kernel.isa() == request.param
-    yield kernel
-    kernel.vnni(was)
+# (path, variant): the kernel on its VNNI, then its AVX2 dot products, on each ISA variant whose
+# build has the path (x86-64-v3's has no VNNI ones: test_variant_refusals).
+RUNS = [(path, variant) for path in ("AVX512-VNNI", "AVX2") for variant in variants_with(path)]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids="-".join)
+def kernel(request):
+    path, variant = request.param
+    with forced_variant(variant):
+        kernel = built_or_skip(gguf_gemm_kernel, "GGUF GEMM kernel")
+        was = kernel.vnni(-1)
+        if path == "AVX512-VNNI" and not kernel.vnni(1):
+            pytest.skip("this CPU has no VNNI dot products")
+        if path == "AVX2":
+            kernel.vnni(0)
+        assert kernel.isa() == path
+        yield kernel
+        kernel.vnni(was)
 
 
 def random_blocks(qtype: QType, rows: int, cols: int, seed: int = 0) -> np.ndarray:

@@ -4,8 +4,6 @@ their torch forms give; a row's result does not depend on the rest of its batch;
 moves range into the weights without changing the product; and the result stays close to the
 float matmul."""
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,11 +24,11 @@ from intentserve.worker.model.quant_linear import (
 from intentserve.worker.model.reference_attention import CausalAttention
 from intentserve.worker.model.weight_format import held_format, quantize_linears
 
-from tests.worker.model.kernel_paths import on_path
+from tests.worker.model.kernel_paths import HAS_CC, needs_cc, on_path, variant_fixture
 from tests.worker.model.tiny_checkpoints import random_hf_weights, tiny_config
 
-HAVE_CC = any(shutil.which(n) for n in ("cc", "gcc", "clang"))
-needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler (cc, gcc or clang)")
+# The variants whose build has AVX512-VNNI (x86-64-v3's refuses the kernel: test_variant_refusals).
+kernel_variant = variant_fixture("AVX512-VNNI")
 
 
 def gemm_or_skip():
@@ -44,7 +42,7 @@ def gemm_or_skip():
 def int8_gemm(request, kernel_variant):
     """The int8 GEMM on the path the test is for (the AMX one skips, with the reason, on a CPU
     without AMX); the path it was on is restored afterwards."""
-    if not HAVE_CC:
+    if not HAS_CC:
         pytest.skip("no C compiler (cc, gcc or clang)")
     yield from on_path(gemm_or_skip(), request.param, "AMX-INT8")
 
@@ -126,7 +124,7 @@ def test_the_kernel_path_and_the_torch_path_give_the_same_bits(int8_gemm, dtype)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_result_does_not_depend_on_the_rest_of_its_batch(dtype):
     module = W8A8Linear(weight(64, 128), None, dtype, None)
-    if HAVE_CC:
+    if HAS_CC:
         module.fused = fused_ops()
     batch = activations(24, 128, dtype)
     together = module(batch)
