@@ -76,6 +76,12 @@ IMAGE_NEEDS = (
     "pytest",
     "hypothesis",
 )
+# Where the rehearsal must differ from the image, and why. Triton's interpreter (the CPU's stand-in
+# for the lease's compiled kernels) of the image's Triton 3.6 turns a loop bound into an int with
+# `int(handle.data)` on a 1-element array, which NumPy refuses from 2.4 on ("only 0-dimensional
+# arrays can be converted to Python scalars"); the image's NumPy 2.5.2 is not served for this
+# Python anyway. The lease compiles the kernels, so only this interpreter meets it.
+REHEARSAL_PINS = {"numpy": "2.3.5"}
 # What pip puts in every venv; the image has them too.
 VENV_OWN = {"pip", "setuptools", "wheel"}
 CHECK_SCRIPTS = ("bench/gpu_check.py", "bench/gpu_lease.sh")
@@ -140,7 +146,10 @@ class Rehearsal:
         asked, unserved = [], {}
         for name in IMAGE_NEEDS:
             version = image[normalize(name)]
-            if version and not self._served(name, version):
+            if name in REHEARSAL_PINS:
+                unserved[name] = f"{version or 'any'} (here {REHEARSAL_PINS[name]}: REHEARSAL_PINS)"
+                version = REHEARSAL_PINS[name]
+            elif version and not self._served(name, version):
                 unserved[name] = version
                 version = ""
             asked.append(f"{name}=={version}" if version else name)
@@ -157,7 +166,7 @@ class Rehearsal:
             "packages": len(installed) - len(off_image),
             "removed_not_on_the_image": off_image,
             "versions": {n: installed[normalize(n)] for n in ("torch", *IMAGE_NEEDS)},
-            "lease_versions_not_served_here": unserved,
+            "lease_versions_not_used_here": unserved,
         }
 
     def _served(self, name: str, version: str) -> bool:
