@@ -211,8 +211,8 @@ class RelayCase:
 
 
 # The lease's case: 2048 streams offer 102,400 tokens/s, more than two routers at ~30k tokens/s
-# a core (docs/scale.md, run 13) carry, so 1, 2 and 4 show how routers add up; 3 rounds of 5 s
-# streams, ~25 s a router count. Dry: the smallest case, 1 and 2 routers, seconds each.
+# a core (docs/scale.md, run 13) carry, so 1, 2 and 4 show how routers add up; a round is 512,000
+# tokens (~17 s through one router), 3 a count: ~2 minutes. Dry: 2:8, 1 and 2 routers, seconds.
 RELAY_CASES = {
     "cuda": RelayCase("16:2048", 3, 5.0, 20.0, 8, 8, (1, 2, 4)),
     "cpu": RelayCase("2:8", 1, 0.3, 10.0, 1, 2, (1, 2)),
