@@ -4,7 +4,10 @@ in a process of its own (one per node, or N behind a Service).
 It learns the verified worker table from the controller's watch (`--controller`: the
 controller's registry address, the mutual-TLS port where workers register; on an insecure
 deployment, its only port) and streams from the workers itself. Clients call it as they call
-the controller: `Inference` (with the manifest's API keys), health, and `status`.
+the controller: `Inference` (with the manifest's API keys), health, and `status`. Its keys
+follow `up`'s rule (`client_keys`): where `up` would make a key (`plaintextHttp`, no
+`apiKeysFile`) a router cannot know it and refuses to start (exit 2), unless
+`spec.security.insecureOpenInference` says to serve inference open, which it then says loudly.
 
 Its identity: with TLS, a certificate of the deployment's CA named `router`, from `--tls-dir`
 (`ca.crt`, `router.crt`, `router.key`: `intentserve ca DIR --router --deployment NAME`), or
@@ -31,6 +34,7 @@ from intentserve.common.tls import ROUTER, TlsIdentity
 from intentserve.controller.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.cli.admin import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seconds
 from intentserve.controller.cli.logs import add_logging_arguments, configure_logging
+from intentserve.controller.launch.client_keys import ClientKeys, client_keys
 from intentserve.controller.launch.manifest import Manifest, ManifestError, load_manifest
 from intentserve.policy import IntentError
 
@@ -44,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        security = router_security(manifest, args.controller, args.tls_dir)
+        keys = client_keys(manifest.spec.security, may_make=False)
+        security = router_security(manifest, args.controller, args.tls_dir, keys)
     except SecurityError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if (warning := keys.warning("this router")) is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     from intentserve.controller.launch.router_spec import router_config
     from intentserve.controller.router.server import RouterServer
 
@@ -97,13 +104,12 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def router_security(manifest: Manifest, controller: str, tls_dir: str | None) -> Security:
+def router_security(
+    manifest: Manifest, controller: str, tls_dir: str | None, keys: ClientKeys
+) -> Security:
     """The router's certificate (TLS) or the admin token it presents (insecure), and the API
-    keys its clients must present."""
+    keys its clients must present (`keys`: `client_keys`, the rule `up` follows too)."""
     s = manifest.spec.security
-    keys = frozenset()
-    if s.api_keys_file:
-        keys = read_secret_lines(s.api_keys_file, "spec.security.apiKeysFile")
     tokens = frozenset()
     if s.admin_token_file:
         tokens = read_secret_lines(s.admin_token_file, "spec.security.adminTokenFile")
@@ -118,8 +124,8 @@ def router_security(manifest: Manifest, controller: str, tls_dir: str | None) ->
             f"{controller}"
         )
     if s.insecure:
-        return Security(None, tokens, keys)
-    return Security(_identity(manifest, tls_dir), tokens, keys)
+        return Security(None, tokens, keys.api_keys)
+    return Security(_identity(manifest, tls_dir), tokens, keys.api_keys)
 
 
 def _identity(manifest: Manifest, tls_dir: str | None) -> TlsIdentity:

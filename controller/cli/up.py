@@ -96,6 +96,8 @@ def _claimed(
     except SecurityError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if (warning := prepared.keys.warning("the controller")) is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     ray_target = choose_ray_target(args.ray_address)
     config = registry_port_kept(
         dataclasses.replace(manifest.controller_config(), security=prepared.security),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from intentserve.controller.auth import Security, SecurityError, read_secret_lines
+from intentserve.controller.launch.client_keys import ClientKeys, KeyRule, client_keys
 from intentserve.controller.launch.deployment_dir import DeploymentDir
 from intentserve.controller.launch.manifest import Manifest
 from intentserve.controller.launch.pki import DeploymentCa, PkiError
@@ -25,8 +26,13 @@ class DeploymentSecurity:
     security: Security
     admin_token: str
     ca: DeploymentCa | None  # None: an insecure deployment (plaintext, no worker identity)
-    api_key: str | None = None  # the clients' key `up` made (plaintextHttp, no apiKeysFile)
+    keys: ClientKeys = ClientKeys(KeyRule.OPEN)  # what inference asks of a client
     plaintext_http: bool = False  # the HTTP API without TLS (loopback only, API keys required)
+
+    @property
+    def api_key(self) -> str | None:
+        """The clients' key `up` made (plaintextHttp, no apiKeysFile)."""
+        return self.keys.made_key
 
     @classmethod
     def prepare(cls, manifest: Manifest, state: DeploymentDir) -> DeploymentSecurity:
@@ -39,13 +45,7 @@ class DeploymentSecurity:
             tokens = read_secret_lines(s.admin_token_file, "spec.security.adminTokenFile")
         else:
             tokens = frozenset({secrets.token_urlsafe(32)})
-        api_keys, made_key = frozenset(), None
-        if s.api_keys_file:
-            api_keys = read_secret_lines(s.api_keys_file, "spec.security.apiKeysFile")
-        elif s.plaintext_http:
-            # NOTE: a plaintext API is never open: any local user could reach it.
-            made_key = f"sk-intentserve-{secrets.token_urlsafe(24)}"
-            api_keys = frozenset({made_key})
+        keys = client_keys(s, may_make=True)
         ca = None
         tls = None
         if not s.insecure:
@@ -59,7 +59,7 @@ class DeploymentSecurity:
                 raise SecurityError(str(error)) from None
             hosts = tuple(h for h in (c.host, c.advertise_host) if h and h not in ("0.0.0.0", "::"))
             tls = ca.controller_identity(hosts)
-        return cls(Security(tls, tokens, api_keys), min(tokens), ca, made_key, s.plaintext_http)
+        return cls(Security(tls, tokens, keys.api_keys), min(tokens), ca, keys, s.plaintext_http)
 
     def worker_tls(self, worker_id: str) -> dict[str, str] | None:
         """The worker's own certificate and key, and the CA; None when insecure."""
@@ -70,6 +70,8 @@ def describe_security(prepared: DeploymentSecurity) -> str:
     """One phrase for the start-up log."""
     s = prepared.security
     keys = f", {len(s.api_keys)} API keys" if s.api_keys else ", inference open (no API keys)"
+    if prepared.keys.rule is KeyRule.OPEN_BY_CHOICE:
+        keys = ", INSECURE: inference open to anyone (insecureOpenInference, no API keys)"
     if s.tls is None:
         return f"INSECURE: plaintext, workers unauthenticated; admin token required{keys}"
     http = "; HTTP in plaintext on loopback" if prepared.plaintext_http else ""

@@ -21,6 +21,9 @@ class SecuritySpec(Section):
     # The HTTP API in plaintext, so that a local client needs no CA file, while gRPC and the
     # workers keep TLS. Loopback only, and never open: without apiKeysFile, `up` makes a key.
     plaintext_http: bool = False
+    # Inference open where the key above would be required (no apiKeysFile): every process
+    # that serves it (`up`, a separate router) says so loudly; without it a router refuses.
+    insecure_open_inference: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> SecuritySpec:
@@ -33,6 +36,12 @@ class SecuritySpec(Section):
             raise IntentError("insecureNetwork", "only applies with insecure: true")
         if self.plaintext_http and self.insecure:
             raise IntentError("plaintextHttp", "true, but insecure already makes all plaintext")
+        if self.insecure_open_inference and (self.api_keys_file or not self.plaintext_http):
+            raise IntentError(
+                "insecureOpenInference",
+                "only applies with plaintextHttp: true and no apiKeysFile, where inference would "
+                "need a key (elsewhere it needs apiKeysFile's keys, or none)",
+            )
         return self
 
 

@@ -1,7 +1,8 @@
 """`intentserve router` as its own process against a controller with TLS on loopback (scripted
 workers with certificates of the deployment's CA): it gets its table with its router
 certificate, streams from the workers itself over mutual TLS, answers `status` as a router, and
-stops on SIGTERM, exit 0. Without a certificate to be had it refuses to start, naming why."""
+stops on SIGTERM, exit 0. Without a certificate to be had it refuses to start, naming why; so it
+does without API keys where `up` would make one, unless told to serve inference open."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ import textwrap
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from intentserve.client import ControllerClient
+from intentserve.client.credentials import Credentials
 from intentserve.common.tls import ROUTER, server_name
 from intentserve.controller.auth import Security
 from intentserve.controller.cli.main import main
 from intentserve.controller.cli.router import router_security
+from intentserve.controller.launch.client_keys import client_keys
 from intentserve.controller.launch.manifest import load_manifest
 from intentserve.controller.launch.pki import DeploymentCa
 from intentserve.controller.server import ControllerServer
@@ -72,20 +76,31 @@ def secure_deployment(tmp_path):
     server.stop(grace_s=0)
 
 
-def test_a_router_process_serves_the_deployment_with_its_own_certificate(
-    secure_deployment, capsys, monkeypatch
-):
-    server, worker, folder, security = secure_deployment
+def router_process(folder, server, security: str) -> subprocess.Popen:
+    """`intentserve router` with a manifest of `security`, watching `server`."""
     env = {**os.environ, "INTENTSERVE_HOME": str(folder / "home")}
-    monkeypatch.setenv("INTENTSERVE_HOME", str(folder / "home"))
     command = [sys.executable, "-m", "intentserve.controller.cli.main", "router"]
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [*command, manifest(folder, security), "--controller", server.registry_address],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
+
+
+def stopped(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.communicate()
+
+
+def test_a_router_process_serves_the_deployment_with_its_own_certificate(
+    secure_deployment, capsys, monkeypatch
+):
+    server, worker, folder, security = secure_deployment
+    monkeypatch.setenv("INTENTSERVE_HOME", str(folder / "home"))
+    process = router_process(folder, server, security)
     try:
         line = process.stdout.readline()
         assert line.startswith(f"router of {DEPLOYMENT} listening on 127.0.0.1:"), (
@@ -105,9 +120,50 @@ def test_a_router_process_serves_the_deployment_with_its_own_certificate(
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
+        stopped(process)
+
+
+def test_a_router_refuses_open_inference_where_up_would_make_a_key(secure_deployment):
+    """A manifest of `serve`'s shape (plaintextHttp, no apiKeysFile): `up` makes a key and asks
+    for it; a router cannot know that key, so it starts only with apiKeysFile's keys."""
+    server, worker, folder, security = secure_deployment
+    process = router_process(folder, server, security.replace("}", ", plaintextHttp: true}"))
+    try:
+        line = process.stdout.readline()
+        assert not line.startswith(f"router of {DEPLOYMENT} listening"), "it served: " + line
+        assert process.wait(timeout=30) == 2
+        err = process.stderr.read()
+        assert "error: spec.security.apiKeysFile: " in err, err
+        assert "spec.security.insecureOpenInference: true" in err, err
+        assert worker.num_serve_calls == 0
+    finally:
+        stopped(process)
+
+
+def test_told_to_a_router_serves_inference_open_and_says_so(secure_deployment):
+    server, worker, folder, security = secure_deployment
+    told = ", plaintextHttp: true, insecureOpenInference: true}"
+    process = router_process(folder, server, security.replace("}", told))
+    try:
+        line = process.stdout.readline()
+        assert line.startswith(f"router of {DEPLOYMENT} listening on 127.0.0.1:"), (
+            line or process.stderr.read()
+        )
+        address = "127.0.0.1:" + line.split("127.0.0.1:")[1].split(",")[0]
+        anyone = Credentials(DEPLOYMENT, server.config.security.tls.ca_pem, server=ROUTER)
+        with ControllerClient(address, credentials=anyone) as client:
+            eventually(lambda: client.health() == "serving", what="SERVING")
+            chunks = list(client.generate("hi", max_tokens=3))  # no API key, no admin token
+        assert chunks and chunks[-1]["finish_reason"]
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=10)
+        assert process.returncode == 0
+        assert (
+            "warning: spec.security.insecureOpenInference is true: this router serves inference "
+            "to anyone who reaches it, with no API key"
+        ) in err, err
+    finally:
+        stopped(process)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +195,8 @@ def test_ca_issues_a_router_certificate_that_router_takes_from_tls_dir(tmp_path,
     assert (folder / "router.key").stat().st_mode & 0o777 == 0o600
     (tmp_path / "token").write_text("t\n")
     loaded = load_manifest(manifest(tmp_path, f"{{adminTokenFile: {tmp_path / 'token'}}}"))
-    security = router_security(loaded, "127.0.0.1:9", str(folder))
+    keys = client_keys(loaded.spec.security, may_make=False)
+    security = router_security(loaded, "127.0.0.1:9", str(folder), keys)
     cert = x509.load_pem_x509_certificate(security.tls.cert_pem)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == ROUTER
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
