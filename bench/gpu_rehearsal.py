@@ -103,7 +103,8 @@ def lease_image(path: Path = IMAGE_LIST) -> dict[str, str]:
 
 
 def _run(cmd, *, timeout: float, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
-    print(f"[gpu-rehearsal]   $ {' '.join(map(str, cmd))[:200]}", flush=True)
+    shown = " ".join(str(c).splitlines()[0] if str(c) else "''" for c in cmd)
+    print(f"[gpu-rehearsal]   $ {shown[:200]}", flush=True)
     done = subprocess.run(
         [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -332,11 +333,20 @@ def check_imports() -> set[str]:
 
 
 def gpu_test_files() -> list[str]:
-    """The test files that hold a test marked `gpu`."""
+    """The test files that hold a test marked `gpu` (the mark in their code, `pytest.mark.gpu`,
+    not a mention of it in text)."""
+
+    def marks_gpu(path: Path) -> bool:
+        return any(
+            isinstance(node, ast.Attribute)
+            and node.attr == "gpu"
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "mark"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+
     return sorted(
-        str(p.relative_to(ROOT))
-        for p in (ROOT / "tests").rglob("test_*.py")
-        if "mark.gpu" in p.read_text()
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if marks_gpu(p)
     )
 
 

@@ -45,6 +45,8 @@ def test_the_gpu_layer_is_every_file_holding_a_gpu_test():
     assert "tests/worker/engine/test_triton_paged.py" in files
     assert "tests/worker/engine/test_cuda_backends.py" in files
     assert all("mark.gpu" in (ROOT / f).read_text() for f in files)
+    # A file that only mentions the mark (this one) is not run: the rehearsal would run itself.
+    assert "tests/test_gpu_rehearsal.py" not in files
 
 
 @pytest.mark.integration
