@@ -4,7 +4,9 @@ Every certificate of a deployment is issued by the deployment's own CA; its comm
 holds it: `controller`, `router` (the role every router holds), or the worker id (`local-0`).
 Servers are reached by a fixed name, not by whatever address they were dialled at, so
 certificates need not list every address a cluster may give a pod: the controller is
-`controller.<deployment>.intentserve`, a worker `<worker_id>.<deployment>.intentserve`.
+`controller.<deployment>.intentserve`, a worker `<worker_id>.<deployment>.intentserve`. A peer
+is checked by both: its common name says who (a role, for the controller and routers), that name
+of whose deployment (`foreign_peer`), so a CA that deployments share lets none call another's.
 """
 
 from __future__ import annotations
@@ -83,20 +85,45 @@ def peer_common_name(context: grpc.ServicerContext) -> str | None:
     return names[0].decode() if names else None
 
 
-class PeerGate(grpc.ServerInterceptor):
-    """Lets through only peers whose verified certificate names one of `allowed`, on the
-    project's own services (`/intentserve.`); health and reflection stay as they are.
-    A worker's server uses it so that only its controller reaches it."""
+def peer_deployments(context: grpc.ServicerContext, holder: str) -> tuple[str, ...]:
+    """The deployments whose `holder` the peer's verified certificate names it: its DNS names
+    `<holder>.<deployment>.intentserve` (`server_name`)."""
+    prefix, suffix = f"{holder}.", f".{DOMAIN}"
+    names = (n.decode() for n in context.auth_context().get("peer_dns") or [])
+    found = {
+        n[len(prefix) : -len(suffix)] for n in names if n.startswith(prefix) and n.endswith(suffix)
+    }
+    return tuple(sorted(d for d in found if d and "." not in d))  # a deployment is a DNS label
 
-    def __init__(self, allowed: frozenset[str], prefix: str = "/intentserve.") -> None:
+
+def foreign_peer(context: grpc.ServicerContext, holder: str, deployment: str) -> str | None:
+    """Why the peer, whose certificate's common name is `holder`, is not `deployment`'s, or None
+    when it is. NOTE: the common name is a role (`router`, `controller`) every deployment has;
+    its name says whose, so that a CA shared between deployments lets no certificate cross."""
+    found = peer_deployments(context, holder)
+    if deployment in found:
+        return None
+    whose = f"deployment {', '.join(map(repr, found))}" if found else "no deployment"
+    return f"the certificate of {holder!r} is of {whose}, not of {deployment!r}"
+
+
+class PeerGate(grpc.ServerInterceptor):
+    """Lets through only peers whose verified certificate names one of `allowed`, of
+    `deployment`, on the project's own services (`/intentserve.`); health and reflection stay
+    as they are. A worker's server uses it so that only its controller and routers reach it."""
+
+    def __init__(
+        self, allowed: frozenset[str], deployment: str, prefix: str = "/intentserve."
+    ) -> None:
         self._allowed = allowed
+        self._deployment = deployment
         self._prefix = prefix
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self._prefix):
             return handler
-        allowed = self._allowed
+        allowed, deployment = self._allowed, self._deployment
 
         def check(context: grpc.ServicerContext) -> None:
             name = peer_common_name(context)
@@ -105,6 +132,8 @@ class PeerGate(grpc.ServerInterceptor):
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"only {', '.join(sorted(allowed))} may call this server",
                 )
+            if (foreign := foreign_peer(context, name, deployment)) is not None:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, foreign)
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary

@@ -4,7 +4,9 @@
   common name must be a worker id the desired state expects (`<name>-<i>`, i < replicas) and the
   request's `worker_id`. No certificate: UNAUTHENTICATED; another identity: PERMISSION_DENIED.
 - WorkerTable (the routers' watch): a router, by a certificate of the deployment's CA whose
-  common name is `router`, or by the admin token. A worker's certificate or the controller's is
+  common name is `router` and whose name is this deployment's (`router.<deployment>.intentserve`:
+  a CA shared between deployments lets no other deployment's router watch), or by the admin
+  token. A worker's certificate, the controller's or another deployment's router's is
   PERMISSION_DENIED, naming it; a client's API key, or nothing, is UNAUTHENTICATED.
 - Admin: operators, with a bearer token in the call metadata (`authorization: Bearer <token>`).
   Status and Explain need it too: they show every worker's address and realized state.
@@ -27,7 +29,13 @@ from pathlib import Path
 import grpc
 import grpc.aio
 from intentserve.common.status import write_all
-from intentserve.common.tls import ROUTER, TlsIdentity, peer_common_name
+from intentserve.common.tls import (
+    ROUTER,
+    TlsIdentity,
+    foreign_peer,
+    peer_common_name,
+    server_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +98,11 @@ Refusal = tuple[grpc.StatusCode, str] | None
 class _Rules:
     """Which check a method gets, and the checks."""
 
-    def __init__(self, security: Security, worker_ids: Callable[[], frozenset[str]]) -> None:
+    def __init__(
+        self, security: Security, deployment: str, worker_ids: Callable[[], frozenset[str]]
+    ) -> None:
         self._security = security
+        self._deployment = deployment
         self._worker_ids = worker_ids
 
     def _check_for(self, method: str) -> Callable | None:
@@ -123,6 +134,13 @@ class _Rules:
 
     def _router(self, request, context: grpc.ServicerContext) -> Refusal:
         name = peer_common_name(context) if self._security.tls is not None else None
+        if name == ROUTER and (foreign := foreign_peer(context, name, self._deployment)):
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{foreign}: only a router of this deployment (a certificate of its CA named "
+                f"{server_name(self._deployment, ROUTER)}) or an operator may watch the worker "
+                "table",
+            )
         if name == ROUTER or _matches(bearer(context), self._security.admin_tokens):
             return None
         if name is not None:

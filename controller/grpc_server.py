@@ -65,7 +65,11 @@ async def build_grpc_server(
     server = grpc.aio.server(
         # NOTE: authorization first: a refused call never reaches the error mapping.
         interceptors=[
-            AuthInterceptor(config.security, lambda: frozenset(config.desired.worker_ids)),
+            AuthInterceptor(
+                config.security,
+                config.desired.deployment,
+                lambda: frozenset(config.desired.worker_ids),
+            ),
             AsyncErrorInterceptor(STATUS_CODES),
         ],
         options=[

@@ -226,7 +226,7 @@ class RouterServer:
         config = self.config
         server = grpc.aio.server(
             interceptors=[
-                AuthInterceptor(config.security, frozenset),
+                AuthInterceptor(config.security, config.deployment, frozenset),
                 AsyncErrorInterceptor(STATUS_CODES),
             ],
             options=[

@@ -166,6 +166,7 @@ class WorkerRuntime:
                 reservation.port,
                 capability=capability,
                 tls=self.spec.tls_identity,
+                deployment=self.spec.deployment,
                 stream_interval=self.spec.stream_interval,
             ).start()
             reservation.release()

@@ -69,10 +69,11 @@ class WorkerServer:
         capability: Capability | None = None,
         max_streams: int | None = None,
         tls: TlsIdentity | None = None,
+        deployment: str = "",
         stream_interval: int = 1,
     ) -> None:
         """With `tls`, the server speaks TLS and serves only its controller and the routers
-        (mutual TLS: the peer must present the deployment's `controller` or `router`
+        (mutual TLS: the peer must present `deployment`'s `controller` or `router`
         certificate); without it, plaintext.
         `stream_interval`: tokens per message of each stream after its first (EngineLoop)."""
         self.worker_id = worker_id
@@ -94,7 +95,7 @@ class WorkerServer:
                 max_streams + CONTROL_THREADS, thread_name_prefix=f"{worker_id}-rpc"
             ),
             interceptors=[
-                *([PeerGate(PEERS)] if tls is not None else []),
+                *([PeerGate(PEERS, deployment)] if tls is not None else []),
                 ErrorInterceptor(STATUS_CODES),
             ],
             # NOTE: a start command carries a request the controller checked against
