@@ -19,7 +19,8 @@ The steps, each recorded (a failed one with its error; the others still run):
 4. `imports`: every module the check's scripts import (at their top or inside a part), imported
    there; `intentserve` must come from the carried wheel.
 5. `gpu_layer`: every test file that holds a `gpu` test, collected and run there: the CPU paths
-   pass and each CUDA parameter skips with its reason.
+   pass and each CUDA parameter skips with its reason; with them the CPU's stand-ins for what
+   only a CUDA host shows (STAND_INS).
 6. `torch_api`: every torch name the GPU path uses (bench/torch_api.py) found in torch 2.11's
    wheel, read as files.
 7. `requirements`: every runtime requirement of the carried wheel installed there, except those
@@ -84,7 +85,15 @@ IMAGE_NEEDS = (
 REHEARSAL_PINS = {"numpy": "2.3.5"}
 # What pip puts in every venv; the image has them too.
 VENV_OWN = {"pip", "setuptools", "wheel"}
-CHECK_SCRIPTS = ("bench/gpu_check.py", "bench/gpu_lease.sh")
+# CPU stand-ins for what only a CUDA host (or the CUDA image) shows, run with the gpu layer: the
+# reference's tensors on the query's device (the meta device for CUDA), the interpreter's tests as
+# a CUDA host collects them, the CUDA image's C compiler for Triton.
+STAND_INS = (
+    "tests/worker/engine/test_reference.py",
+    "tests/worker/engine/test_triton_devices.py",
+    "tests/deploy/test_dockerfile.py::test_the_cuda_image_has_the_c_compiler_triton_builds_its_"
+    "launcher_with",
+)
 
 
 def normalize(name: str) -> str:
@@ -247,7 +256,7 @@ class Rehearsal:
         pytest = [self.python, "-m", "pytest", "-p", "no:cacheprovider", *files]
         collected = _run([*pytest, "-q", "--collect-only", "-m", "gpu"], env=env, timeout=600)
         gpu_tests = sum("::" in x for x in collected.stdout.splitlines())
-        done = _run([*pytest, "-q", "-rs"], env=env, timeout=1500)
+        done = _run([*pytest, *STAND_INS, "-q", "-rs"], env=env, timeout=1500)
         summary = done.stdout.strip().splitlines()[-1]
         reasons: dict[str, int] = {}
         for line in done.stdout.splitlines():
@@ -258,7 +267,12 @@ class Rehearsal:
             raise RuntimeError(f"no gpu test collected from {files}")
         if any(not r.strip() for r in reasons):
             raise RuntimeError(f"a test skipped without a reason: {reasons}")
-        return {"files": files, "gpu_tests": gpu_tests, "summary": summary, "skips": reasons}
+        return {
+            "files": [*files, *STAND_INS],
+            "gpu_tests": gpu_tests,
+            "summary": summary,
+            "skips": reasons,
+        }
 
     # 6 ---------------------------------------------------------------------------------------
     def torch_api(self) -> dict:
