@@ -3,18 +3,21 @@
     make gpu-check OUT=/tmp/out            # on a CUDA machine: writes gpu_check.json and .md
     make gpu-check DRY_RUN=1 OUT=/tmp/out  # everything but CUDA, on the CPU, at small shapes
 
-Each part runs on its own; a part that fails is recorded with its error and the rest still run,
-so a lease is never wasted on the first failure. The parts:
+The parts run in order of value (PARTS), each on its own: a part that fails is recorded with its
+error and the rest still run, so a lease is never wasted on the first failure.
 
-1. the `gpu` test layer (each CUDA backend against float64 attention over paged blocks);
-2. the engine with `mode: on`, for every paged backend the worker has: greedy tokens against
-   transformers on the same seeded weights, SmolLM2-135M's and Llama-3.2-1B's shapes (float32,
-   so that a tie cannot split them), and how far bf16 agrees;
-3. a controller and one worker over gRPC with mutual TLS, no Ray: READY only once the realized
-   paged cache is verified; `backend: flash` where vllm-flash-attn is missing fails naming it;
-4. tokens/s at 1, 32 and 256 streams for the 1B shape in bf16, with the share of the HBM
-   weight-streaming limit at one stream and of the bf16 matmul ceiling at 256, both measured
-   in the same run.
+1. gpu_tests: the `gpu` test layer, each CUDA paged backend against float64 attention;
+2. engine_parity: greedy tokens on the device (mode on, each paged backend, float32) equal to
+   the CPU engine's and transformers' on the same seeded SmolLM2-135M- and Llama-3.2-1B-shaped
+   weights; how far bf16 agrees;
+3. throughput: decode tokens/s of the 1B shape in bf16 at 1, 64 and 256 streams, against HBM
+   streaming of weights plus KV and the bf16 matmul ceiling, both measured in the same run;
+   the graph-replayed step against the eager one;
+4. served_over_tls: the controller here, the worker a process of its own, mutual TLS, no Ray:
+   READY only once the realized paged cache is verified, a request through it; `backend: flash`
+   without vllm-flash-attn refused naming it;
+5. flex_vs_triton: decode attention at the 1B shape, the Triton paged kernel beside torch's
+   FlexAttention, both checked against float64 first: which `auto` should order first.
 
 A dry run shrinks the shapes (the kernels run under Triton's interpreter) and reports the same
 fields, so CI checks the script itself; its figures mean nothing.
@@ -27,30 +30,38 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/ (the seeded checkpoints) and bench/
-from bench.gpu_parts import (  # noqa: E402
-    SCRATCH,
-    engine_parity,
-    gpu_tests,
-    host_facts,
-    served_over_tls,
-    throughput,
-    write_report,
-)
+from bench.gpu_attention import flex_vs_triton  # noqa: E402
+from bench.gpu_parts import SCRATCH, PartFailed, engine_parity, gpu_tests, host_facts  # noqa: E402
+from bench.gpu_report import write_report  # noqa: E402
+from bench.gpu_served import served_over_tls  # noqa: E402
+from bench.gpu_throughput import throughput  # noqa: E402
+
+Part = Callable[[str], dict]  # device ("cuda"; "cpu": the dry run) -> findings
+
+PARTS: dict[str, Part] = {
+    "gpu_tests": gpu_tests,
+    "engine_parity": engine_parity,
+    "throughput": throughput,
+    "served_over_tls": served_over_tls,
+    "flex_vs_triton": flex_vs_triton,
+}
 
 
-def run_part(results: dict, name: str, fn, *args) -> None:
+def run_part(fn: Part, device: str) -> dict:
     start = time.perf_counter()
-    print(f"[gpu-check] {name} ...", flush=True)
     try:
-        results[name] = {"ok": True, **fn(*args)}
+        result = {"ok": True, **fn(device)}
+    except PartFailed as exc:
+        result = {"ok": False, "error": str(exc), **exc.found}
     except Exception as exc:  # noqa: BLE001 - a failed part is a result; the others still run
-        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    results[name]["seconds"] = round(time.perf_counter() - start, 1)
-    print(f"[gpu-check] {name}: {'ok' if results[name]['ok'] else 'FAILED'}", flush=True)
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,14 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device here: run it with --dry-run (make gpu-check DRY_RUN=1)")
     device = "cpu" if args.dry_run else "cuda"
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"host": host_facts(device), "dry_run": args.dry_run}
-    run_part(results, "gpu_tests", gpu_tests, device)
-    run_part(results, "engine_parity", engine_parity, device)
-    run_part(results, "served_over_tls", served_over_tls, device)
-    run_part(results, "throughput", throughput, device)
-    write_report(results, args.out)
+    results: dict[str, dict] = {}
+    for name, fn in PARTS.items():
+        print(f"[gpu-check] {name} ...", flush=True)
+        results[name] = run_part(fn, device)
+        outcome = "ok" if results[name]["ok"] else f"FAILED: {results[name]['error'][:300]}"
+        print(f"[gpu-check] {name}: {outcome} ({results[name]['seconds']} s)", flush=True)
+    report = {"host": host_facts(device), "dry_run": args.dry_run, "parts": results}
+    write_report(report, args.out)
     shutil.rmtree(SCRATCH, ignore_errors=True)
-    failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("ok") is False]
+    failed = [name for name, result in results.items() if not result["ok"]]
     print(f"[gpu-check] wrote {args.out}/gpu_check.json and gpu_check.md; failed: {failed or 0}")
     return 1 if failed else 0
 
