@@ -142,6 +142,7 @@ class ControllerServer:
             port=config.http_port,
             tls=None if config.http_plaintext else config.security.tls,
             loop=self._loop.choice,
+            limits=config.http_limits,
             cors_origins=config.cors_origins,
         )
 

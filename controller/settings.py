@@ -20,6 +20,14 @@ from intentserve.controller.router.admission import (
     QUEUED_PER_SLOT,
     QueueLimits,
 )
+from intentserve.controller.router.http.connection_limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    HttpLimits,
+)
 from intentserve.controller.router.http.cors import check_origins
 from intentserve.policy import (
     DEFAULT_AUTO_DEVICES,
@@ -74,6 +82,7 @@ class ControllerConfig:
     # certificate when `security.tls` is set); None: none. 0 picks a free port.
     http_port: int | None = None
     cors_origins: tuple[str, ...] = ()  # browser origins the HTTP API allows; none: CORS off
+    http_limits: HttpLimits = HttpLimits()  # the HTTP API's deadlines and connection caps
     # The HTTP API in plaintext while gRPC keeps TLS (the manifest's security.plaintextHttp:
     # loopback only, with API keys).
     http_plaintext: bool = False
@@ -130,6 +139,14 @@ class ControllerSettings(BaseSettings):
     health_port: int | None = Field(None, ge=0, le=65535, description="plaintext health only")
     http_port: int | None = Field(None, ge=0, le=65535, description="the OpenAI-compatible API")
     cors_origins: tuple[str, ...] = ()  # browser origins the HTTP API allows; none: CORS off
+    # The HTTP API's deadlines on reading a request, and its connection caps (README: Security).
+    http_header_timeout_s: float = Field(DEFAULT_HEADER_TIMEOUT_S, gt=0.0, allow_inf_nan=False)
+    http_body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0.0, allow_inf_nan=False)
+    http_keep_alive_timeout_s: float = Field(
+        DEFAULT_KEEP_ALIVE_TIMEOUT_S, gt=0.0, allow_inf_nan=False
+    )
+    http_max_connections_per_client: int = Field(DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
+    http_max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
     tls_cert_file: str | None = None  # the controller's certificate (common name `controller`)
     tls_key_file: str | None = None
     tls_ca_file: str | None = None  # the deployment's CA, which signed every worker certificate
@@ -243,6 +260,13 @@ class ControllerSettings(BaseSettings):
             health_port=self.health_port,
             http_port=self.http_port,
             cors_origins=self.cors_origins,
+            http_limits=HttpLimits(
+                header_timeout_s=self.http_header_timeout_s,
+                body_timeout_s=self.http_body_timeout_s,
+                keep_alive_timeout_s=self.http_keep_alive_timeout_s,
+                max_connections_per_client=self.http_max_connections_per_client,
+                max_connections=self.http_max_connections,
+            ),
             heartbeat_interval_s=self.heartbeat_interval_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             reconcile_interval_s=self.reconcile_interval_s,

@@ -12,6 +12,7 @@ from intentserve.controller.event_loop import EventLoopChoice
 from intentserve.controller.router.admission import QueueLimits
 from intentserve.controller.router.channels import worker_aio_channels, worker_channels
 from intentserve.controller.router.http.app import Frontend, build_app
+from intentserve.controller.router.http.connection_limits import HttpLimits
 from intentserve.controller.router.http.server import HttpServer
 from intentserve.controller.router.request_metrics import MeteredRouter, RequestMetrics
 from intentserve.controller.router.routing import Router
@@ -64,10 +65,11 @@ class RequestPath:
         port: int,
         tls: TlsIdentity | None,
         loop: EventLoopChoice,
+        limits: HttpLimits,
         cors_origins: tuple[str, ...] = (),
     ) -> HttpServer:
         """The OpenAI HTTP API, /health and /metrics on `host:port` (HTTPS with `tls`), on an
-        event loop of the kind `loop` names."""
+        event loop of the kind `loop` names, reading requests under `limits`."""
         frontend = Frontend(
             self.metered, view, security, model_names, metrics, self.tokenizing, cors_origins
         )
@@ -78,4 +80,6 @@ class RequestPath:
             tls,
             on_stopped=self.router.channels.aclose_loop,
             loop=loop,
+            limits=limits,
+            metrics=metrics,
         )

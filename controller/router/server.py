@@ -136,6 +136,7 @@ class RouterServer:
             port=config.http_port,
             tls=config.security.tls,
             loop=self._loop.choice,
+            limits=config.http_limits,
         )
 
     def start(self) -> RouterServer:

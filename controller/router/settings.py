@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from intentserve.controller.auth import Security
 from intentserve.controller.router.admission import DEFAULT_QUEUE_LIMITS, QueueLimits
+from intentserve.controller.router.http.connection_limits import HttpLimits
 from intentserve.controller.router.watched import DEFAULT_MAX_STALE_S
 
 DEFAULT_ROUTER_PORT = 50061
@@ -25,6 +26,7 @@ class RouterConfig:
     # The OpenAI-compatible HTTP API, /health and /metrics (HTTPS with the router's certificate
     # when `security.tls` is set); None: none. 0 picks a free port.
     http_port: int | None = None
+    http_limits: HttpLimits = HttpLimits()  # its deadlines and connection caps
     max_stale_s: float = DEFAULT_MAX_STALE_S  # serve a table the controller is silent on this long
     model: str = ""  # the served model's name, for the request metrics' labels
     router_id: str = "router"  # for the controller's log

@@ -1,6 +1,7 @@
 """The HTTP API's server: uvicorn on a thread of the controller process, on a socket bound when
 it is made (a taken port fails at once, as gRPC's does), HTTPS with the controller's own
-certificate unless the deployment is insecure.
+certificate unless the deployment is insecure. It reads each request under the deadlines and
+connection caps of its `HttpLimits` (connection_limits.py, connection_guard.py).
 
 uvicorn reads the certificate and key from files: they are written to a private temporary folder
 (owner-only), loaded once into the TLS context, and removed before the server starts.
@@ -23,6 +24,9 @@ import uvicorn
 from fastapi import FastAPI
 from intentserve.common.tls import TlsIdentity
 from intentserve.controller.event_loop import EventLoopChoice
+from intentserve.controller.router.http.connection_guard import ConnectionGuard
+from intentserve.controller.router.http.connection_limits import HttpLimits
+from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
@@ -37,10 +41,13 @@ class HttpServer:
         tls: TlsIdentity | None,
         on_stopped: Callable[[], Awaitable[None]],
         loop: EventLoopChoice,
+        limits: HttpLimits,
+        metrics: CollectorRegistry,
     ) -> None:
         """`on_stopped`: awaited on the server's loop once it has stopped serving, before the
         loop closes: what was made on that loop (grpc.aio channels) is closed there. `loop`:
-        the kind of event loop it runs on (the gRPC servers' kind)."""
+        the kind of event loop it runs on (the gRPC servers' kind). `limits`: its deadlines
+        and caps, metered in `metrics`."""
         try:
             self._socket = socket.create_server(
                 (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -49,7 +56,7 @@ class HttpServer:
             raise RuntimeError(f"cannot serve HTTP on {host}:{port}: {error}") from None
         self.port = self._socket.getsockname()[1]
         self.scheme = "http" if tls is None else "https"
-        config = _load_config(app, tls)
+        config = _load_config(app, tls, ConnectionGuard(limits, metrics))
         self._server = uvicorn.Server(config)
         self._on_stopped = on_stopped
         self._new_loop = loop.new_loop
@@ -91,12 +98,16 @@ class HttpServer:
         self._socket.close()
 
 
-def _load_config(app: FastAPI, tls: TlsIdentity | None) -> uvicorn.Config:
+def _load_config(app: FastAPI, tls: TlsIdentity | None, guard: ConnectionGuard) -> uvicorn.Config:
     settings = {
         "lifespan": "off",
         "log_config": None,  # NOTE: the process's logging stays as its owner set it up
         "access_log": False,
         "timeout_graceful_shutdown": 1,
+        "http": guard.protocol,
+        # NOTE: no WebSocket is served; an upgraded connection would leave the guard's count.
+        "ws": "none",
+        "timeout_keep_alive": guard.limits.keep_alive_timeout_s,
     }
     if tls is None:
         config = uvicorn.Config(app, **settings)
