@@ -9,14 +9,47 @@ from intentserve.controller.router.admission import (
     QUEUED_PER_SLOT,
     QueueLimits,
 )
+from intentserve.controller.router.http.connection_limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    HttpLimits,
+)
 from intentserve.controller.router.http.cors import check_origins
 from pydantic import Field, ValidationInfo, field_validator
 
 DEFAULT_HTTP_PORT = 8000  # vLLM's and most OpenAI-compatible servers'
 
 
-class HttpSpec(Section):
-    """The HTTP API's options beyond its port."""
+class HttpLimitsSpec(Section):
+    """How long the HTTP API waits on a client's request, and how many connections clients may
+    hold (the controller's HTTP API and a separate router's; defaults and why:
+    controller/router/http/connection_limits.py). Nothing here times a response."""
+
+    # From a connection's opening (or the first byte of a next request) to its head's end.
+    header_timeout_s: float = Field(DEFAULT_HEADER_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    # From the head's end to the body's last byte.
+    body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    # Idle between requests on a kept-alive connection.
+    keep_alive_timeout_s: float = Field(DEFAULT_KEEP_ALIVE_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    # Connections open at once from one address (behind a proxy: all of the proxy's), and in all.
+    max_connections_per_client: int = Field(DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
+    max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
+
+    def limits(self) -> HttpLimits:
+        return HttpLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            keep_alive_timeout_s=self.keep_alive_timeout_s,
+            max_connections_per_client=self.max_connections_per_client,
+            max_connections=self.max_connections,
+        )
+
+
+class HttpSpec(HttpLimitsSpec):
+    """The HTTP API's options beyond its port: its limits, and CORS."""
 
     # Browser origins allowed to call the API cross-origin (`https://app.example`, or `*`);
     # empty: CORS off, as by default.

@@ -202,6 +202,7 @@ class Manifest(BaseSettings):
             health_port=c.health_port,
             http_port=c.http_port,
             cors_origins=c.http.cors_origins,
+            http_limits=c.http.limits(),
             http_plaintext=self.spec.security.plaintext_http,
             heartbeat_interval_s=c.heartbeat_interval_s,
             heartbeat_timeout_s=c.heartbeat_timeout_s,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from intentserve.controller.auth import Security
+from intentserve.controller.launch.controller_spec import HttpLimitsSpec
 from intentserve.controller.launch.section import Section
 from intentserve.controller.router.settings import DEFAULT_ROUTER_PORT, RouterConfig
 from intentserve.controller.router.watched import DEFAULT_MAX_STALE_S
@@ -25,6 +26,7 @@ class RouterSpec(Section):
     # The OpenAI HTTP API with /health and /metrics (HTTPS with the router's certificate unless
     # insecure); null: none.
     http_port: int | None = Field(None, ge=0, le=65535)
+    http: HttpLimitsSpec = HttpLimitsSpec()  # its deadlines and connection caps
     # Past this many seconds without a word from the controller the router stops serving
     # (health NOT_SERVING, requests UNAVAILABLE: controller_unreachable).
     max_stale_s: float = Field(DEFAULT_MAX_STALE_S, gt=0, allow_inf_nan=False)
@@ -42,6 +44,7 @@ def router_config(manifest: Manifest, controller: str, security: Security) -> Ro
         host=r.host,
         port=r.port,
         http_port=r.http_port,
+        http_limits=r.http.limits(),
         max_stale_s=r.max_stale_s,
         model=s.model.served(),
         max_outstanding_per_worker=c.max_outstanding_per_worker,
