@@ -3,14 +3,19 @@
     prepared = preparer.prepare("Hello", SamplingParams(max_tokens=8))  # InvalidRequestError
     engine.add(prepared)                                                # names the field
 
-Cheap limits come before tokenizing (a prompt too long for max_model_len is refused from its
-byte count). It reads no engine state, so any thread may call it: the serving loop tokenizes off
-its own thread, and only adding the prepared request touches the engine.
+Cheap limits come before the costly work, so a refused request costs at most what tokenizing a
+prompt of max_model_len densest tokens costs: a conversation is counted (chat.check_size) and
+measured by the text it carries (`Conversation.kept_text`) before it is rendered, and any prompt
+text by its byte count (`tokenizer.min_num_tokens`) before it is tokenized; a prompt that still
+cannot fit is refused by its token count, naming `prompt` or `messages`. It reads no engine
+state, so any thread may call it: the serving loop tokenizes off its own thread, and only adding
+the prepared request touches the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence as Seq
 
 from intentserve.common.ids import new_request_id, request_id_problem
@@ -19,6 +24,11 @@ from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.model.tokenizer import Tokenizer
+
+# Requests that render or tokenize at once, per engine; the others wait for their turn.
+# NOTE: each holds a core while it works (the tokenizer's Rust) or the GIL (the template's Jinja
+# is pure Python): more at once took the CPU of the engine's steps on a worker of few cores.
+MAX_TOKENIZING = 1
 
 
 class RequestPreparer:
@@ -37,6 +47,7 @@ class RequestPreparer:
         self.grammars = grammars
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self._tokenizing = threading.Semaphore(MAX_TOKENIZING)
 
     def prepare(
         self,
@@ -72,15 +83,26 @@ class RequestPreparer:
 
     def tokenize(self, prompt: str | Conversation, add_bos: bool | None = None) -> list[int]:
         """The ids `prepare` computes for `prompt` (add_bos None: the checkpoint's own choice),
-        with no limit on their number."""
+        every one, even past max_model_len; what cannot fit max_model_len by its bytes is
+        refused untokenized, as `prepare` refuses it."""
         if isinstance(prompt, Conversation):
-            prompt = prompt.render(self.tokenizer)
+            text, field = self._render(prompt), "messages"
         elif not prompt:
             raise InvalidRequestError("prompt", "must not be empty (or give messages)")
-        return self.tokenizer.encode(prompt, add_bos)
+        else:
+            text, field = prompt, "prompt"
+        self._check_text_fits(field, text)
+        with self._tokenizing:
+            return self.tokenizer.encode(text, add_bos)
 
     def detokenize(self, token_ids: Seq[int]) -> str:
-        """The text of `token_ids`, special tokens rendered."""
+        """The text of `token_ids`, special tokens rendered: at most max_model_len of them, the
+        most one sequence holds."""
+        if len(token_ids) > self.max_model_len:
+            raise InvalidRequestError(
+                "tokens",
+                f"has {len(token_ids)} ids; at most {self.max_model_len} (max_model_len)",
+            )
         self._check_in_vocab("tokens", token_ids)
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
@@ -95,7 +117,7 @@ class RequestPreparer:
 
     def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
         if isinstance(prompt, Conversation):
-            return self.tokenizer.encode(prompt.render(self.tokenizer))
+            return self._encode(self._render(prompt), "messages")
         if len(prompt) == 0:
             raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
         if not isinstance(prompt, str):
@@ -104,26 +126,40 @@ class RequestPreparer:
             self._check_prompt_fits("prompt_token_ids", len(prompt))
             self._check_in_vocab("prompt_token_ids", prompt)
             return list(prompt)
-        try:
-            utf8 = prompt.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise InvalidRequestError(
-                "prompt", f"is not valid Unicode text (character {error.start})"
-            ) from None
-        # NOTE: cheap first: a prompt too long for max_model_len is refused before tokenizing.
-        self._check_prompt_fits("prompt", self.tokenizer.min_num_tokens(utf8), at_least=True)
         if chat:
-            prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
+            self._check_text_fits("prompt", prompt)  # NOTE: cheap first: before rendering
+            with self._tokenizing:
+                prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
         return self._encode(prompt, "prompt")
 
+    def _render(self, conversation: Conversation) -> str:
+        """The conversation's prompt text; refused unrendered when the text it carries cannot
+        fit max_model_len."""
+        num_tokens = self.tokenizer.min_num_tokens(conversation.kept_text())
+        self._check_prompt_fits("messages", num_tokens, at_least=True)
+        with self._tokenizing:
+            return conversation.render(self.tokenizer)
+
     def _encode(self, text: str, field: str) -> list[int]:
-        prompt_ids = self.tokenizer.encode(text)
+        self._check_text_fits(field, text)
+        with self._tokenizing:
+            prompt_ids = self.tokenizer.encode(text)
         if not prompt_ids:
             raise InvalidRequestError(
                 field, "makes no tokens (this tokenizer drops every character in it)"
             )
         self._check_prompt_fits(field, len(prompt_ids))
         return prompt_ids
+
+    def _check_text_fits(self, field: str, text: str) -> None:
+        """Refuse `text` untokenized when its bytes alone show that it cannot fit."""
+        try:
+            utf8 = text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidRequestError(
+                field, f"is not valid Unicode text (character {error.start})"
+            ) from None
+        self._check_prompt_fits(field, self.tokenizer.min_num_tokens(utf8), at_least=True)
 
     def _check_prompt_fits(self, field: str, num_tokens: int, at_least: bool = False) -> None:
         if num_tokens >= self.max_model_len:

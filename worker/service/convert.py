@@ -17,7 +17,13 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from intentserve.convert import capability_to_pb, realized_to_pb
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, worker_pb2
-from intentserve.worker.engine.chat import ChatMessage, Conversation, Tool, ToolChoice
+from intentserve.worker.engine.chat import (
+    ChatMessage,
+    Conversation,
+    Tool,
+    ToolChoice,
+    check_size,
+)
 from intentserve.worker.engine.constraint import FIELD, TOOL_CALL_KINDS, Constraint, ConstraintKind
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.engine.request import LogprobEntry, RequestOutput
@@ -93,6 +99,7 @@ class GenerateCall:
 
 
 def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall:
+    check_size(msg.messages, msg.tools)  # NOTE: first: reading 10^5 turns took 0.9 s
     _refuse_unknown_fields(msg)
     with proto_field_names():
         params = SamplingParams(
@@ -144,6 +151,7 @@ class TokenizeCall:
 
 
 def tokenize_request_from_pb(msg: inference_pb2.TokenizeRequest) -> TokenizeCall:
+    check_size(msg.messages, msg.tools)  # NOTE: first: reading 10^5 turns took 0.9 s
     _refuse_unknown_fields(msg)
     if msg.messages:
         if msg.prompt:

@@ -89,6 +89,34 @@ def test_a_bad_conversation_is_named_by_its_field(fields, field_path):
     assert info.value.field == field_path
 
 
+def _unknown_field_turn() -> inference_pb2.ChatMessage:
+    """A turn carrying field 99, which this worker does not know (a newer client's)."""
+    known = inference_pb2.ChatMessage(role="user", content="a").SerializeToString()
+    return inference_pb2.ChatMessage.FromString(known + b"\x98\x06\x01")
+
+
+@pytest.mark.parametrize(
+    ("request_type", "from_pb"),
+    [
+        (inference_pb2.GenerateRequest, convert.generate_request_from_pb),
+        (inference_pb2.TokenizeRequest, convert.tokenize_request_from_pb),
+    ],
+    ids=["generate", "tokenize"],
+)
+@pytest.mark.parametrize(
+    ("num_turns", "num_tools", "field"), [(100_000, 0, "messages"), (1, 10_000, "tools")]
+)
+def test_too_many_turns_or_tools_are_refused_before_the_request_is_read(
+    request_type, from_pb, num_turns, num_tools, field
+):
+    # NOTE: read first, the last turn's unknown field would be named (messages[n].#99).
+    messages = turns(("user", "a")) * num_turns + [_unknown_field_turn()]
+    tools = [inference_pb2.Tool(name=f"f{i}") for i in range(num_tools)]
+    with pytest.raises(InvalidRequestError) as info:
+        from_pb(request_type(messages=messages, tools=tools))
+    assert info.value.field == field
+
+
 def test_conversations_from_dicts_carry_calls_and_results():
     call = ToolCall("call_1", "f", "{}")
     conversation = Conversation.of(
