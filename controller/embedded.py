@@ -31,7 +31,13 @@ class EmbeddedTable:
 
     def routes(self) -> tuple[Route, ...]:
         return tuple(
-            Route(r.worker_id, r.address, r.realized.max_num_seqs, r.num_outstanding)
+            Route(
+                r.worker_id,
+                r.address,
+                r.realized.max_num_seqs,
+                r.num_outstanding,
+                max_model_len=r.realized.max_model_len,
+            )
             for r in self._deployment.workers()
             if r.state is WorkerState.READY and r.realized is not None
         )

@@ -80,6 +80,7 @@ class UpstreamError(Exception):
 
 
 class RequestTooLarge(FieldError):
-    """A request over the size the controller forwards (streaming.MAX_REQUEST_BYTES); refused
-    alone, INVALID_ARGUMENT naming its largest field, before it reaches a worker's multiplexed
-    call."""
+    """A request over a size the router forwards (router/request_size.py: its bytes, turns,
+    tools, JSON nesting, characters against max_model_len, a Detokenize's ids), or one whose
+    reply is over what the router takes; refused alone, INVALID_ARGUMENT naming the field and
+    what is allowed, before a worker renders or tokenizes it."""

@@ -44,8 +44,8 @@ from intentserve.controller.router.admission import (
 from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.full_workers import FullWorkers
 from intentserve.controller.router.mux_streams import Stream
-from intentserve.controller.router.request_size import check_size
-from intentserve.controller.router.table import Route, WorkerTable
+from intentserve.controller.router.request_size import check_request
+from intentserve.controller.router.table import Route, WorkerTable, longest_served
 from intentserve.controller.router.upstream import NO_READY_WORKER, TryAnother, upstream_failure
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
@@ -147,10 +147,11 @@ class Router:
         self.queue.wake()
 
     def _admit(self, request: inference_pb2.GenerateRequest) -> None:
-        """Give the request an id; refuse it unless the deployment is ready."""
+        """Give the request an id; refuse it unless the deployment is ready, or when it is over a
+        size it may have (request_size.py)."""
         if not request.request_id:
             request.request_id = new_request_id()
-        check_size(request)
+        check_request(request, longest_served(self._table.routes()))
         readiness = self._table.readiness()
         if not readiness.ready:
             raise NotReady(readiness.reason)

@@ -32,6 +32,13 @@ class Route:
     address: str  # host:port of its WorkerStreams server
     max_num_seqs: int  # the sequence slots it realized
     num_outstanding: int = 0  # slots this router holds on it: a request's choices, summed
+    max_model_len: int = 0  # the longest sequence it serves, in tokens (0: not reported)
+
+
+def longest_served(routes: tuple[Route, ...]) -> int:
+    """The longest sequence any of `routes` serves (0: none reported): what a request that may
+    go to any of them has to fit."""
+    return max((r.max_model_len for r in routes), default=0)
 
 
 class WorkerTable(Protocol):

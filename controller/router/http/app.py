@@ -103,7 +103,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         try:
             body = schema.model_validate_json(await _read_body(request))
         except ValidationError as error:
-            raise from_validation(error) from None
+            raise from_validation(error, schema) from None
         unsupported = body.unsupported()
         if unsupported is not None:
             raise from_unsupported(unsupported)

@@ -9,17 +9,20 @@ RESOURCE_EXHAUSTED 429, UNAVAILABLE 503 (with the readiness reason while not rea
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, get_args
 
 import grpc
+import pydantic_core
 from intentserve.common.field_errors import violation_of
 from intentserve.common.status import lookup
 from intentserve.controller.errors import NotReady
 from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_convert import param_of
 from intentserve.controller.router.http.openai_schema import CompletionRequest, UnsupportedField
+from intentserve.controller.router.nesting import MAX_JSON_DEPTH
 from intentserve.controller.status_codes import STATUS_CODES
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -60,11 +63,24 @@ class OpenAIError(Exception):
         return {"error": error}
 
 
-def from_validation(error: ValidationError) -> OpenAIError:
-    """A body of the wrong shape: the first problem, naming its parameter (`messages[1].role`)."""
+# How deep the body's parser (jiter, pydantic's) reads; deeper, it stops and says where.
+BODY_PARSER_DEPTH = 200
+_PARSER_STOPPED = re.compile(r"recursion limit exceeded at line (\d+) column (\d+)")
+
+
+def from_validation(error: ValidationError, schema: type[BaseModel] | None = None) -> OpenAIError:
+    """A body of the wrong shape: the first problem, naming its parameter (`messages[1].role`).
+    `schema`: the body's, which names the field a body too deep to parse was deep in."""
     first = error.errors()[0]
     param = _param_path(first["loc"])
     message = first["msg"].removeprefix("Value error, ")
+    stopped = _PARSER_STOPPED.search(message) if first["type"] == "json_invalid" else None
+    if stopped is not None:
+        param = _deep_param(first["input"], int(stopped[1]), int(stopped[2]), schema)
+        message = (
+            f"nested deeper than the {BODY_PARSER_DEPTH} levels a body is read to; allowed: at "
+            f"most {MAX_JSON_DEPTH} levels of JSON in a field"
+        )
     if first["type"] == "extra_forbidden":
         message = (
             "not honoured by this server, so refused (README's HTTP API section lists every "
@@ -85,6 +101,41 @@ def _param_path(loc: tuple) -> str:
         else:
             break
     return path
+
+
+def _deep_param(body: bytes | str, line: int, column: int, schema) -> str:
+    """The field the parser stopped in: the body up to where it stopped, parsed as a partial
+    body (shallower by a level, so it parses), ends inside that field's value; the path to its
+    end is followed as far as `schema` has fields (`tools[2].function.parameters`)."""
+    text = body.encode() if isinstance(body, str) else body  # NOTE: jiter's column counts bytes
+    start = len(text) - len(text.split(b"\n", line - 1)[-1])
+    try:
+        value = pydantic_core.from_json(text[: start + column - 1], allow_partial=True)
+    except ValueError:
+        return ""
+    path, model = "", schema
+    while isinstance(value, dict | list) and value:
+        if isinstance(value, list):
+            path, value = path + f"[{len(value) - 1}]", value[-1]
+            continue
+        key = next(reversed(value))
+        path, value = (f"{path}.{key}" if path else key), value[key]
+        model = _model_of(_annotation(model, key))
+        if model is None:  # a field that holds JSON, or one the schema lacks: this one
+            break
+    return path
+
+
+def _annotation(model: type[BaseModel] | None, key: str) -> Any:
+    fields = model.model_fields if model is not None else {}
+    return next((f.annotation for n, f in fields.items() if key in (n, f.alias)), None)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The body model a field's annotation holds (`list[ToolDefinition] | None`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_model_of, get_args(annotation))), None)
 
 
 def from_unsupported(error: UnsupportedField) -> OpenAIError:
