@@ -198,6 +198,7 @@ def table_event_to_pb(event: TableEvent) -> admin_pb2.WorkerTableEvent:
                 state=_to_pb(w.state, admin_pb2.WorkerState, "WORKER_STATE_"),
                 max_num_seqs=w.max_num_seqs,
                 revision=w.revision,
+                max_model_len=w.max_model_len,
             )
             for w in event.workers
         ],

@@ -34,6 +34,7 @@ class TableWorker:
     state: WorkerState
     max_num_seqs: int
     revision: int  # the table revision at which it last changed
+    max_model_len: int = 0  # the longest sequence it serves (0 until it reports)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,23 @@ class TableFeed:
 
 
 def _worker(record: WorkerRecord, revision: int) -> TableWorker:
-    slots = record.realized.max_num_seqs if record.realized is not None else 0
-    return TableWorker(record.worker_id, record.address, record.state, slots, revision)
+    realized = record.realized
+    if realized is None:
+        return TableWorker(record.worker_id, record.address, record.state, 0, revision)
+    return TableWorker(
+        record.worker_id,
+        record.address,
+        record.state,
+        realized.max_num_seqs,
+        revision,
+        realized.max_model_len,
+    )
 
 
 def _same(a: TableWorker, b: TableWorker) -> bool:
-    return (a.address, a.state, a.max_num_seqs) == (b.address, b.state, b.max_num_seqs)
+    """Whether nothing a router routes by changed."""
+    return _routed_by(a) == _routed_by(b)
+
+
+def _routed_by(w: TableWorker) -> tuple:
+    return (w.address, w.state, w.max_num_seqs, w.max_model_len)

@@ -42,6 +42,7 @@ def table_update_from_pb(msg: admin_pb2.WorkerTableEvent) -> TableUpdate:
                 _ENTRY_STATES.get(w.state, EntryState.OUT),
                 max_num_seqs=w.max_num_seqs,
                 revision=w.revision,
+                max_model_len=w.max_model_len,
             )
             for w in msg.workers
         ),

@@ -66,6 +66,7 @@ class TableEntry:
     state: EntryState
     max_num_seqs: int
     revision: int
+    max_model_len: int = 0  # the longest sequence it serves (0 until it reports)
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,13 @@ class WatchedTable:
     def routes(self) -> tuple[Route, ...]:
         with self._lock:
             return tuple(
-                Route(k, e.address, e.max_num_seqs, self._outstanding.get(k, 0))
+                Route(
+                    k,
+                    e.address,
+                    e.max_num_seqs,
+                    self._outstanding.get(k, 0),
+                    max_model_len=e.max_model_len,
+                )
                 for k, e in sorted(self._routable().items())
             )
 

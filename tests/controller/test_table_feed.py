@@ -3,11 +3,17 @@ then each change with its revision, keepalives while nothing changes, and no new
 what routers do not route by (a worker's load)."""
 
 import asyncio
+from dataclasses import replace
 
+from intentserve.controller.control.convert import table_event_to_pb
 from intentserve.controller.control.registry import WorkerLoad
 from intentserve.controller.control.state import DeploymentState, WorkerState
 from intentserve.controller.control.table_feed import TableFeed
+from intentserve.controller.router.convert import table_update_from_pb
+from intentserve.controller.router.watched import WatchedTable
+from intentserve.policy import examples
 
+from tests.controller.scripted_worker import realized_for
 from tests.controller.test_deployment import make, up
 
 
@@ -86,3 +92,23 @@ def test_each_controller_sends_an_id_of_its_own():
     (first_id,) = asyncio.run(ids(first))
     assert len(first_id) >= 16 and asyncio.run(ids(first)) == {first_id}
     assert asyncio.run(ids(second)) != {first_id}
+
+
+def test_a_separate_router_learns_each_workers_max_model_len_from_the_watch():
+    """What a router checks a request's characters and ids against (request_size.py)."""
+    deployment, _, _ = make("on", min_ready=1)
+    resolution = deployment.register("w0", "w0:1", examples.cpu())
+    realized = realized_for(deployment.desired.policy, resolution, examples.cpu().model)
+    deployment.report_realized("w0", replace(realized, max_model_len=64), None)
+    feed = TableFeed()
+    publish(feed, deployment)
+
+    async def first():
+        events = feed.watch()
+        (event,) = await take(events, 1)
+        await events.aclose()
+        return event
+
+    table = WatchedTable("controller.example:50052")
+    table.apply(table_update_from_pb(table_event_to_pb(asyncio.run(first()))))
+    assert [(r.worker_id, r.max_model_len) for r in table.routes()] == [("w0", 64)]
