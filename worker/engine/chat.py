@@ -28,10 +28,11 @@ from intentserve.worker.engine.tool_calls import ToolCall
 ROLES = ("system", "user", "assistant", "tool")
 # NOTE: counted before a conversation is read or rendered, since each turn, call and tool costs
 # pure-Python time (the template is Jinja): 10^5 turns took 0.9 s to read and 2.8 s to render
-# and tokenize, while 4096 render in about 10 ms. Both are far above what a conversation carries
-# in practice (OpenAI's API takes at most 128 tools).
-MAX_NUM_MESSAGES = 4096  # turns, and the tool calls they carry, counted together
-MAX_NUM_TOOLS = 1024
+# and tokenize, while 2048 render in about 5 ms. The turns' and tools' limits are OpenAI's own,
+# which a router checks too (controller/router/request_size.py), before any worker sees them.
+MAX_NUM_MESSAGES = 2048  # turns
+MAX_NUM_TOOL_CALLS = 2048  # in all the turns
+MAX_NUM_TOOLS = 128
 # What render() itself gives the template; chat_template_kwargs cannot replace them.
 RESERVED_TEMPLATE_VARIABLES = (
     "messages",
@@ -70,19 +71,20 @@ class ChatMessage:
 
 
 def check_size(messages: Sequence[Any], tools: Sized) -> None:
-    """Refuse a conversation of more than MAX_NUM_MESSAGES turns and tool calls, or more than
-    MAX_NUM_TOOLS tools, by their number alone. `messages`: turns with `tool_calls` (ChatMessage
-    values, or a request's protobuf turns before they are read)."""
+    """Refuse a conversation of more than MAX_NUM_MESSAGES turns, MAX_NUM_TOOL_CALLS tool calls
+    or MAX_NUM_TOOLS tools, by their number alone. `messages`: turns with `tool_calls`
+    (ChatMessage values, or a request's protobuf turns before they are read)."""
     if len(tools) > MAX_NUM_TOOLS:
         raise InvalidRequestError("tools", f"has {len(tools)} tools; at most {MAX_NUM_TOOLS}")
-    num_parts = len(messages)  # NOTE: the turns alone first: counting their calls reads each
-    if num_parts <= MAX_NUM_MESSAGES:
-        num_parts += sum(len(m.tool_calls) for m in messages)
-    if num_parts > MAX_NUM_MESSAGES:
+    # NOTE: the turns first: counting their calls reads each of them.
+    if len(messages) > MAX_NUM_MESSAGES:
         raise InvalidRequestError(
-            "messages",
-            f"has {len(messages)} turns{' and their tool calls' * (num_parts > len(messages))}; "
-            f"at most {MAX_NUM_MESSAGES} turns and tool calls in all",
+            "messages", f"has {len(messages)} turns; at most {MAX_NUM_MESSAGES}"
+        )
+    num_calls = sum(len(m.tool_calls) for m in messages)
+    if num_calls > MAX_NUM_TOOL_CALLS:
+        raise InvalidRequestError(
+            "messages", f"has {num_calls} tool calls in all; at most {MAX_NUM_TOOL_CALLS}"
         )
 
 

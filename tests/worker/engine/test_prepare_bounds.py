@@ -15,6 +15,7 @@ import pytest
 from intentserve.worker.engine.builder import EngineBuilder
 from intentserve.worker.engine.chat import (
     MAX_NUM_MESSAGES,
+    MAX_NUM_TOOL_CALLS,
     MAX_NUM_TOOLS,
     ChatMessage,
     Conversation,
@@ -123,28 +124,51 @@ def _calls(num: int) -> tuple[ToolCall, ...]:
 
 
 @pytest.mark.parametrize(
-    ("messages", "tools", "field"),
+    ("messages", "tools", "field", "limit"),
     [
-        ([ChatMessage("user", "a")] * 100_000, (), "messages"),
-        ([ChatMessage("user", "a")] * (MAX_NUM_MESSAGES + 1), (), "messages"),
+        ([ChatMessage("user", "a")] * 100_000, (), "messages", MAX_NUM_MESSAGES),
+        ([ChatMessage("user", "a")] * (MAX_NUM_MESSAGES + 1), (), "messages", MAX_NUM_MESSAGES),
         (
-            [ChatMessage("user", "a"), ChatMessage("assistant", "", _calls(MAX_NUM_MESSAGES))],
+            [ChatMessage("user", "a"), ChatMessage("assistant", "", _calls(10_000))],
             (Tool("f"),),
             "messages",
+            MAX_NUM_TOOL_CALLS,
         ),
-        ([ChatMessage("user", "a")], [Tool(f"f{i}") for i in range(10_000)], "tools"),
-        ([ChatMessage("user", "a")], [Tool(f"f{i}") for i in range(MAX_NUM_TOOLS + 1)], "tools"),
+        (
+            [ChatMessage("assistant", "", _calls(MAX_NUM_TOOL_CALLS // 2))] * 2
+            + [ChatMessage("assistant", "", _calls(1))],
+            (Tool("f"),),
+            "messages",
+            MAX_NUM_TOOL_CALLS,
+        ),
+        (
+            [ChatMessage("user", "a")],
+            [Tool(f"f{i}") for i in range(10_000)],
+            "tools",
+            MAX_NUM_TOOLS,
+        ),
+        (
+            [ChatMessage("user", "a")],
+            [Tool(f"f{i}") for i in range(MAX_NUM_TOOLS + 1)],
+            "tools",
+            MAX_NUM_TOOLS,
+        ),
     ],
-    ids=["1e5_turns", "one_turn_too_many", "tool_calls_count", "1e4_tools", "one_tool_too_many"],
+    ids=[
+        "1e5_turns",
+        "one_turn_too_many",
+        "1e4_tool_calls",
+        "one_tool_call_too_many",
+        "1e4_tools",
+        "one_tool_too_many",
+    ],
 )
-def test_too_many_turns_or_tools_are_refused_by_their_number(messages, tools, field):
+def test_too_many_turns_calls_or_tools_are_refused_by_their_number(messages, tools, field, limit):
     error = refusal(Conversation, tuple(messages), {}, tuple(tools))
-    assert error.field == field
-    limit = MAX_NUM_MESSAGES if field == "messages" else MAX_NUM_TOOLS
-    assert f"at most {limit}" in str(error)
+    assert error.field == field and f"; at most {limit}" in str(error)
 
 
-def test_as_many_turns_and_tools_as_allowed_pass_the_count_and_are_measured(tiny_loaded):
+def test_as_many_turns_calls_and_tools_as_allowed_pass_the_count_and_are_measured(tiny_loaded):
     engine = (
         EngineBuilder()
         .paged_attention("on")
@@ -153,9 +177,9 @@ def test_as_many_turns_and_tools_as_allowed_pass_the_count_and_are_measured(tiny
         .chat_template(TOOLS_TEMPLATE)
         .build(loaded=tiny_loaded)
     )
-    half = MAX_NUM_MESSAGES // 2
-    conversation = Conversation(  # half + 1 turns and half - 1 calls: MAX_NUM_MESSAGES in all
-        (ChatMessage("user", "a"),) * half + (ChatMessage("assistant", "", _calls(half - 1)),),
+    conversation = Conversation(
+        (ChatMessage("user", "a"),) * (MAX_NUM_MESSAGES - 1)
+        + (ChatMessage("assistant", "", _calls(MAX_NUM_TOOL_CALLS)),),
         tools=tuple(Tool(f"f{i}") for i in range(MAX_NUM_TOOLS)),
     )
     error = refusal(prepare, engine, conversation)
