@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from intentserve.convert import capability_to_pb, realized_to_pb
@@ -57,6 +58,14 @@ PROTO_FIELDS = {
     FIELD: f"sampling.{FIELD}",
     # Their schema is the tools' parameters.
     **{f"{FIELD}.{kind.value}": "tools" for kind in TOOL_CALL_KINDS},
+}
+
+# Protobuf's wire types, as a refusal names them; a field it reads sent as another is unread.
+WIRE_TYPES = {0: "a varint", 1: "64 bits", 2: "length-delimited", 5: "32 bits"}
+_TYPE_NAMES = {
+    number: name.removeprefix("TYPE_").lower()
+    for name, number in vars(FieldDescriptor).items()
+    if name.startswith("TYPE_")
 }
 
 FINISH_REASONS = {
@@ -241,11 +250,21 @@ def _prompt_from_pb(msg: inference_pb2.GenerateRequest) -> str | tuple[int, ...]
 
 def _refuse_unknown_fields(msg: Message, path: str = "") -> None:
     """A field this worker's GenerateRequest does not have (a newer client's) is refused by its
-    number, never ignored: whatever it asked for would not be honoured."""
+    number, never ignored: whatever it asked for would not be honoured. A field it has, sent with
+    another wire type (which protobuf keeps aside, unread), is refused by its name."""
     unknown = UnknownFieldSet(msg)
     if len(unknown):
+        number, sent = unknown[0].field_number, WIRE_TYPES.get(unknown[0].wire_type, "a group")
+        field = msg.DESCRIPTOR.fields_by_number.get(number)
+        if field is not None:
+            kind = field.message_type.name if field.message_type else _TYPE_NAMES[field.type]
+            raise InvalidRequestError(
+                f"{path}{field.name}",
+                f"sent as {sent}, but its type here is {kind}: not read, so refused (a client "
+                "built from another version of the .proto?)",
+            )
         raise InvalidRequestError(
-            f"{path}#{unknown[0].field_number}",
+            f"{path}#{number}",
             "this server does not know this field (a newer client's?): not honoured, so refused",
         )
     for descriptor, value in msg.ListFields():

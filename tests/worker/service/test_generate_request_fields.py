@@ -11,7 +11,7 @@ from intentserve.worker.engine.chat import Conversation, ToolChoice
 from intentserve.worker.engine.constraint import Constraint, ConstraintKind
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.model.tokenizer import Tokenizer
-from intentserve.worker.service.convert import generate_request_from_pb
+from intentserve.worker.service.convert import generate_request_from_pb, tokenize_request_from_pb
 
 
 def _kwargs() -> struct_pb2.Struct:
@@ -175,6 +175,30 @@ def test_a_field_this_worker_does_not_know_is_refused_by_its_number(raw, field):
     with pytest.raises(InvalidRequestError) as info:
         generate_request_from_pb(msg)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "sent"),
+    [
+        (bytes([0x10, 0x05]), "prompt", "a varint"),  # prompt (2), a string, sent as a number
+        (bytes([0x22, 0x03, 0x0A, 0x01, 0x31]), "sampling.temperature", "length-delimited"),
+    ],
+)
+def test_a_known_field_sent_with_another_wire_type_is_refused_naming_it(raw, field, sent):
+    """Found by review: such a field was refused as unknown ("a newer client's?") by its
+    number, where the client had set the field by its name."""
+    msg = inference_pb2.GenerateRequest.FromString(raw)
+    with pytest.raises(InvalidRequestError) as info:
+        generate_request_from_pb(msg)
+    assert info.value.field == field
+    assert f"sent as {sent}" in str(info.value), str(info.value)
+
+
+def test_a_tokenize_prompt_sent_with_another_wire_type_is_refused_naming_it():
+    msg = inference_pb2.TokenizeRequest.FromString(bytes([0x08, 0x05]))  # prompt (1) as a number
+    with pytest.raises(InvalidRequestError) as info:
+        tokenize_request_from_pb(msg)
+    assert info.value.field == "prompt"
 
 
 @pytest.mark.parametrize(
