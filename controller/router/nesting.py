@@ -18,29 +18,43 @@ from google.protobuf import struct_pb2
 # a Struct of 33 levels is the deepest that protobuf decodes inside a request.
 MAX_JSON_DEPTH = 32
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_PARENS = str.maketrans("[{]}", "(())")
-_NOT_A_PAREN = re.compile(r"[^()]+")
+
+def _within(limit: int) -> re.Pattern[bytes]:
+    """JSON's skeleton (strings, and containers as parens) nested at most `limit` levels: one
+    pattern of possessive repeats, so matching is linear and never backtracks."""
+    string = rb'"[^"]*+"'
+    container = rb"\((?:" + string + rb")*+\)"
+    for _ in range(limit - 1):
+        container = rb"\((?:" + string + rb"|" + container + rb")*+\)"
+    return re.compile(rb"(?:" + string + rb"|" + container + rb")*+")
 
 
-def text_over(text: str, limit: int) -> bool:
-    """Whether JSON `text` nests deeper than `limit` levels. Its brackets are read outside its
-    strings, innermost pairs removed a level at a time (each pass a copy at C speed, at most
-    `limit` of them): no recursion, whatever the text. Unbalanced brackets are not JSON, which the
-    worker's own check names: not refused here."""
-    rest = _NOT_A_PAREN.sub("", _STRING.sub("", text).translate(_PARENS))
-    for _ in range(limit):
-        inner = rest.replace("()", "")
-        if inner == rest:  # empty, or unbalanced
-            return False
-        rest = inner
-    return bool(rest)
+_WITHIN = _within(MAX_JSON_DEPTH)
+_SKELETON = bytes.maketrans(b"[{]}", b"(())")
+_NOT_SKELETON = bytes(set(range(256)) - set(b'[]{}"'))
 
 
-def struct_over(struct: struct_pb2.Struct, limit: int) -> bool:
-    """Whether a Struct (itself a level) nests deeper than `limit` levels, read level by level."""
+def text_over(text: str) -> bool:
+    """Whether JSON `text` nests deeper than MAX_JSON_DEPTH levels. Read from its skeleton (its
+    escapes dropped, then all but quotes and brackets) by one regular expression at C speed, in
+    time linear in the text (tens of ms for 4 MB at worst), with no recursion whatever the text.
+    Unbalanced brackets are not JSON, which the worker's own check names: not refused here."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return False
+    skeleton = text.encode().replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = skeleton.translate(_SKELETON, _NOT_SKELETON)
+    end = _WITHIN.match(skeleton).end()
+    if end == len(skeleton):
+        return False
+    # It stopped at a container nested too deep, or at brackets that do not pair.
+    return skeleton[end] == ord("(") and skeleton.count(b"(") == skeleton.count(b")")
+
+
+def struct_over(struct: struct_pb2.Struct) -> bool:
+    """Whether a Struct (itself a level) nests deeper than MAX_JSON_DEPTH levels, read level by
+    level."""
     level: list[struct_pb2.Struct | struct_pb2.ListValue] = [struct]
-    for _ in range(limit):
+    for _ in range(MAX_JSON_DEPTH):
         level = [inner for container in level for inner in _containers(container)]
         if not level:
             return False

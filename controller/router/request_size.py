@@ -88,10 +88,8 @@ def _check_nesting(request: Conversational) -> None:
     texts += [(f"tools[{i}].parameters", tool.parameters) for i, tool in enumerate(request.tools)]
     if isinstance(request, inference_pb2.GenerateRequest):
         texts.append(("sampling.constraint.json_schema", request.sampling.constraint.json_schema))
-    deep = [field for field, text in texts if text_over(text, MAX_JSON_DEPTH)]
-    if request.HasField("chat_template_kwargs") and struct_over(
-        request.chat_template_kwargs, MAX_JSON_DEPTH
-    ):
+    deep = [field for field, text in texts if text_over(text)]
+    if request.HasField("chat_template_kwargs") and struct_over(request.chat_template_kwargs):
         deep.append("chat_template_kwargs")
     if deep:
         raise RequestTooLarge(

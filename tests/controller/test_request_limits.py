@@ -186,24 +186,24 @@ def test_a_detokenize_of_more_ids_than_max_model_len_is_refused_naming_tokens():
 
 
 @pytest.mark.parametrize(
-    ("text", "depth"),
+    ("text", "over"),
     [
-        ("1", 0),
-        ("{}", 1),
-        ('{"a": [1, {"b": []}]}', 4),
-        ('["]]]", "\\"[[["]', 1),  # brackets inside strings do not count, escaped quotes neither
-        ("[" * 40, None),  # unbalanced: not JSON, the worker's own check names it
+        (AT_DEPTH, False),
+        (DEEP, True),
+        (json.dumps([[1, {"b": []}]] * 50), False),  # wide, not deep
+        ("[" * (MAX_JSON_DEPTH - 2) + "[1, {}]" + "]" * (MAX_JSON_DEPTH - 2), False),
+        ("[" * (MAX_JSON_DEPTH - 1) + "[1, {}]" + "]" * (MAX_JSON_DEPTH - 1), True),
+        # Brackets inside strings do not count, escaped quotes and backslashes neither.
+        (json.dumps(["]" * 40, "[" * 40, '"[[[[', "\\", "\\[" * 40]), False),
+        ("[" * 40, False),  # unbalanced: not JSON, which the worker's own check names
+        ('["' + "[" * 40, False),  # an unterminated string: not JSON either
     ],
 )
-def test_the_depth_of_json_text_is_read_from_its_brackets_outside_strings(text, depth):
-    if depth is None:
-        assert not text_over(text, 3)
-    else:
-        assert not text_over(text, depth)
-        assert depth == 0 or text_over(text, depth - 1)
+def test_the_depth_of_json_text_is_read_from_its_skeleton(text, over):
+    assert text_over(text) is over
 
 
 def test_the_depth_of_a_struct_counts_objects_and_lists():
-    struct = kwargs({"a": [{"b": 1}], "c": 2})
-    assert not struct_over(struct, 3)
-    assert struct_over(struct, 2)
+    assert not struct_over(kwargs(nested(MAX_JSON_DEPTH)))
+    assert struct_over(kwargs(nested(MAX_JSON_DEPTH + 1)))
+    assert struct_over(kwargs({"a": [nested(MAX_JSON_DEPTH - 1)]}))
