@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRATCH = Path(tempfile.gettempdir()) / f"intentserve-gpu-check-{os.getpid()}"
 PROMPT_LEN, PARITY_TOKENS = 24, 8
 MAX_MODEL_LEN = 1024
+GPU_TESTS_TIMEOUT_S = 240
 
 # Seeded checkpoints of the real models' shapes (weights random, from the seed); the dry run keeps
 # each one's heads and shrinks the rest.
@@ -195,14 +196,22 @@ def gpu_tests(device: str) -> dict:
         "tests/worker/engine/test_triton_engine.py",
         "tests/worker/engine/test_paged_attention_kernels.py",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,  # a kernel that hangs costs this part, not the lease
-    )
-    summary = (done.stdout.strip().splitlines() or [""])[-1]
+    try:
+        done = subprocess.run(
+            # -v: each test is named as it starts, so a cut-off run shows the one that hung
+            [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *files],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=GPU_TESTS_TIMEOUT_S,  # a kernel that hangs costs this part, not the lease
+        )
+    except subprocess.TimeoutExpired as exc:
+        so_far = exc.stdout or ""  # bytes, whatever `text` says
+        so_far = so_far.decode(errors="replace") if isinstance(so_far, bytes) else so_far
+        raise RuntimeError(
+            f"pytest ran past {exc.timeout:g} s; it had printed:\n{so_far[-3000:]}"
+        ) from None
+    summary = (done.stdout.strip().splitlines() or [""])[-1].strip("= ")
     if done.returncode != 0:
         raise RuntimeError(f"pytest exit {done.returncode}: {summary}\n{done.stdout[-3000:]}")
     return {"summary": summary}
