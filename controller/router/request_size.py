@@ -34,20 +34,27 @@ MAX_TOOLS = 128  # OpenAI's limit on a chat's `tools`
 # characters (a newline and 80 spaces), Gemma 3's 31. A prompt of natural text averages about 4.
 MAX_TOKEN_CHARS = 128
 
+# What a conversation's lists may hold: field -> (at most, what its items are called).
+COUNT_BOUNDS = {"messages": (MAX_MESSAGES, "turns"), "tools": (MAX_TOOLS, "tools")}
+
 Conversational = inference_pb2.GenerateRequest | inference_pb2.TokenizeRequest
+
+
+def over_count(field: str, count: int) -> str | None:
+    """Why `count` items are too many for a list of COUNT_BOUNDS (None: they are not); the HTTP
+    API asks it of a body's list before reading its items."""
+    bound, what = COUNT_BOUNDS[field]
+    return f"{count} {what}; allowed: at most {bound} {what}" if count > bound else None
 
 
 def check_request(request: Conversational, max_model_len: int) -> None:
     """RequestTooLarge when a Generate or Tokenize request is over one of the bounds above;
     `max_model_len`: the largest a READY worker reported (0: none known, characters unchecked)."""
     check_size(request)
-    for field, bound, what in (
-        ("messages", MAX_MESSAGES, "turns"),
-        ("tools", MAX_TOOLS, "tools"),
-    ):
-        count = len(getattr(request, field))
-        if count > bound:
-            raise RequestTooLarge(field, f"{count} {what}; allowed: at most {bound} {what}")
+    for field in COUNT_BOUNDS:
+        problem = over_count(field, len(getattr(request, field)))
+        if problem is not None:
+            raise RequestTooLarge(field, problem)
     _check_nesting(request)
     if max_model_len:
         _check_chars(request, max_model_len)

@@ -10,6 +10,9 @@ import json
 import pytest
 from google.protobuf import struct_pb2
 from intentserve.controller.errors import RequestTooLarge
+from intentserve.controller.router.http.errors import from_validation
+from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
+from intentserve.controller.router.http.tokenize import TokenizeRequest
 from intentserve.controller.router.nesting import MAX_JSON_DEPTH, struct_over, text_over
 from intentserve.controller.router.request_size import (
     MAX_MESSAGES,
@@ -19,8 +22,10 @@ from intentserve.controller.router.request_size import (
     check_request,
 )
 from intentserve.v1 import inference_pb2
+from pydantic import ValidationError
 
 MAX_MODEL_LEN = 64
+WHAT = {"messages": "turns", "tools": "tools"}
 MAX_CHARS = MAX_MODEL_LEN * MAX_TOKEN_CHARS
 
 
@@ -207,3 +212,34 @@ def test_the_depth_of_a_struct_counts_objects_and_lists():
     assert not struct_over(kwargs(nested(MAX_JSON_DEPTH)))
     assert struct_over(kwargs(nested(MAX_JSON_DEPTH + 1)))
     assert struct_over(kwargs({"a": [nested(MAX_JSON_DEPTH - 1)]}))
+
+
+@pytest.mark.parametrize(
+    ("schema", "field", "bound"),
+    [
+        (ChatCompletionRequest, "messages", MAX_MESSAGES),
+        (ChatCompletionRequest, "tools", MAX_TOOLS),
+        (TokenizeRequest, "messages", MAX_MESSAGES),
+        (TokenizeRequest, "tools", MAX_TOOLS),
+    ],
+)
+def test_an_http_body_of_too_many_turns_or_tools_is_refused_before_they_are_read(
+    schema, field, bound
+):
+    """Found measuring: 250,000 turns took the router's event loop 0.9 s to validate and as
+    long again to convert, before the router's own count refused them. The count comes first
+    now: the last item is not even read (its error would have been named)."""
+    items = {
+        "messages": {"role": "user", "content": "Hi"},
+        "tools": {"type": "function", "function": {"name": "f"}},
+    }
+    body = {"model": "m", "messages": [items["messages"]]}
+    body[field] = [items[field]] * bound + [{"unknown": 1}]
+    with pytest.raises(ValidationError) as info:
+        schema.model_validate_json(json.dumps(body))
+    error = from_validation(info.value, schema)
+    assert error.param == field
+    assert (
+        error.message
+        == f"{field}: {bound + 1} {WHAT[field]}; allowed: at most {bound} {WHAT[field]}"
+    )

@@ -21,6 +21,7 @@ from intentserve.controller.router.http.openai_chat_schema import ChatCompletion
 from intentserve.controller.router.http.openai_convert import param_of
 from intentserve.controller.router.http.openai_schema import CompletionRequest, UnsupportedField
 from intentserve.controller.router.nesting import MAX_JSON_DEPTH
+from intentserve.controller.router.request_size import COUNT_BOUNDS, over_count
 from intentserve.controller.status_codes import STATUS_CODES
 from pydantic import BaseModel, ValidationError
 
@@ -81,6 +82,8 @@ def from_validation(error: ValidationError, schema: type[BaseModel] | None = Non
             f"nested deeper than the {BODY_PARSER_DEPTH} levels a body is read to; allowed: at "
             f"most {MAX_JSON_DEPTH} levels of JSON in a field"
         )
+    if first["type"] == "too_long" and param in COUNT_BOUNDS:
+        message = over_count(param, first["ctx"]["actual_length"])
     if first["type"] == "extra_forbidden":
         message = (
             "not honoured by this server, so refused (README's HTTP API section lists every "

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from intentserve.controller.router.http.errors import from_routing
 from intentserve.controller.router.http.openai_chat_schema import (
-    ChatMessage,
-    ToolDefinition,
+    Messages,
+    Tools,
     conversation_unsupported,
 )
 from intentserve.controller.router.http.openai_convert import fill_conversation
@@ -33,9 +33,9 @@ class TokenizeRequest(BaseModel):
 
     model: str
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Messages | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[ToolDefinition] | None = None
+    tools: Tools | None = None
     add_special_tokens: bool | None = None  # None: as the checkpoint (and a completion) has it
     return_token_strs: bool = False
 
