@@ -5,6 +5,8 @@ prometheus_client's parser against `status --json`."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import socket
 import threading
 import time
 
@@ -520,3 +522,23 @@ def test_cors_is_off_by_default_and_allows_only_the_configured_origins(
     other = {**preflight, "Origin": "https://evil.example"}
     refused = httpx.options(f"{server.http_url}/v1/completions", headers=other, timeout=5)
     assert "access-control-allow-origin" not in refused.headers
+
+
+def test_a_client_gone_before_its_body_ends_is_a_refusal_not_a_server_error(
+    start_controller, make_worker, caplog
+):
+    """A body cut short (its client closed, or the body deadline closed it) is the client's
+    doing: counted as a refusal, with no error line and traceback (which a client could send at
+    will to flood the log)."""
+    server, _ = ready_controller(start_controller, make_worker)
+    host, port = server.http_url.split("//")[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"model": "smollm2')
+    refused = "intentserve_http_requests_refused_total"
+    eventually(lambda: sample(server, refused, route="/v1/completions", status="400") == 1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]

@@ -53,6 +53,7 @@ from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.view import DeploymentView
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 # The largest request body read: twice the largest request the controller forwards, room for
 # JSON's escapes (streaming.MAX_REQUEST_BYTES). A larger one is refused (413) before it is read,
@@ -258,11 +259,20 @@ async def _read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large(f"{int(declared)} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large(f"over {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _too_large(f"over {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client closed (or the body deadline closed it, connection_guard.py) before its
+        # body ended: its refusal, counted, with no one to answer and nothing to log as an error.
+        raise OpenAIError(
+            400,
+            f"request body: the connection closed after {size} bytes, before the body ended",
+            code="incomplete_body",
+        ) from None
     return b"".join(chunks)
 
 
