@@ -115,6 +115,33 @@ def test_a_part_due_after_the_budget_is_recorded_as_not_started():
     assert seen == [["a"], ["a", "b"], ["a", "b", "c"]]  # written after every part
 
 
+def test_a_part_that_takes_a_cap_is_cut_to_end_by_the_end():
+    """The lease host's parts (240 s caps) started late in the budget get only what is left
+    before `end_s`, so the call still ends in time; a part without a cap is called as it is."""
+    now = iter([0.0, 0.0, 300.0, 470.0])
+    caps: dict[str, float] = {}
+
+    def capped(name):
+        def run(device, cap_s=240.0):
+            caps[name] = cap_s
+            return {}
+
+        return run
+
+    parts = {"plain": lambda device: {}, "early": capped("early"), "late": capped("late")}
+    results = gpu_check.run_parts(
+        parts, "cpu", 480.0, lambda r: None, clock=lambda: next(now), end_s=480.0
+    )
+    assert all(r["ok"] for r in results.values())
+    assert caps == {"early": 180.0, "late": 10.0}
+    # With no end given, a cap keeps its own default.
+    now = iter([0.0, 0.0])
+    gpu_check.run_parts(
+        {"early": capped("early")}, "cpu", 1e9, lambda r: None, clock=lambda: next(now)
+    )
+    assert caps["early"] == 240.0
+
+
 def test_a_failed_part_keeps_its_findings_and_the_next_still_runs():
     def fails(device):
         raise PartFailed("2 of 3 unequal", {"cases": {"x": False}})
