@@ -71,9 +71,11 @@ def host_facts(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "",
     }
+    facts |= cpu_facts()
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         facts |= {"gpu": props.name, "gpu_memory_bytes": props.total_memory}
+        facts["driver"] = driver_version()
     try:
         import triton
 
@@ -81,6 +83,44 @@ def host_facts(device: str) -> dict:
     except ImportError as exc:
         facts["triton"] = f"missing ({exc})"
     return facts
+
+
+def driver_version(run=subprocess.run, proc: Path = Path("/proc/driver/nvidia/version")) -> str:
+    """The NVIDIA driver's version: nvidia-smi's answer, else the kernel module's own line."""
+    try:
+        done = run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        line = proc.read_text().splitlines()[
+            0
+        ]  # "NVRM version: NVIDIA UNIX ... Kernel Module  580.159.04  ..."
+    except (OSError, IndexError):
+        return "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"
+    words = line.split()
+    return next((w for w in words if w[:1].isdigit() and w.count(".") >= 1), line)
+
+
+def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """The host's CPU: model, cores, and whether it has AMX (the lease host's parts use it)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {"cpu": platform.processor() or "unknown", "cores": os.cpu_count()}
+    model = next(
+        (x.split(":", 1)[1].strip() for x in text.splitlines() if x.startswith("model name")), ""
+    )
+    flags = next(
+        (x.split(":", 1)[1].split() for x in text.splitlines() if x.startswith("flags")), []
+    )
+    return {"cpu": model or "unknown", "cores": os.cpu_count(), "amx": "amx_tile" in flags}
 
 
 def free_memory(device: str) -> None:
