@@ -215,10 +215,10 @@ class Rehearsal:
         }
         done = _run(["bash", "bench/gpu_lease.sh"], env=env, timeout=1500)
         report = json.loads((self.out / "gpu_check.json").read_text())
-        parts = {k: v for k, v in report.items() if isinstance(v, dict) and "ok" in v}
+        parts = report["parts"]
         failed = {k: v.get("error", "") for k, v in parts.items() if not v["ok"]}
-        if failed:
-            raise RuntimeError(f"the dry run's parts failed: {failed}")
+        if failed or set(parts) != set(report["asked"]) or not parts:
+            raise RuntimeError(f"the dry run's parts failed or did not run: {failed or parts}")
         lines = [x for x in done.stdout.splitlines() if x.startswith("[gpu-check]")]
         return {
             "parts": {k: v["seconds"] for k, v in parts.items()},
