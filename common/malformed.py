@@ -32,7 +32,16 @@ def describe_parse_error(descriptor: Descriptor, data: bytes) -> FieldViolation:
     )
 
 
-def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int) -> None:
+# JSON in a request (a Struct and what it holds): the field that holds it is the one named.
+_JSON_TYPES = frozenset(
+    {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
+)
+# protobuf's parser decodes this many levels of messages (upb's default), no more.
+PARSER_DEPTH = 100
+
+
+def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int, held: str = "") -> None:
+    """`held`: the field whose JSON (a Struct) `data` is inside, if any."""
     pos = 0
     while pos < len(data):
         key, pos = _varint(data, pos, descriptor.name)
@@ -51,13 +60,15 @@ def _walk(descriptor: Descriptor, data: bytes, path: str, depth: int) -> None:
             length, pos = _varint(data, pos, name)
             if pos + length > len(data):
                 raise _Problem(name, f"its length ({length} bytes) runs past the end")
-            _check_value(field, data[pos : pos + length], name, depth)
+            _check_value(field, data[pos : pos + length], name, depth, held)
             pos += length
         else:
             raise _Problem(name, f"wire type {wire_type} is not valid here")
 
 
-def _check_value(field: FieldDescriptor | None, value: bytes, name: str, depth: int) -> None:
+def _check_value(
+    field: FieldDescriptor | None, value: bytes, name: str, depth: int, held: str
+) -> None:
     if field is None:
         return  # an unknown field: the parser keeps it, whatever it holds
     if field.type == FieldDescriptor.TYPE_STRING:
@@ -66,8 +77,17 @@ def _check_value(field: FieldDescriptor | None, value: bytes, name: str, depth: 
         except UnicodeDecodeError as error:
             problem = f"is not valid UTF-8 (byte {error.start} of the value)"
             raise _Problem(name, problem) from None
-    elif field.type == FieldDescriptor.TYPE_MESSAGE and depth < _MAX_DEPTH:
-        _walk(field.message_type, value, f"{name}.", depth + 1)
+    elif field.type == FieldDescriptor.TYPE_MESSAGE:
+        held = held or (name if field.message_type.full_name in _JSON_TYPES else "")
+        if depth >= _MAX_DEPTH:
+            # Only a message that failed to parse is walked: past our own messages' depth, what
+            # failed is the nesting itself (a Struct level is three messages deep).
+            raise _Problem(
+                held or name,
+                f"nested deeper than protobuf decodes ({PARSER_DEPTH} levels of messages: JSON "
+                f"in a request at most {PARSER_DEPTH // 3} levels deep)",
+            )
+        _walk(field.message_type, value, f"{name}.", depth + 1, held)
 
 
 def _varint(data: bytes, pos: int, name: str) -> tuple[int, int]:

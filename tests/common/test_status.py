@@ -41,6 +41,46 @@ def test_a_parse_error_names_the_field(data, problem):
     assert f"{violation.field}: {violation.description}".startswith(problem)
 
 
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        (inference_pb2.GenerateRequest, "chat_template_kwargs"),
+        (inference_pb2.TokenizeRequest, "chat_template_kwargs"),
+        (inference_pb2.GenerateCommand, "start.chat_template_kwargs"),  # GenerateMany's
+    ],
+)
+def test_a_message_nested_past_what_protobuf_decodes_names_its_field(message, named):
+    """A Struct nested 40 JSON levels (120 messages; protobuf decodes 100) in a request:
+    refused naming the field that holds it, not the request as a whole."""
+    value = b""
+    for _ in range(40):  # Struct{fields: {"a": Value{struct_value: ...}}}
+        entry = _length_delimited(1, b"a") + _length_delimited(2, _length_delimited(5, value))
+        value = _length_delimited(1, entry)
+    kwargs = REQUEST.fields_by_name["chat_template_kwargs"].number
+    request = _length_delimited(2, b"hi") + _length_delimited(kwargs, value)
+    if message is inference_pb2.TokenizeRequest:
+        number = message.DESCRIPTOR.fields_by_name["chat_template_kwargs"].number
+        request = _length_delimited(number, value)
+    data = _length_delimited(2, request) if message is inference_pb2.GenerateCommand else request
+    with pytest.raises(DecodeError):
+        message.FromString(data)
+    violation = describe_parse_error(message.DESCRIPTOR, data)
+    assert violation.field == named
+    assert "nested deeper than protobuf decodes" in violation.description
+
+
 @pytest.mark.parametrize("size", [0, 10, MAX_STATUS_MESSAGE_BYTES])
 def test_short_messages_are_left_alone(size):
     assert fit_status_message("é" * (size // 2)) == "é" * (size // 2)
@@ -77,3 +117,28 @@ def test_drain_of_a_100000_character_worker_id_is_not_found_with_a_status_that_f
     assert info.value.code() == grpc.StatusCode.NOT_FOUND, info.value.details()
     assert info.value.details().startswith("unknown worker 'www")
     assert len(info.value.details().encode()) <= MAX_STATUS_MESSAGE_BYTES
+
+
+def test_a_generate_nested_past_what_protobuf_decodes_is_invalid_argument_naming_the_field():
+    """Through a real controller's gRPC front door: not INTERNAL ("Exception deserializing
+    request!"), but INVALID_ARGUMENT naming the field."""
+    value = b""
+    for _ in range(40):
+        entry = _length_delimited(1, b"a") + _length_delimited(2, _length_delimited(5, value))
+        value = _length_delimited(1, entry)
+    kwargs = REQUEST.fields_by_name["chat_template_kwargs"].number
+    data = _length_delimited(2, b"hi") + _length_delimited(kwargs, value)
+    server = ControllerServer(ControllerSettings(**FAST).config()).start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            generate = channel.unary_stream(
+                "/intentserve.v1.Inference/Generate",
+                request_serializer=lambda raw: raw,
+                response_deserializer=inference_pb2.GenerateResponse.FromString,
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                list(generate(data, timeout=10))
+    finally:
+        server.stop(grace_s=0)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert info.value.details().startswith("chat_template_kwargs: nested deeper than protobuf")
