@@ -21,7 +21,11 @@ from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
-from intentserve.worker.engine.constraint import Constraint, grammar_for_tool_choice
+from intentserve.worker.engine.constraint import (
+    NESTED_TOO_DEEP,
+    Constraint,
+    grammar_for_tool_choice,
+)
 from intentserve.worker.engine.sampling import InvalidRequestError
 from intentserve.worker.engine.tool_calls import ToolCall
 
@@ -93,6 +97,8 @@ def _json_object(text: str, field: str) -> dict[str, Any]:
         value = json.loads(text)
     except ValueError as error:
         raise InvalidRequestError(field, f"is not JSON: {error}") from None
+    except RecursionError:
+        raise InvalidRequestError(field, NESTED_TOO_DEEP) from None
     if not isinstance(value, dict):
         raise InvalidRequestError(field, f"must be a JSON object, not {type(value).__name__}")
     return value

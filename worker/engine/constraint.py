@@ -20,6 +20,8 @@ from intentserve.worker.engine.sampling import InvalidRequestError
 
 FIELD = "constraint"  # the engine's name for the request field; the edges rename it
 MAX_CONSTRAINT_CHARS = 256 * 1024  # a schema, a pattern or all choices together
+# JSON nested past what Python's parser recurses into (the router refuses past 32 levels first).
+NESTED_TOO_DEEP = "is JSON nested too deep to read (more levels than the parser recurses into)"
 MAX_CHOICES = 1024
 TOOL_CALL_OPEN = "<tool_call>\n"
 TOOL_CALL_CLOSE = "\n</tool_call>"
@@ -55,6 +57,8 @@ class Constraint:
                 schema = json.loads(self.text)
             except ValueError as error:
                 raise InvalidRequestError(where, f"is not valid JSON: {error}") from None
+            except RecursionError:
+                raise InvalidRequestError(where, NESTED_TOO_DEEP) from None
             if not isinstance(schema, (dict, bool)):
                 raise InvalidRequestError(
                     where, f"must be a JSON schema (an object), got {type(schema).__name__}"

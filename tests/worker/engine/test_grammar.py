@@ -123,3 +123,19 @@ def test_each_request_gets_its_own_matcher_from_the_cache(compiler):
     assert first.tokens == {"x": A, "y": B}
     second = sampler.sample(torch.zeros(2, VOCAB), ["x", "y"], [regex("(a|b)b")] * 2)
     assert second.tokens == {"x": B, "y": B} and second.complete == {"x", "y"}
+
+
+@pytest.mark.parametrize("deep", ["[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000])
+def test_json_nested_past_the_parsers_depth_is_refused_naming_the_field(deep):
+    """A schema, or a tool call's arguments or a tool's parameters, nested past what Python's
+    JSON parser recurses into: InvalidRequestError naming the field, not a RecursionError (the
+    router refuses such JSON first, at 32 levels; this is the worker's own guard)."""
+    from intentserve.worker.engine.chat import _json_object
+
+    with pytest.raises(InvalidRequestError) as refused:
+        Constraint(ConstraintKind.JSON_SCHEMA, deep)
+    assert refused.value.field == "constraint.json_schema"  # the wire name (sampling.constraint)
+    assert "nested too deep" in str(refused.value)
+    with pytest.raises(InvalidRequestError) as refused:
+        _json_object(deep, "tools[0].parameters")
+    assert refused.value.field == "tools[0].parameters" and "nested too deep" in str(refused.value)
