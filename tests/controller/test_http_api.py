@@ -177,6 +177,31 @@ def test_refusals_before_routing_are_counted_by_route_and_status(
     assert sample(server, refused, status="200") == 0
 
 
+def test_every_error_is_openai_shaped_also_for_unknown_paths_and_methods(
+    start_controller, make_worker
+):
+    """Issue 53 item 6: FastAPI's own `{"detail": "Not Found"}` was what /v1/responses got."""
+    server, _ = ready_controller(start_controller, make_worker)
+    with client_for(server) as client, pytest.raises(openai.NotFoundError) as error:
+        client.responses.create(model=MODEL, input="Hi")
+    assert error.value.body["type"] == "invalid_request_error"
+    assert "POST /v1/responses" in error.value.body["message"]
+    cases = [
+        ("GET", "/nowhere", None, 404),
+        ("POST", "/v1/models", None, 405),
+        ("GET", "/v1/chat/completions", None, 405),
+        ("POST", "/v1/chat/completions", b"{not json", 400),
+    ]
+    for method, path, content, status in cases:
+        response = httpx.request(method, f"{server.http_url}{path}", content=content, timeout=5)
+        assert response.status_code == status, response.text
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.post(f"{server.http_url}/v1/models", timeout=5).headers["allow"] == "GET"
+    refused = "intentserve_http_requests_refused_total"
+    assert sample(server, refused, route="unmatched", status="404") == 2
+    assert sample(server, refused, route="/v1/models", status="405") == 2
+
+
 def test_the_request_id_is_the_clients_or_a_new_one_and_is_echoed(start_controller, make_worker):
     server, _ = ready_controller(start_controller, make_worker)
     url = f"{server.http_url}/v1/completions"

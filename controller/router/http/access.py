@@ -9,8 +9,8 @@ the request by it), and ends the completion's `id`.
 The access log (logger `intentserve.access`, level info) has one line per request when it ends
 (a stream: at its last event): method, route (the matched path template), status, latency_s and
 request_id, as structured fields for `--log-format json`. A request refused before it is routed
-(a bad body 400, no key 401, an unknown model or path 404, too large 413) is counted in
-`intentserve_http_requests_refused_total{route,status}`.
+(a bad body 400, no key 401, an unknown model or path 404, a wrong method 405, too large 413)
+is counted in `intentserve_http_requests_refused_total{route,status}`.
 
 A plain ASGI middleware: it sees the response's start and end without wrapping the body, so
 streams pass through it as they are, and `request.receive()` still tells a disconnect.
@@ -22,9 +22,9 @@ import logging
 import time
 
 from intentserve.common.ids import new_request_id, request_id_problem
+from intentserve.controller.router.http.error_shapes import error_response
 from intentserve.controller.router.http.errors import OpenAIError
 from prometheus_client import CollectorRegistry, Counter
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("intentserve.access")
@@ -48,7 +48,7 @@ def refused_requests(registry: CollectorRegistry) -> Counter:
     return Counter(
         "intentserve_http_requests_refused",
         "HTTP requests refused before routing (bad body, no key, unknown model or path, "
-        "too large), by route and status",
+        "wrong method, too large), by route and status",
         ("route", "status"),
         registry=registry,
     )
@@ -82,7 +82,7 @@ class AccessLog:
         try:
             if problem is not None:
                 error = OpenAIError(400, f"X-Request-Id header: {problem}", param="X-Request-Id")
-                await JSONResponse(error.body(), status_code=400)(scope, receive, send_with_id)
+                await error_response(error, scope["path"])(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
         finally:

@@ -38,6 +38,7 @@ from intentserve.controller.router.http.access import (
 )
 from intentserve.controller.router.http.bridge import HttpCall, RoutedResponses
 from intentserve.controller.router.http.cors import allow_origins
+from intentserve.controller.router.http.error_shapes import install_error_handlers
 from intentserve.controller.router.http.errors import (
     OpenAIError,
     from_routing,
@@ -89,9 +90,7 @@ def build_app(frontend: Frontend) -> FastAPI:
     # Added last, so outermost: every request gets its access-log line, CORS preflights too.
     app.add_middleware(AccessLog, refused=refused_requests(frontend.metrics))
 
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+    install_error_handlers(app)
 
     def authorize(request: Request) -> None:
         header = request.headers.get("authorization", "")

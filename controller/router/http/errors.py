@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 import grpc
 import pydantic_core
+from fastapi.exceptions import RequestValidationError
 from intentserve.common.field_errors import violation_of
 from intentserve.common.status import lookup
 from intentserve.controller.errors import NotReady
@@ -42,6 +43,7 @@ TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
@@ -89,6 +91,15 @@ def from_validation(error: ValidationError, schema: type[BaseModel] | None = Non
             "not honoured by this server, so refused (README's HTTP API section lists every "
             "field it honours)"
         )
+    return OpenAIError(400, f"{param}: {message}" if param else message, param=param or None)
+
+
+def from_request_validation(error: RequestValidationError) -> OpenAIError:
+    """FastAPI's own check of a route's declared parameters: the first problem, naming it
+    (its location, `query` or `body`, dropped)."""
+    first = error.errors()[0]
+    param = _param_path(tuple(first["loc"])[1:])
+    message = first["msg"].removeprefix("Value error, ")
     return OpenAIError(400, f"{param}: {message}" if param else message, param=param or None)
 
 
