@@ -1,13 +1,16 @@
 """What a request can cost the worker before it is refused (issue 60): a conversation is refused
 from its turns' text before the template renders it, and from the rendered text's bytes before
 it is tokenized; too many turns, tool calls or tools are refused by their number; tokenize and
-detokenize are bounded the same way; and at most one request renders or tokenizes at a time.
+detokenize are bounded the same way; and at most one request renders or tokenizes at a time,
+tokenizing at a lower CPU priority than the engine's.
 
 The tiny engine's tokenizer is byte-level BPE whose longest token covers 13 bytes, so at
 max_model_len 128 a prompt of more than 13 x 127 = 1651 bytes cannot fit."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -21,6 +24,7 @@ from intentserve.worker.engine.chat import (
     Conversation,
     Tool,
 )
+from intentserve.worker.engine.prepare import TOKENIZER_NICE
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.engine.tool_calls import ToolCall
 
@@ -233,3 +237,19 @@ def test_one_request_at_a_time_renders_or_tokenizes(engine, monkeypatch, method,
     for thread in threads:
         thread.join()
     assert most[0] == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+def test_texts_are_tokenized_at_a_lower_cpu_priority_than_the_callers(engine, monkeypatch):
+    encode = engine.tokenizer.encode
+    nice: list[int] = []
+
+    def recording(*args, **kwargs):
+        nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", recording)
+    engine.tokenize("the cat sat on the mat")
+    engine.prepare("the cat sat on the mat", PARAMS)
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert nice == [min(own + TOKENIZER_NICE, 19)] * 2
