@@ -344,10 +344,18 @@ def test_each_structured_output_form_reaches_the_request(kind, body, reached):
     assert reached(pb.sampling.constraint)
 
 
+def test_a_free_grammar_reaches_the_request():
+    """Issue 53 item 5: `structured_outputs.grammar` was refused naming it."""
+    for kind in ("chat", "completions"):
+        pb = _outcome(kind, _body(kind, "structured_outputs", {"grammar": "root ::= 'a'"}))
+        assert hasattr(pb, "sampling"), pb.message
+        assert pb.sampling.constraint.grammar == "root ::= 'a'"
+
+
 def test_vllms_other_structured_output_options_are_refused_naming_them():
-    body = _body("chat", "structured_outputs", {"grammar": "root ::= 'a'"})
+    body = _body("chat", "structured_outputs", {"structural_tag": "{}"})
     outcome = _outcome("chat", body)
-    assert (outcome.status, outcome.param) == (400, "structured_outputs.grammar")
+    assert (outcome.status, outcome.param) == (400, "structured_outputs.structural_tag")
 
 
 def test_readme_lists_every_field_here():

@@ -394,6 +394,14 @@ def test_n_choices_are_one_request_of_n(n, on_the_wire):
     assert chat_request_to_pb(chat(n=n)).n == on_the_wire
 
 
+def test_a_worker_refusing_a_grammar_names_structured_outputs_grammar():
+    body = chat(structured_outputs={"grammar": "start: ("})
+    assert param_of("sampling.constraint.grammar", body) == "structured_outputs.grammar"
+    assert param_of("sampling.constraint.regex", chat(structured_outputs={"regex": "("})) == (
+        "structured_outputs"
+    )
+
+
 def test_a_worker_refusing_n_past_its_max_num_seqs_names_param_n():
     assert param_of("n", completion()) == "n" and param_of("n", chat()) == "n"
 

@@ -1,5 +1,6 @@
 """What a request's output must look like (structured outputs): any JSON object, a JSON schema,
-one of a list of strings, a regular expression, or one Hermes-style tool call. A value, checked
+one of a list of strings, a regular expression, a free grammar (Lark or GBNF), or one
+Hermes-style tool call. A value, checked
 for shape where it is made; grammar.py compiles it against a model's vocabulary.
 
 `grammar_for_tool_choice` turns OpenAI's `tools` and `tool_choice` (`required`, or a named
@@ -34,6 +35,7 @@ class ConstraintKind(Enum):
     REGEX = "regex"  # `text` is a pattern (Rust regex syntax, no look-around) the output matches
     TOOL_CALL = "tool_call"  # `text` is the schema of the call object inside the tags
     TOOL_CALLS = "tool_calls"  # as TOOL_CALL, one or more calls a line apart
+    GRAMMAR = "grammar"  # `text` is a free grammar, Lark or GBNF (as llguidance reads them)
 
 
 TOOL_CALL_KINDS = (ConstraintKind.TOOL_CALL, ConstraintKind.TOOL_CALLS)
@@ -63,7 +65,7 @@ class Constraint:
                 raise InvalidRequestError(
                     where, f"must be a JSON schema (an object), got {type(schema).__name__}"
                 )
-        if self.kind == ConstraintKind.REGEX and not self.text:
+        if self.kind in (ConstraintKind.REGEX, ConstraintKind.GRAMMAR) and not self.text:
             raise InvalidRequestError(where, "must not be empty")
         if self.kind == ConstraintKind.CHOICE:
             if not 1 <= len(self.choices) <= MAX_CHOICES:

@@ -45,6 +45,10 @@ def _grammar(constraint: Constraint) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema(constraint.text)
     if kind == ConstraintKind.REGEX:
         return llguidance.LLMatcher.grammar_from_regex(constraint.text)
+    if kind == ConstraintKind.GRAMMAR:
+        # NOTE: "grammar" is Lark, or GBNF converted to Lark; a GBNF that does not convert is
+        # ValueError, a Lark that does not compile an error of the matcher.
+        return llguidance.grammar_from("grammar", constraint.text)
     if kind == ConstraintKind.CHOICE:
         return llguidance.LLMatcher.grammar_from_lark(
             "start: " + " | ".join(json.dumps(c) for c in constraint.choices)
@@ -121,7 +125,11 @@ class GrammarCompiler:
 
     def _compile(self, constraint: Constraint) -> llguidance.LLMatcher:
         where = f"{FIELD}.{constraint.kind.value}"
-        matcher = llguidance.LLMatcher(self._llg_tokenizer(), _grammar(constraint), log_level=0)
+        try:
+            text = _grammar(constraint)
+        except ValueError as error:
+            raise InvalidRequestError(where, _first_line(str(error))) from None
+        matcher = llguidance.LLMatcher(self._llg_tokenizer(), text, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(where, _first_line(matcher.get_error()))
         # NOTE: a grammar no token can begin leaves the matcher in error once asked for a mask.

@@ -105,6 +105,8 @@ def _constraint(
             )
         if asked.regex is not None:
             return inference_pb2.OutputConstraint(regex=asked.regex)
+        if asked.grammar is not None:
+            return inference_pb2.OutputConstraint(grammar=asked.grammar)
         if asked.choice is not None:
             return inference_pb2.OutputConstraint(
                 choice=inference_pb2.Choices(choices=asked.choice)
@@ -186,6 +188,8 @@ def fill_conversation(
 def param_of(field_path: str, body) -> str | None:
     """The request parameter a worker's field path names; None when it names none. `body`: a
     completions, chat or /tokenize body (one with `messages` is read as a chat's)."""
+    if field_path == "sampling.constraint.grammar":
+        return "structured_outputs.grammar"  # NOTE: only structured_outputs asks for one
     if field_path.startswith("sampling.constraint"):
         return getattr(body, "constraint_param", None)
     if getattr(body, "messages", None) is not None:

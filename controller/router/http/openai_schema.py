@@ -13,7 +13,7 @@ naming it.
 and pass.
 
 Structured outputs: OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and vLLM's
-`structured_outputs` (`json`, `regex`, `choice`, `json_object`: its current name for the
+`structured_outputs` (`json`, `regex`, `choice`, `grammar`, `json_object`: its current name for the
 `guided_*` fields it removed in v0.12, which are unknown here), one of the two per request.
 """
 

@@ -41,21 +41,25 @@ class ResponseFormat(BaseModel):
 
 
 class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs`: exactly one of these. Its `grammar`, `structural_tag`,
-    `whitespace_pattern` and `disable_*` options are unknown here, so refused naming them."""
+    """vLLM's `structured_outputs`: exactly one of these (`grammar`: Lark or GBNF, as
+    llguidance reads them). Its `structural_tag`, `whitespace_pattern` and `disable_*` options
+    are unknown here, so refused naming them."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")  # a schema, or its JSON text
     regex: str | None = None
     choice: list[str] | None = None
+    grammar: str | None = None
     json_object: bool | None = None
 
     def problems(self, param: str) -> dict[str, tuple[bool, str]]:
-        given = [
-            v for v in (self.json_, self.regex, self.choice, self.json_object) if v is not None
-        ]
+        asked = (self.json_, self.regex, self.choice, self.grammar, self.json_object)
+        given = [v for v in asked if v is not None]
         return {
-            param: (len(given) != 1, "set exactly one of json, regex, choice, json_object"),
+            param: (
+                len(given) != 1,
+                "set exactly one of json, regex, choice, grammar, json_object",
+            ),
             f"{param}.json_object": (self.json_object is False, "allowed: true"),
         }

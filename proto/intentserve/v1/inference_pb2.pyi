@@ -71,16 +71,18 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ...) -> None: ...
 
 class OutputConstraint(_message.Message):
-    __slots__ = ("json_object", "json_schema", "choice", "regex")
+    __slots__ = ("json_object", "json_schema", "choice", "regex", "grammar")
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     json_object: bool
     json_schema: str
     choice: Choices
     regex: str
-    def __init__(self, json_object: _Optional[bool] = ..., json_schema: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., regex: _Optional[str] = ...) -> None: ...
+    grammar: str
+    def __init__(self, json_object: _Optional[bool] = ..., json_schema: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("choices",)

@@ -117,6 +117,10 @@ HONOURED = {
         {"sampling": {"constraint": {"regex": "a+"}}},
         lambda c: c.params.constraint == Constraint(ConstraintKind.REGEX, "a+"),
     ),
+    "sampling.constraint.grammar": (
+        {"sampling": {"constraint": {"grammar": 'start: "yes" | "no"'}}},
+        lambda c: c.params.constraint == Constraint(ConstraintKind.GRAMMAR, 'start: "yes" | "no"'),
+    ),
     "stop.max_tokens": ({"stop": {"max_tokens": 3}}, lambda c: c.params.max_tokens == 3),
     "stop.stop_token_ids": (
         {"stop": {"stop_token_ids": [7]}},
