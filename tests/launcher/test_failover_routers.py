@@ -127,6 +127,14 @@ def test_streams_through_two_routers_outlive_a_controller_restart(head, tmp_path
         ups[0].proc.kill()
         ups[0].proc.wait(10)
         _wait_for(lambda: all(r.freshness() == "stale" for r in routers), 30, "stale routers")
+        # The routers stream on while no controller runs: seen before the new one starts (a new
+        # `up` takes both shared cores for its first second, and is READY in about one, so a
+        # window counted only from kill to READY could hold no token at all: CI at a05792d).
+        _wait_for(
+            lambda: any(t > killed_s for s in streams for t in s.token_times_s),
+            30,
+            "a token through the routers while the controller is away",
+        )
 
         (tmp_path / "second").mkdir()
         ups.append(UpProcess(manifest, tmp_path / "second", **env))
