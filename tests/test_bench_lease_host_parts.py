@@ -122,11 +122,17 @@ def test_with_amx_the_selected_tests_run_on_the_amx_build_and_their_counts_are_r
     assert run_env["OMP_NUM_THREADS"] == "4"
 
 
-def test_a_failing_amx_test_fails_the_part_naming_it(tmp_path, monkeypatch):
-    def fake(command, timeout_s, env=None):
-        return (0, COLLECTED) if "--collect-only" in command else (1, MIXED)
+def _collects_then(result):
+    """A stand-in for run_capped: the amx tests collected, then their run answers `result`."""
 
-    monkeypatch.setattr(parts, "run_capped", fake)
+    def fake(command, timeout_s, env=None):
+        return (0, COLLECTED) if "--collect-only" in command else result
+
+    return fake
+
+
+def test_a_failing_amx_test_fails_the_part_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(parts, "run_capped", _collects_then((1, MIXED)))
     with pytest.raises(RuntimeError, match="test_mini.py::test_bad - assert 1 == 2"):
         amx_kernels("cuda", cpuinfo=cpuinfo(tmp_path, AMX_FLAGS))
 
@@ -156,11 +162,7 @@ def test_with_nothing_passed_the_part_fails_with_the_skip_reasons(tmp_path, monk
     skipped = (
         "SKIPPED [4] tests/worker/model/kernel_paths.py:19: no C compiler\n4 skipped in 1.0s\n"
     )
-
-    def fake(command, timeout_s, env=None):
-        return (0, COLLECTED) if "--collect-only" in command else (0, skipped)
-
-    monkeypatch.setattr(parts, "run_capped", fake)
+    monkeypatch.setattr(parts, "run_capped", _collects_then((0, skipped)))
     with pytest.raises(RuntimeError, match="no amx kernel test passed: .*no C compiler"):
         amx_kernels("cuda", cpuinfo=cpuinfo(tmp_path, AMX_FLAGS))
 
