@@ -26,7 +26,7 @@ Response = inference_pb2.GenerateResponse
 # chunk says: its counts, its finish reason). A field missing here fails a test: a new field must
 # be given its rule.
 APPENDED = ("token_ids", "logprobs", "prompt_logprobs", "tool_calls")
-CONCATENATED = ("text",)
+CONCATENATED = ("text", "reasoning")
 SAME = ("request_id", "worker_id", "index")
 LATEST = ("finish_reason", "num_prompt_tokens", "num_output_tokens")
 
@@ -41,8 +41,8 @@ def joins(response: Response, waiting: object) -> bool:
 
 def append(response: Response, later: Response) -> None:
     """Merge `later` (the same choice's next chunk) into `response`, in place."""
-    text = response.text + later.text
+    text, reasoning = response.text + later.text, response.reasoning + later.reasoning
     # NOTE: MergeFrom appends the repeated fields and takes `later`'s scalars where set (proto3:
     # non-zero), which is LATEST; SAME fields are equal or unset in one of the two.
     response.MergeFrom(later)
-    response.text = text
+    response.text, response.reasoning = text, reasoning

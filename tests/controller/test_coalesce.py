@@ -29,6 +29,7 @@ def chunk(token: int, *, index: int = 0, finish: int = 0) -> inference_pb2.Gener
         request_id="r1",
         token_ids=[token],
         text=f"<{token}>",
+        reasoning=f"r{token}",
         num_output_tokens=token + 1,
         logprobs=[
             inference_pb2.TokenLogprobs(
@@ -60,6 +61,7 @@ def test_chunks_that_waited_together_are_one_response_with_all_their_tokens():
     [merged] = asyncio.run(scenario())
     assert list(merged.token_ids) == [0, 1, 2]
     assert merged.text == "<0><1><2>"
+    assert merged.reasoning == "r0r1r2"  # a thinking model's reasoning, concatenated as text is
     assert [lp.chosen.token_id for lp in merged.logprobs] == [0, 1, 2]
     assert [lp.chosen.logprob for lp in merged.logprobs] == [0.0, -1.0, -2.0]
     assert merged.num_output_tokens == 3  # the last chunk's running count

@@ -234,7 +234,7 @@ class ResolvedConfig(_message.Message):
     def __init__(self, policy: _Optional[_Union[PagedAttentionPolicy, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., kv_budget: _Optional[_Union[KvBudget, _Mapping]] = ..., weight_intent: _Optional[_Union[WeightFormat, str]] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_reason: _Optional[_Union[Reason, _Mapping]] = ...) -> None: ...
 
 class RealizedState(_message.Message):
-    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len", "weight_format", "weight_bytes", "sliding_window", "num_windowed_layers", "stream_interval", "attention_kernel", "decode_graphs", "kernel_variant", "weights_held")
+    __slots__ = ("cache_kind", "backend", "prefix_caching", "block_size", "num_blocks", "kv_cache_bytes", "max_num_seqs", "kv_cache_dtype", "scheduler", "fallback_reasons", "dtype", "max_model_len", "weight_format", "weight_bytes", "sliding_window", "num_windowed_layers", "stream_interval", "attention_kernel", "decode_graphs", "kernel_variant", "weights_held", "task", "embedding_dim", "reasoning")
     CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,9 @@ class RealizedState(_message.Message):
     DECODE_GRAPHS_FIELD_NUMBER: _ClassVar[int]
     KERNEL_VARIANT_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_HELD_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIM_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     cache_kind: CacheKind
     backend: BackendKind
     prefix_caching: bool
@@ -277,4 +280,17 @@ class RealizedState(_message.Message):
     decode_graphs: str
     kernel_variant: str
     weights_held: str
-    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_bytes: _Optional[int] = ..., sliding_window: _Optional[int] = ..., num_windowed_layers: _Optional[int] = ..., stream_interval: _Optional[int] = ..., attention_kernel: _Optional[str] = ..., decode_graphs: _Optional[str] = ..., kernel_variant: _Optional[str] = ..., weights_held: _Optional[str] = ...) -> None: ...
+    task: str
+    embedding_dim: int
+    reasoning: ReasoningFormat
+    def __init__(self, cache_kind: _Optional[_Union[CacheKind, str]] = ..., backend: _Optional[_Union[BackendKind, str]] = ..., prefix_caching: _Optional[bool] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., scheduler: _Optional[_Union[SchedulerKind, str]] = ..., fallback_reasons: _Optional[_Iterable[_Union[Reason, _Mapping]]] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_bytes: _Optional[int] = ..., sliding_window: _Optional[int] = ..., num_windowed_layers: _Optional[int] = ..., stream_interval: _Optional[int] = ..., attention_kernel: _Optional[str] = ..., decode_graphs: _Optional[str] = ..., kernel_variant: _Optional[str] = ..., weights_held: _Optional[str] = ..., task: _Optional[str] = ..., embedding_dim: _Optional[int] = ..., reasoning: _Optional[_Union[ReasoningFormat, _Mapping]] = ...) -> None: ...
+
+class ReasoningFormat(_message.Message):
+    __slots__ = ("start", "end", "opened_by_template")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    OPENED_BY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    start: str
+    end: str
+    opened_by_template: bool
+    def __init__(self, start: _Optional[str] = ..., end: _Optional[str] = ..., opened_by_template: _Optional[bool] = ...) -> None: ...

@@ -55,6 +55,11 @@ class InferenceStub:
                 request_serializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/intentserve.v1.Inference/Embed',
+                request_serializer=intentserve_dot_v1_dot_inference__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=intentserve_dot_v1_dot_inference__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -98,6 +103,15 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embedding vectors of texts, on an encoder deployment (a generating model answers
+        FAILED_PRECONDITION naming the task; Generate on an encoder likewise). Errors:
+        INVALID_ARGUMENT (named), UNAVAILABLE, RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -120,6 +134,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeRequest.FromString,
                     response_serializer=intentserve_dot_v1_dot_inference__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=intentserve_dot_v1_dot_inference__pb2.EmbedRequest.FromString,
+                    response_serializer=intentserve_dot_v1_dot_inference__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -231,6 +250,33 @@ class Inference:
             '/intentserve.v1.Inference/Detokenize',
             intentserve_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
             intentserve_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/intentserve.v1.Inference/Embed',
+            intentserve_dot_v1_dot_inference__pb2.EmbedRequest.SerializeToString,
+            intentserve_dot_v1_dot_inference__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -132,12 +132,12 @@ HOST_HAS_AMX = not variants.missing(AMX)
 @pytest.mark.skipif(HOST_HAS_AMX, reason="this CPU has AMX: forcing amx is allowed here")
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the variants are x86-64 builds")
 def test_forcing_amx_on_this_cpu_without_it_is_refused_by_the_engine(monkeypatch, tiny_folder):
-    """This host (AVX-512 BF16/VNNI, no AMX): the operator's explicit amx is a start-up error
+    """A host without AMX (with or without AVX-512): the operator's explicit amx is a start-up error
     naming the setting, not a worker serving on other kernels."""
     monkeypatch.setenv(VARIANT_ENV, "amx")
     library._load_library.cache_clear()
     try:
-        with pytest.raises(KernelVariantError, match=f"{VARIANT_ENV}=amx: .*lacks amx_tile"):
+        with pytest.raises(KernelVariantError, match=f"{VARIANT_ENV}=amx: .*lacks .*amx_tile"):
             build_engine_on(tiny_folder)
     finally:
         library._load_library.cache_clear()
