@@ -18,29 +18,20 @@ an access-log line (access.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from intentserve import __version__
-from intentserve.common.streaming import MAX_REQUEST_BYTES
 from intentserve.controller.auth import Security
 from intentserve.controller.router.http import openai_convert
-from intentserve.controller.router.http.access import (
-    AccessLog,
-    mark_routed,
-    refused_requests,
-    request_id_of,
-)
-from intentserve.controller.router.http.bridge import HttpCall, RoutedResponses
+from intentserve.controller.router.http.access import AccessLog, refused_requests
 from intentserve.controller.router.http.cors import allow_origins
+from intentserve.controller.router.http.doors import MAX_BODY_BYTES, Doors, RoutedCall
 from intentserve.controller.router.http.error_shapes import install_error_handlers
 from intentserve.controller.router.http.errors import (
-    OpenAIError,
     from_routing,
     from_unsupported,
     from_validation,
@@ -54,12 +45,8 @@ from intentserve.controller.router.tokenize_route import TokenizeRoute
 from intentserve.controller.router.view import DeploymentView
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
-from starlette.requests import ClientDisconnect
 
-# The largest request body read: twice the largest request the controller forwards, room for
-# JSON's escapes (streaming.MAX_REQUEST_BYTES). A larger one is refused (413) before it is read,
-# so that no client's body can take the memory every other client is served from.
-MAX_BODY_BYTES = 2 * MAX_REQUEST_BYTES
+__all__ = ["MAX_BODY_BYTES", "Frontend", "build_app"]  # the body's bound: doors.py
 
 
 @dataclass(frozen=True)
@@ -92,29 +79,19 @@ def build_app(frontend: Frontend) -> FastAPI:
 
     install_error_handlers(app)
 
-    def authorize(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
-        if not frontend.security.admits_client(token):
-            raise OpenAIError(401, "a valid API key is required", code="invalid_api_key")
+    doors = Doors(frontend)
+    authorize = doors.authorize
 
     async def parse(request: Request, schema):
         authorize(request)
         try:
-            body = schema.model_validate_json(await _read_body(request))
+            body = schema.model_validate_json(await doors.body(request))
         except ValidationError as error:
             raise from_validation(error, schema) from None
         unsupported = body.unsupported()
         if unsupported is not None:
             raise from_unsupported(unsupported)
-        if body.model not in frontend.model_names:
-            raise OpenAIError(
-                404,
-                f"model {body.model!r} is not served here; this deployment serves "
-                + " or ".join(repr(name) for name in frontend.model_names),
-                param="model",
-                code="model_not_found",
-            )
+        doors.check_model(body.model)
         return body
 
     add_tokenize_routes(app, frontend.tokenizing, parse)
@@ -151,11 +128,10 @@ def build_app(frontend: Frontend) -> FastAPI:
         return await generate(request, body, openai_convert.chat_request_to_pb(body))
 
     async def generate(request: Request, body, pb) -> Response:
-        pb.request_id = request_id_of(request.scope)
-        mark_routed(request.scope)
-        call = HttpCall()
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
-        responses = RoutedResponses(frontend.router, pb, call)
+        try:
+            call = await doors.route(request, pb)
+        except Exception as error:
+            raise from_routing(error, body) from None
         chat, with_logprobs = (
             isinstance(body, ChatCompletionRequest),
             pb.sampling.HasField("logprobs"),
@@ -172,24 +148,16 @@ def build_app(frontend: Frontend) -> FastAPI:
             )
             for i in range(pb.n or 1)
         ]
-        try:
-            # NOTE: refusals (not ready, overloaded, a bad field) come before the first response,
-            # so a stream is refused with its HTTP status too, not inside the stream.
-            first = await _first(responses)
-        except Exception as error:
-            _end(call, watcher)
-            raise from_routing(error, body) from None
-        merged = _with_first(first, responses)
         if body.stream:
-            events = _events(replies, merged, body.include_usage, body, call, watcher)
+            events = _events(replies, call, body.include_usage, body)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
-            async for response in merged:
+            async for response in call:
                 replies[response.index].add(response)
         except Exception as error:
             raise from_routing(error, body) from None
         finally:
-            _end(call, watcher)
+            call.end()
         return JSONResponse(merged_response(replies))
 
     @app.get("/health")
@@ -210,25 +178,8 @@ def build_app(frontend: Frontend) -> FastAPI:
     return app
 
 
-async def _first(responses: RoutedResponses):
-    """The first response, or None when the client went away before anything came."""
-    try:
-        return await anext(responses)
-    except StopAsyncIteration:
-        return None
-
-
-async def _with_first(first, responses: RoutedResponses) -> AsyncIterator[Any]:
-    """Every response of the call (each tagged with its choice's index), its first (already
-    read, None when the client went away) first."""
-    if first is not None:
-        yield first
-    async for response in responses:
-        yield response
-
-
 async def _events(
-    replies: list[Reply], merged, include_usage: bool, body, call, watcher
+    replies: list[Reply], call: RoutedCall, include_usage: bool, body
 ) -> AsyncIterator[str]:
     """OpenAI's chunks as server-sent events, then `data: [DONE]`. A failure after the first
     chunk can only be told inside the stream: an `error` event, as vLLM sends."""
@@ -237,7 +188,7 @@ async def _events(
         for reply in replies:
             if reply.chat:
                 yield _sse(reply.chunk("", None, first=True, **extra))
-        async for response in merged:
+        async for response in call:
             reply = replies[response.index]
             text, finish = reply.add(response)
             if text or finish is not None or reply.logprobs or reply.has_unsent_calls:
@@ -247,45 +198,5 @@ async def _events(
     except Exception as error:
         yield _sse(from_routing(error, body).body())
     finally:
-        _end(call, watcher)  # NOTE: also when the client went away mid-stream
+        call.end()  # NOTE: also when the client went away mid-stream
     yield _sse("[DONE]")
-
-
-async def _read_body(request: Request) -> bytes:
-    """The body, up to MAX_BODY_BYTES; a larger one is 413, refused by its content-length before
-    anything is read, or, sent without one, as soon as what came is over."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large(f"{int(declared)} bytes")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise _too_large(f"over {MAX_BODY_BYTES} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # The client closed (or the body deadline closed it, connection_guard.py) before its
-        # body ended: its refusal, counted, with no one to answer and nothing to log as an error.
-        raise OpenAIError(
-            400,
-            f"request body: the connection closed after {size} bytes, before the body ended",
-            code="incomplete_body",
-        ) from None
-    return b"".join(chunks)
-
-
-def _too_large(what: str) -> OpenAIError:
-    message = f"request body: {what}; allowed: at most {MAX_BODY_BYTES}"
-    return OpenAIError(413, message, code="request_too_large")
-
-
-async def _cancel_on_disconnect(request: Request, call: HttpCall) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    call.cancel()
-
-
-def _end(call: HttpCall, watcher: asyncio.Task) -> None:
-    watcher.cancel()
-    call.cancel()

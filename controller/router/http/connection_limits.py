@@ -24,8 +24,9 @@ runs as long as it runs.
   generator at the concurrency of docs/benchmarks.md (64 streams) with its side calls beside
   it (64 was the first default, and the issue's own run of 64 streams and a bad request from
   one host had its 65th connection refused), far more than a browser (6 per origin) sends; one
-  address cannot take more than a quarter of `max_connections`. Behind a proxy, or for an application server that fans many users into
-  one address, raise it: every connection of theirs is one client's.
+  address cannot take more than a quarter of `max_connections`. Behind a proxy, or for an
+  application server that fans many users into one address, raise it: every connection of
+  theirs is one client's.
 - `max_connections`: connections held at once in all. 1024: bounded memory and descriptors (a
   host's usual `ulimit -n` is 1024, a container's far more: raise both together).
 
