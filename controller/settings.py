@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from intentserve.common.addresses import is_loopback
 from intentserve.common.tls import TlsIdentity
 from intentserve.controller.auth import Security, SecurityError, read_secret_lines
 from intentserve.controller.control.state import DEFAULT_MODEL, DesiredState
@@ -207,8 +208,7 @@ class ControllerSettings(BaseSettings):
                 "tls_cert_file: no TLS files are given; give tls_cert_file, tls_key_file and "
                 "tls_ca_file, or set insecure=true (plaintext, workers unauthenticated)"
             )
-        loopback = self.host == "localhost" or self.host.startswith("127.")
-        if self.insecure and not loopback and not self.insecure_network:
+        if self.insecure and not is_loopback(self.host) and not self.insecure_network:
             raise ValueError(
                 f"insecure: the controller would bind {self.host} in plaintext; set "
                 "insecure_network=true to accept that off loopback"

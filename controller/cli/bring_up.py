@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from intentserve.client import credentials, to_data
+from intentserve.common.addresses import is_loopback
 from intentserve.controller.cli.admin import EXIT_OK
 from intentserve.controller.cli.progress import Progress
 from intentserve.controller.cli.render import status_text
@@ -75,7 +76,7 @@ def _controller_address(manifest: Manifest, server: ControllerServer, launcher: 
     if c.advertise_host:
         return f"{c.advertise_host}:{server.registry_port}"
     if launcher.embedded or c.host not in _ANY_HOST:
-        if not launcher.embedded and c.host.startswith("127."):
+        if not launcher.embedded and is_loopback(c.host):
             print(
                 f"warning: spec.controller.host is {c.host}: workers on other nodes of the "
                 "cluster cannot register (use 0.0.0.0)",

@@ -16,10 +16,10 @@ import argparse
 import sys
 
 import yaml
+from intentserve.common.addresses import is_loopback
 from intentserve.controller.cli import up as cli_up
 from intentserve.controller.cli.admin import EXIT_OK, EXIT_USAGE
 from intentserve.controller.launch.manifest import API_VERSION, KIND, ManifestError, parse_manifest
-from intentserve.controller.launch.security_spec import is_loopback
 
 DEFAULT_NAME = "serve"
 

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from intentserve.common.addresses import is_loopback
 from intentserve.controller.control.state import DesiredState, replica_ids
 from intentserve.controller.launch.controller_spec import ControllerSpec
 from intentserve.controller.launch.router_spec import RouterSpec
 from intentserve.controller.launch.section import Section
-from intentserve.controller.launch.security_spec import SecuritySpec, is_loopback
+from intentserve.controller.launch.security_spec import SecuritySpec
 from intentserve.controller.launch.serving_spec import (
     ModelSpec,
     PagedAttentionSpec,

@@ -18,8 +18,6 @@ from intentserve.controller.launch.deployment_dir import DeploymentDir
 from intentserve.controller.launch.manifest import Manifest
 from intentserve.controller.launch.pki import DeploymentCa, PkiError
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
 
 @dataclass(frozen=True)
 class DeploymentSecurity:

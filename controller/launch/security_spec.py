@@ -43,7 +43,3 @@ class SecuritySpec(Section):
                 "need a key (elsewhere it needs apiKeysFile's keys, or none)",
             )
         return self
-
-
-def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
