@@ -13,6 +13,12 @@ _CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # converted element by element: measured on an AVX-512 + avx512_bf16 EPYC (2 threads, 64 rows,
 # SmolLM2 shapes), F.linear in fp16 ran 1.1-2.2x slower than fp32 and 8-12x slower than bf16.
 _CPU_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
+# oneDNN packs (reorders) a bf16 weight only with one of these sets of flags; elsewhere its reorder
+# raises (mkldnn_reorder_linear_weight), while F.linear on the plain bf16 weight still runs.
+_ONEDNN_BF16_PACK_FLAGS = (
+    frozenset({"avx_ne_convert"}),
+    frozenset({"avx512bw", "avx512vl", "avx512dq"}),
+)
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -38,6 +44,13 @@ def device_supports_bf16(device: torch.device) -> bool:
     if device.type == "cpu":
         return bool(cpu_flags() & _CPU_BF16_FLAGS)
     return False
+
+
+def cpu_packs_bf16_for_onednn() -> tuple[bool, str]:
+    """(True, "") where oneDNN can pack this CPU's bf16 weights, else (False, why)."""
+    if any(needed <= cpu_flags() for needed in _ONEDNN_BF16_PACK_FLAGS):
+        return True, ""
+    return False, "oneDNN packs bf16 only with avx_ne_convert or avx512bw+avx512vl+avx512dq"
 
 
 def device_supports_fp16(device: torch.device) -> bool:

@@ -11,6 +11,8 @@
 - Otherwise (no AVX-512 or no AVX512-BF16, or no compiler): `PackedLinear`, oneDNN's blocked
   layout. Measured on this 2-core AVX-512 machine: at 32-64 rows a packed bf16 projection runs at
   ~400 GFLOP/s against ~250 for `F.linear` on the plain weight, fp32 at ~215 against ~130.
+- bfloat16 where oneDNN cannot pack it either (no avx_ne_convert, no avx512bw/vl/dq: an AVX2-only
+  CPU): the projection keeps its plain weight, on `F.linear`, and the words returned say why.
 
 Each serves any number of rows with row results independent of the batch, and neither keeps the
 plain weight. CUDA keeps plain `nn.Linear`.
@@ -30,6 +32,7 @@ from intentserve.worker.kernels import (
     bf16_gemm_kernel,
     f32_gemm_kernel,
 )
+from intentserve.worker.model import dtype as dtype_module
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.step_buffers import out_tensor
 from torch import Tensor, nn
@@ -214,7 +217,8 @@ def prepack_linears(model: LlamaModel, *, kernels: bool = True) -> str:
     """Replace the model's projections (and its LM head) with packed ones, in place; returns what
     runs them, in words. Idempotent. A tied LM head gets a packed copy of the embedding, since
     the embedding lookup still needs the plain table. `kernels=False` keeps oneDNN for every
-    dtype (for comparisons)."""
+    dtype (for comparisons). Where oneDNN cannot pack bf16 on this CPU, a projection the kernel
+    does not take keeps its plain weight (F.linear)."""
     if model.embed_tokens.weight.device.type != "cpu":
         return ""
     dtype = model.embed_tokens.weight.dtype
@@ -230,6 +234,9 @@ def prepack_linears(model: LlamaModel, *, kernels: bool = True) -> str:
             log.info("%s projections stay on oneDNN: %s", dtype, why)
     else:
         why = f"{dtype} weights"
+    onednn_packs, onednn_lacks = (
+        dtype_module.cpu_packs_bf16_for_onednn() if dtype == torch.bfloat16 else (True, "")
+    )
     owners = _projections(model)
     for owner, name in owners:
         linear = getattr(owner, name)
@@ -246,12 +253,15 @@ def prepack_linears(model: LlamaModel, *, kernels: bool = True) -> str:
                 # The head's logits go to the sampler in float32: written so, not rounded first.
                 out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
                 setattr(owner, name, Bf16Linear(weight, bias, gemm, out_dtype))
-        else:
+        elif onednn_packs:
             setattr(owner, name, PackedLinear(weight, bias))
     on_kernel = sum(isinstance(getattr(owner, name), Bf16Linear) for owner, name in owners)
+    rest = "oneDNN" if onednn_packs else f"torch F.linear ({onednn_lacks})"
     if not on_kernel:
+        if not onednn_packs:
+            return f"torch F.linear ({why}; {onednn_lacks})"
         return f"oneDNN packed ({why if gemm is None else 'packed for oneDNN before'})"
     said = f"{kind.isa_name} ({gemm.isa()})"
     if on_kernel == len(owners):
         return f"{said}, all {on_kernel}"
-    return f"{said} for {on_kernel} of {len(owners)}, oneDNN for the rest"
+    return f"{said} for {on_kernel} of {len(owners)}, {rest} for the rest"

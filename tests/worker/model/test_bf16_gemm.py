@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from intentserve.worker.kernels import KernelUnavailable, bf16_gemm_kernel
+from intentserve.worker.model import dtype as dtype_module
 from intentserve.worker.model import packed_linear
 from intentserve.worker.model.llama import LlamaModel
 from intentserve.worker.model.packed_linear import Bf16Linear, PackedLinear, prepack_linears
@@ -125,18 +126,55 @@ def test_prepack_puts_every_bf16_projection_and_the_head_on_the_kernel(gemm):
     assert prepack_linears(model) == said  # idempotent
 
 
+ONEDNN_PACKS_BF16, ONEDNN_BF16_LACKS = dtype_module.cpu_packs_bf16_for_onednn()
+
+
+def no_bf16_kernel():
+    raise KernelUnavailable("this CPU has no AVX512-BF16 dot products")
+
+
+@pytest.mark.skipif(not ONEDNN_PACKS_BF16, reason=f"this CPU: {ONEDNN_BF16_LACKS}")
 def test_prepack_keeps_onednn_when_turned_off_and_where_the_kernel_is_missing(monkeypatch):
     model = tiny(torch.bfloat16)
     assert "turned off" in prepack_linears(model, kernels=False)
     assert not any(isinstance(m, Bf16Linear) for m in model.modules())
 
-    def unavailable():
-        raise KernelUnavailable("this CPU has no AVX512-BF16 dot products")
-
-    monkeypatch.setattr(packed_linear, "bf16_gemm_kernel", unavailable)
+    monkeypatch.setattr(packed_linear, "bf16_gemm_kernel", no_bf16_kernel)
     model = tiny(torch.bfloat16)
     assert prepack_linears(model) == "oneDNN packed (this CPU has no AVX512-BF16 dot products)"
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 4 * len(model.layers) + 1
+
+
+def test_bf16_projections_keep_their_plain_weight_where_onednn_cannot_pack_bf16(monkeypatch):
+    """An AVX2-only CPU (Zen 3): neither the kernel nor oneDNN's bf16 reorder (which would raise)
+    runs there, so every projection stays on F.linear, said so, and the model still computes."""
+    monkeypatch.setattr(dtype_module, "cpu_flags", lambda: frozenset({"avx", "avx2", "fma"}))
+    monkeypatch.setattr(packed_linear, "bf16_gemm_kernel", no_bf16_kernel)
+    model = tiny(torch.bfloat16)
+    hidden = torch.randn(3, model.config.hidden_size).bfloat16()
+    expected = model.compute_logits(hidden)
+    said = prepack_linears(model)
+    assert said == (
+        "torch F.linear (this CPU has no AVX512-BF16 dot products; "
+        "oneDNN packs bf16 only with avx_ne_convert or avx512bw+avx512vl+avx512dq)"
+    )
+    assert not any(isinstance(m, PackedLinear | Bf16Linear) for m in model.modules())
+    assert prepack_linears(model) == said  # idempotent
+    assert torch.equal(model.compute_logits(hidden), expected)
+
+
+@pytest.mark.parametrize(
+    ("flags", "packs"),
+    [
+        (frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}), True),
+        (frozenset({"avx2", "avx_ne_convert"}), True),
+        (frozenset({"avx2", "avx512f", "avx512bw", "avx512vl"}), False),
+        (frozenset({"avx", "avx2", "fma"}), False),
+    ],
+)
+def test_onednn_packs_bf16_with_avx_ne_convert_or_the_three_avx512_flags(monkeypatch, flags, packs):
+    monkeypatch.setattr(dtype_module, "cpu_flags", lambda: flags)
+    assert dtype_module.cpu_packs_bf16_for_onednn()[0] is packs
 
 
 @pytest.mark.parametrize(
