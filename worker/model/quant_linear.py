@@ -26,7 +26,7 @@ from intentserve.worker.model import cpu_ops
 from torch import Tensor, nn
 
 GROUP_SIZE = 32  # int4 inputs per scale/zero pair (Q4_0 / Q4_1 / Q8_0 block length)
-INT4_BLOCK_N = 64  # output channels per block of the CPU int4 pack
+INT4_BLOCK_N = 64  # output channels per block of the CPU int4 pack (AVX-512; AVX2: 32)
 # Rows up to which a step uses the int kernel; measured crossover against dequantize + matmul.
 KERNEL_MAX_ROWS = {WeightFormat.INT8: 16, WeightFormat.INT4: 16}
 
@@ -66,17 +66,24 @@ def quantize_int4(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q.to(torch.int32).reshape(out_features, in_features), scale, low + 8.0 * scale
 
 
+def int4_pack_lanes() -> int:
+    """The channels one nibble of a byte column of torch's CPU int4 pack spans: 32 where torch's
+    CPU kernels are its AVX-512 ones (blocks of 64 channels), 16 for its AVX2 ones (of 32)."""
+    return 32 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 16
+
+
 def unpack_int4(packed: Tensor, out_features: int, in_features: int) -> Tensor:
     """Inverse of `_convert_weight_to_int4pack_for_cpu(q, 1)` -> q [out, in] (uint8 0..15).
 
-    NOTE: the pack's layout, as the probe's self-test checks on every start: per block of 64
-    output channels, byte [k // 2, (k % 2) * 32 + n % 32] holds channel n's input k in its low
-    nibble for n % 64 < 32, else in its high nibble.
+    NOTE: the pack's layout, as the probe's self-test checks on every start: per block of
+    2 * L output channels (L = `int4_pack_lanes()`), byte [k, n % L] holds channel n's input k
+    in its low nibble for n % (2 * L) < L, else in its high nibble.
     """
-    blocks = packed.reshape(out_features // INT4_BLOCK_N, in_features // 2, 2, 32)
-    nibbles = torch.stack((blocks & 0xF, blocks >> 4), dim=1)  # [B, 2 (n half), K/2, 2, 32]
-    # -> [B, n half, n % 32, K/2, k parity] -> [out, in]
-    return nibbles.permute(0, 1, 4, 2, 3).reshape(out_features, in_features)
+    lanes = int4_pack_lanes()
+    blocks = packed.reshape(out_features // (2 * lanes), in_features, lanes)
+    nibbles = torch.stack((blocks & 0xF, blocks >> 4), dim=1)  # [B, 2 (n half), K, L]
+    # -> [B, n half, n % L, K] -> [out, in]
+    return nibbles.permute(0, 1, 3, 2).reshape(out_features, in_features)
 
 
 class Int4Linear(nn.Module):

@@ -66,7 +66,10 @@ def _self_test(fmt: WeightFormat) -> str:
     if fmt is WeightFormat.INT4:
         q = quantize_int4(weight)[0]
         if not torch.equal(unpack_int4(module.packed, *weight.shape).to(torch.int32), q):
-            return "torch's int4 pack layout is not the one intentserve reads"
+            return (
+                f"torch's int4 pack layout ({torch.backends.cpu.get_cpu_capability()} kernels) "
+                "is not the one intentserve reads"
+            )
     got = module(x)
     if not torch.allclose(got, expected, rtol=1e-3, atol=1e-3):
         return f"the {fmt.value} kernel's result differs from the reference"

@@ -34,6 +34,27 @@ def test_the_int4_pack_layout_is_the_one_unpack_reads():
     assert torch.equal(unpack_int4(packed, 256, 192).to(torch.int32), q)
 
 
+def pack_by_hand(q: torch.Tensor, lanes: int) -> torch.Tensor:
+    """torch's CPU int4 pack, written out: per block of 2 * lanes channels, byte [k, n % lanes]
+    holds input k of channel n, in the low nibble for the block's first half, else the high."""
+    out_features, in_features = q.shape
+    n, k = torch.meshgrid(torch.arange(out_features), torch.arange(in_features), indexing="ij")
+    at = (n // (2 * lanes)) * in_features * lanes + k * lanes + n % lanes
+    shift = torch.where(n % (2 * lanes) < lanes, 0, 4)
+    packed = torch.zeros(out_features * in_features // 2, dtype=torch.int64)
+    packed.index_add_(0, at.reshape(-1), (q << shift).reshape(-1))
+    return packed.to(torch.uint8).reshape(out_features, in_features // 2)
+
+
+@pytest.mark.parametrize(("capability", "lanes"), [("AVX512", 32), ("AVX2", 16)])
+def test_unpack_reads_the_int4_layout_of_each_of_torchs_cpu_kernels(monkeypatch, capability, lanes):
+    """AVX-512 hosts pack 64-channel blocks, AVX2-only ones (Zen 3) 32-channel blocks: both are
+    read, whichever host runs this."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    q = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(unpack_int4(pack_by_hand(q, lanes), 128, 64).to(torch.int64), q)
+
+
 def test_q4_1_blocks_are_held_exactly_as_int4():
     # A Q4_1 block: 32 weights q * d + m with q in 0..15, its min and max reached (as the format's
     # quantizer makes them), so min/max grouping finds the same d, m and q again.
