@@ -28,6 +28,7 @@ from intentserve import __version__
 from intentserve.controller.auth import Security
 from intentserve.controller.router.http import openai_convert
 from intentserve.controller.router.http.access import AccessLog, refused_requests
+from intentserve.controller.router.http.anthropic_routes import add_messages_routes
 from intentserve.controller.router.http.cors import allow_origins
 from intentserve.controller.router.http.doors import MAX_BODY_BYTES, Doors, RoutedCall
 from intentserve.controller.router.http.error_shapes import install_error_handlers
@@ -95,6 +96,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         return body
 
     add_tokenize_routes(app, frontend.tokenizing, parse)
+    add_messages_routes(app, doors)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:

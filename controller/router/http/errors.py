@@ -10,6 +10,7 @@ RESOURCE_EXHAUSTED 429, UNAVAILABLE 503 (with the readiness reason while not rea
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, get_args
 
 import grpc
@@ -156,8 +157,13 @@ def from_unsupported(error: UnsupportedField) -> OpenAIError:
     return OpenAIError(400, f"{error.param}: {error}", param=error.param)
 
 
-def from_routing(error: Exception, body: CompletionRequest | ChatCompletionRequest) -> OpenAIError:
-    """What the router (or the worker behind it) refused, as the gRPC client would be told."""
+def from_routing(
+    error: Exception,
+    body: CompletionRequest | ChatCompletionRequest,
+    names: Callable[[str], str | None] | None = None,
+) -> OpenAIError:
+    """What the router (or the worker behind it) refused, as the gRPC client would be told.
+    `names`: the door's own map of the worker's field paths to its body's (else OpenAI's)."""
     code, message = lookup(STATUS_CODES, error)
     status = HTTP_STATUS.get(code, 500)
     if isinstance(error, NotReady):
@@ -166,7 +172,7 @@ def from_routing(error: Exception, body: CompletionRequest | ChatCompletionReque
     violation = violation_of(error)
     if code is grpc.StatusCode.INVALID_ARGUMENT and violation is not None:
         # NOTE: the worker's BadRequest detail names the field by its GenerateRequest path.
-        param = param_of(violation.field, body)
+        param = param_of(violation.field, body) if names is None else names(violation.field)
         if param is not None:
             message = f"{param}: {violation.description}"
     return OpenAIError(status, message, param=param, code=code.name.lower())
