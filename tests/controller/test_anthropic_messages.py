@@ -105,6 +105,18 @@ def test_a_reply_cut_by_max_tokens_says_so(served):
     assert create(client).stop_reason == "max_tokens"
 
 
+def test_a_stop_sequence_that_ended_the_reply_is_named(served):
+    client, _, router, _ = served
+    router.script = [said("Hel"), last(stop_string="lo")]
+    done = create(client, stop_sequences=["x", "lo"])
+    assert (done.stop_reason, done.stop_sequence) == ("stop_sequence", "lo")
+    with client.messages.stream(
+        model=MODEL, max_tokens=16, messages=HI, stop_sequences=["x", "lo"]
+    ) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "lo")
+
+
 def test_the_stream_is_anthropics_events_as_the_sdk_parses_them(served):
     client, http, _, _ = served
     with client.messages.stream(model=MODEL, max_tokens=16, messages=HI) as stream:

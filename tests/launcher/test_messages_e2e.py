@@ -90,6 +90,7 @@ def test_a_stop_sequence_ends_the_reply(client):
     word = free.split()[1]
     cut = client.messages.create(model=MODEL, messages=ASKED, stop_sequences=[word], **GREEDY)
     assert "".join(b.text for b in cut.content) == free[: free.index(word)]
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", word)
 
 
 def test_a_tool_round_trip(client):

@@ -284,6 +284,7 @@ class Engine:
             prompt_logprobs=self._prompt_logprobs(seq, state) if first else (),
             tool_calls=tool_calls,
             index=state.index,
+            stop_string=state.stop_string if reason is FinishReason.STOP else "",
         )
 
     def _prompt_logprobs(self, seq: Sequence, state: RequestState) -> tuple[OutputLogprobs, ...]:

@@ -57,6 +57,7 @@ class RequestOutput:
     # With tools: the calls completed since the previous output (new_text holds what is no call).
     tool_calls: tuple[ToolCall, ...] = ()
     index: int = 0  # the choice's, among its request's n (Engine.add_choices)
+    stop_string: str = ""  # finished by one of the request's stop strings: that one
 
 
 def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
@@ -75,6 +76,7 @@ def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
         tuple(lp for d in deltas for lp in d.logprobs),
         next((d.prompt_logprobs for d in deltas if d.prompt_logprobs), ()),
         tuple(c for d in deltas for c in d.tool_calls),
+        stop_string=last.stop_string,
     )
 
 
@@ -97,7 +99,7 @@ class RequestState:
         self.text = ""
         self.num_emitted_chars = 0
         self.num_emitted_tokens = 0
-        self.stopped_by_string = False
+        self.stop_string = ""  # the stop string that ended it, once one has (none is empty)
         self.logprobs: list[OutputLogprobs] = []  # one per token, when the request asked
         self.prompt_scores: dict = {}  # prompt position -> TokenLogprobs, as prefill computes
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
@@ -110,11 +112,12 @@ class RequestState:
             return False
         # NOTE: a stop string can only end inside the newest text plus the held-back tail.
         search_from = max(0, self.num_emitted_chars - self._holdback)
-        hits = [i for i in (self.text.find(s, search_from) for s in self.params.stop) if i >= 0]
+        hits = [(self.text.find(s, search_from), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
-            self.stopped_by_string = True
-        return self.stopped_by_string
+            end, self.stop_string = min(hits)
+            self.text = self.text[:end]
+        return bool(self.stop_string)
 
     def take_text(self, finished: bool) -> tuple[str, tuple[ToolCall, ...]]:
         """Text not yet emitted and the tool calls completed; while running, keeps back what

@@ -297,6 +297,7 @@ def fill_generate_response(
     msg.num_output_tokens = output.num_output_tokens
     msg.worker_id = worker_id
     msg.index = output.index
+    msg.stop_string = output.stop_string
     for call in output.tool_calls:
         msg.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     for field, entries in (

@@ -113,6 +113,8 @@ class MessageReply:
         if response.finish_reason not in STOP_REASONS:  # aborted by its worker
             raise OpenAIError(503, "the worker aborted the request before it ended", code="aborted")
         self.stop_reason = STOP_REASONS[response.finish_reason]
+        if response.stop_string:  # one of stop_sequences ended it
+            self.stop_reason, self.stop_sequence = "stop_sequence", response.stop_string
         self.input_tokens = response.num_prompt_tokens
         delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
         usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}

@@ -104,10 +104,12 @@ def test_stop_strings_token_ids_and_eos(smollm2_fp32, reference):
     (out,) = eng.generate([PROMPTS[1]], SamplingParams(max_tokens=16, stop=(stop,)))
     assert out.finish_reason.value == "stop"
     assert stop not in out.new_text and full.startswith(out.new_text)
+    assert out.stop_string == stop  # which of the stop strings ended it
     (out,) = eng.generate(
         [PROMPTS[1]], SamplingParams(max_tokens=16, stop_token_ids=(reference[1][3],))
     )
     assert out.new_token_ids == reference[1][:4] and out.finish_reason.value == "stop"
+    assert out.stop_string == ""
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(smollm2_fp32):

@@ -202,6 +202,13 @@ def test_response_finish_reason_and_counts(reason, expected):
     assert msg.num_prompt_tokens == (7 if finished else 0)  # set on the last chunk only
 
 
+def test_the_stop_string_that_ended_a_request_is_in_its_last_response():
+    output = RequestOutput("r1", (4,), "a", True, FinishReason.STOP, 7, 1, stop_string="\n\n")
+    assert convert.generate_response_to_pb(output, "w0").stop_string == "\n\n"
+    output = RequestOutput("r1", (4,), "a", True, FinishReason.STOP, 7, 1)
+    assert convert.generate_response_to_pb(output, "w0").stop_string == ""  # the end of a turn
+
+
 def test_heartbeat_request_carries_the_load():
     load = EngineLoad(2, 1, 10, 91, num_steps=5, total_step_s=0.125, num_step_seqs=9)
     msg = convert.heartbeat_request_to_pb("w0", load)
