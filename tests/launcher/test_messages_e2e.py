@@ -113,6 +113,21 @@ def test_a_tool_round_trip(client):
     assert [b.type for b in answered.content] == ["text"] and answered.content[0].text
 
 
+def test_thinking_disabled_on_a_model_that_does_not_think_is_a_text_reply(client):
+    done = client.messages.create(
+        model=MODEL, messages=ASKED, thinking={"type": "disabled"}, **GREEDY
+    )
+    assert [b.type for b in done.content] == ["text"]
+    with pytest.raises(anthropic.BadRequestError) as error:
+        client.messages.create(
+            model=MODEL,
+            messages=ASKED,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            **GREEDY,
+        )
+    assert error.value.body["error"]["message"].startswith("thinking.budget_tokens: ")
+
+
 def test_a_refused_field_is_anthropics_error_naming_it(client):
     image = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
     with pytest.raises(anthropic.BadRequestError) as error:
