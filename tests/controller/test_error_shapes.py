@@ -58,8 +58,8 @@ def test_an_unknown_path_is_404_openai_shaped_naming_it(app):
     error = openai_error(client.get("/nowhere"), 404)
     assert "GET /nowhere" in error["message"]
     assert error["type"] == "invalid_request_error" and error["code"] == "unknown_path"
-    error = openai_error(client.post("/v1/responses", json={"model": MODEL, "input": "Hi"}), 404)
-    assert "POST /v1/responses" in error["message"]
+    error = openai_error(client.post("/v1/assistants", json={"model": MODEL}), 404)
+    assert "POST /v1/assistants" in error["message"]
     refused = registry.get_sample_value(
         "intentserve_http_requests_refused_total", {"route": "unmatched", "status": "404"}
     )

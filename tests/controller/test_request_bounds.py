@@ -18,6 +18,7 @@ from intentserve.controller.auth import Security
 from intentserve.controller.router.http.app import MAX_BODY_BYTES, Frontend, build_app
 from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_schema import CompletionRequest
+from intentserve.controller.router.http.responses_schema import ResponsesRequest
 from intentserve.controller.router.http.tokenize import DetokenizeRequest, TokenizeRequest
 from intentserve.controller.router.nesting import MAX_JSON_DEPTH
 from intentserve.controller.router.request_size import MAX_MESSAGES, MAX_TOKEN_CHARS, MAX_TOOLS
@@ -57,6 +58,9 @@ def tool_with(parameters: str) -> str:
 OVER = nested(MAX_JSON_DEPTH + 1)
 CHAT = {"model": MODEL, "messages": HI, "max_tokens": 8}
 COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 8}
+RESPONSE = {"model": MODEL, "input": "Hi", "max_output_tokens": 8}
+FUNCTION = {"type": "function", "name": "f", "parameters": {}}
+RESPONSE_CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": OVER}
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": OVER}}
 # Each POST route: its body's schema, a valid body, and its own cases (body, the param named).
 ROUTES = {
@@ -143,6 +147,45 @@ ROUTES = {
         DetokenizeRequest,
         {"model": MODEL, "tokens": [72]},
         [(body_with({"model": MODEL, "tokens": [72] * (MAX_MODEL_LEN + 1)}), "tokens")],
+    ),
+    "/v1/responses": (
+        ResponsesRequest,
+        RESPONSE,
+        [
+            (body_with({**RESPONSE, "input": HI * (MAX_MESSAGES + 1)}), "input"),
+            (body_with({**RESPONSE, "input": "a" * (MAX_CHARS + 1)}), "input"),
+            (body_with({**RESPONSE, "tools": [FUNCTION] * (MAX_TOOLS + 1)}), "tools"),
+            (
+                body_with(
+                    RESPONSE,
+                    {"tools": '[{"type": "function", "name": "f", "parameters": ' + OVER + "}]"},
+                ),
+                "tools[0].parameters",
+            ),
+            (
+                body_with(
+                    RESPONSE,
+                    {
+                        "tools": '[{"type": "function", "name": "f", "parameters": '
+                        + nested(DEEPEST)
+                        + "}]"
+                    },
+                ),
+                "tools",
+            ),
+            (
+                body_with(
+                    RESPONSE,
+                    {
+                        "text": '{"format": {"type": "json_schema", "name": "x", "schema": '
+                        + OVER
+                        + "}}"
+                    },
+                ),
+                "text.format",
+            ),
+            (body_with({**RESPONSE, "input": [*HI, RESPONSE_CALL]}), "input"),
+        ],
     ),
 }
 

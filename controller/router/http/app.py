@@ -40,6 +40,10 @@ from intentserve.controller.router.http.errors import (
 from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_reply import Reply, merged_response, merged_usage
 from intentserve.controller.router.http.openai_schema import CompletionRequest
+from intentserve.controller.router.http.responses_routes import (
+    DEFAULT_RESPONSES_STORE_SIZE,
+    add_responses_routes,
+)
 from intentserve.controller.router.http.tokenize import add_tokenize_routes
 from intentserve.controller.router.request_metrics import MeteredRouter
 from intentserve.controller.router.tokenize_route import TokenizeRoute
@@ -62,6 +66,7 @@ class Frontend:
     metrics: CollectorRegistry
     tokenizing: TokenizeRoute  # /tokenize, /detokenize on a READY worker
     cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
+    responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE  # kept per API key (/v1/responses)
 
 
 def _json(data: dict) -> str:
@@ -97,6 +102,7 @@ def build_app(frontend: Frontend) -> FastAPI:
 
     add_tokenize_routes(app, frontend.tokenizing, parse)
     add_messages_routes(app, doors)
+    add_responses_routes(app, doors, parse)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:

@@ -80,10 +80,14 @@ class Doors:
         """401 unless the request carries one of the deployment's API keys: `token` when the
         door has its own header (Anthropic's `x-api-key`), else `Authorization: Bearer ...`."""
         if token is None:
-            header = request.headers.get("authorization", "")
-            token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+            token = _bearer(request)
         if not self.frontend.security.admits_client(token):
             raise OpenAIError(401, "a valid API key is required", code="invalid_api_key")
+
+    def client_key(self, request: Request) -> str | None:
+        """The key an authorized request was admitted with (`Authorization: Bearer ...`);
+        None where no keys are set, and every client is one."""
+        return _bearer(request) if self.frontend.security.api_keys else None
 
     async def body(self, request: Request) -> bytes:
         return await read_body(request)
@@ -108,6 +112,11 @@ class Doors:
         routed = RoutedCall(request, RoutedResponses(self.frontend.router, pb, call), call)
         await routed._open()
         return routed
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    return header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
 
 
 async def read_body(request: Request) -> bytes:
