@@ -27,6 +27,7 @@ from intentserve.controller.router.http.connection_limits import (
     DEFAULT_KEEP_ALIVE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    DEFAULT_RESPONSES_STORE_SIZE,
     HttpLimits,
 )
 from intentserve.controller.router.http.cors import check_origins
@@ -148,6 +149,7 @@ class ControllerSettings(BaseSettings):
     )
     http_max_connections_per_client: int = Field(DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
     http_max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
+    http_responses_store_size: int = Field(DEFAULT_RESPONSES_STORE_SIZE, ge=1)
     tls_cert_file: str | None = None  # the controller's certificate (common name `controller`)
     tls_key_file: str | None = None
     tls_ca_file: str | None = None  # the deployment's CA, which signed every worker certificate
@@ -266,6 +268,7 @@ class ControllerSettings(BaseSettings):
                 keep_alive_timeout_s=self.http_keep_alive_timeout_s,
                 max_connections_per_client=self.http_max_connections_per_client,
                 max_connections=self.http_max_connections,
+                responses_store_size=self.http_responses_store_size,
             ),
             heartbeat_interval_s=self.heartbeat_interval_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,

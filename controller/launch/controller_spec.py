@@ -15,6 +15,7 @@ from intentserve.controller.router.http.connection_limits import (
     DEFAULT_KEEP_ALIVE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    DEFAULT_RESPONSES_STORE_SIZE,
     HttpLimits,
 )
 from intentserve.controller.router.http.cors import check_origins
@@ -37,6 +38,8 @@ class HttpLimitsSpec(Section):
     # Connections open at once from one address (behind a proxy: all of the proxy's), and in all.
     max_connections_per_client: int = Field(DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
     max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
+    # Responses kept per API key for previous_response_id and GET /v1/responses/{id}.
+    responses_store_size: int = Field(DEFAULT_RESPONSES_STORE_SIZE, ge=1)
 
     def limits(self) -> HttpLimits:
         return HttpLimits(
@@ -45,6 +48,7 @@ class HttpLimitsSpec(Section):
             keep_alive_timeout_s=self.keep_alive_timeout_s,
             max_connections_per_client=self.max_connections_per_client,
             max_connections=self.max_connections,
+            responses_store_size=self.responses_store_size,
         )
 
 

@@ -71,7 +71,14 @@ class RequestPath:
         """The OpenAI HTTP API, /health and /metrics on `host:port` (HTTPS with `tls`), on an
         event loop of the kind `loop` names, reading requests under `limits`."""
         frontend = Frontend(
-            self.metered, view, security, model_names, metrics, self.tokenizing, cors_origins
+            self.metered,
+            view,
+            security,
+            model_names,
+            metrics,
+            self.tokenizing,
+            cors_origins,
+            responses_store_size=limits.responses_store_size,
         )
         return HttpServer(
             build_app(frontend),

@@ -30,6 +30,9 @@ runs as long as it runs.
 - `max_connections`: connections held at once in all. 1024: bounded memory and descriptors (a
   host's usual `ulimit -n` is 1024, a container's far more: raise both together).
 
+- `responses_store_size`: the Responses API's responses kept per API key, for
+  `previous_response_id` and `GET /v1/responses/{id}` (256; why: responses_store.py).
+
 A connection over a cap is answered at once (429 for one client's cap, 503 for the total, the
 message naming the setting) and closed; one past a deadline is closed. Each is counted in
 `/metrics`: `intentserve_http_connections_closed_total{reason}` and
@@ -41,6 +44,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from intentserve.controller.router.http.responses_store import DEFAULT_RESPONSES_STORE_SIZE
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
@@ -56,6 +61,7 @@ class HttpLimits:
     keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_TIMEOUT_S
     max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
 
 
 class Closed(enum.Enum):
