@@ -144,6 +144,12 @@ REFUSED_VALUES = [
         "messages[1].role",
     ),
     ("system", [{"type": "image", "source": {}}], "system[0].type"),
+    (
+        "messages",
+        [{"role": "user", "content": [{"type": {"text": 1}}]}],
+        "messages[0].content[0].type",
+    ),
+    ("messages", [{"role": "user", "content": [{"text": "Hi"}]}], "messages[0].content[0].type"),
 ]
 # Honoured values beyond FIELDS' one.
 HONOURED_VALUES = [

@@ -262,9 +262,10 @@ def read_blocks(content: str | list[dict[str, Any]], allowed: tuple[str, ...], p
     for i, block in enumerate(content):
         kind, where = block.get("type"), f"{path}[{i}]"
         if kind not in allowed:
-            why = REFUSED_BLOCKS.get(kind, f"{kind!r} blocks are not read here")
-            if kind is not None and kind.endswith("_tool_result"):
-                why = SERVER_TOOLS
+            why = "missing, or not a block type's name"
+            if isinstance(kind, str):
+                why = REFUSED_BLOCKS.get(kind, f"{kind!r} blocks are not read here")
+                why = SERVER_TOOLS if kind.endswith("_tool_result") else why
             return UnsupportedField(f"{where}.type", f"{why}; allowed: {', '.join(allowed)}")
         typed = read_typed(BLOCKS[kind], block, where)
         if isinstance(typed, UnsupportedField):
