@@ -16,6 +16,7 @@ from intentserve.controller.auth import Security
 from intentserve.controller.router.http.app import Frontend, build_app
 from intentserve.v1 import inference_pb2 as pb
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 MODEL = "smollm2-135m"
@@ -77,6 +78,13 @@ def served():
     router, http = serve()
     with http:
         yield client_of(http), http, router
+
+
+def stored(http: TestClient) -> float:
+    """What /metrics says the store holds."""
+    families = text_string_to_metric_families(http.get("/metrics").text)
+    (family,) = (f for f in families if f.name == "intentserve_http_responses_stored")
+    return family.samples[0].value
 
 
 def turns(request: pb.GenerateRequest) -> list[tuple]:
@@ -335,6 +343,9 @@ def test_the_store_keeps_each_keys_last_responses_up_to_its_size():
         for kept in (first, third):
             assert client.responses.retrieve(kept.id).id == kept.id
         assert other.responses.retrieve(theirs.id).id == theirs.id
+        assert stored(http) == 3  # two of the first key's, one of the other's
+        client.responses.delete(first.id)
+        assert stored(http) == 2
 
 
 def test_an_unknown_previous_response_id_is_404_naming_it(served):

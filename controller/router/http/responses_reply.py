@@ -56,6 +56,7 @@ class ResponseReply:
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     status: str = "in_progress"  # then completed, incomplete or failed
+    completed_at: int | None = None
     incomplete_reason: str | None = None
     error: dict[str, str] | None = None
     output: list[Item] = field(default_factory=list)
@@ -86,6 +87,7 @@ class ResponseReply:
         ended = ENDED.get(response.finish_reason)
         if ended is not None:
             self.status, self.num_prompt_tokens = ended, response.num_prompt_tokens
+            self.completed_at = int(time.time()) if ended == "completed" else None
             if response.finish_reason == inference_pb2.FINISH_REASON_LENGTH:
                 self.incomplete_reason = "max_output_tokens"
         return events
@@ -137,7 +139,7 @@ class ResponseReply:
             "object": "response",
             "created_at": self.created_at,
             "status": self.status,
-            "completed_at": int(time.time()) if self.status == "completed" else None,
+            "completed_at": self.completed_at,
             "error": self.error,
             "incomplete_details": (
                 {"reason": self.incomplete_reason} if self.status == "incomplete" else None

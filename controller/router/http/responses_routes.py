@@ -27,6 +27,7 @@ from intentserve.controller.router.http.responses_store import (
     ResponsesStore,
     StoredResponse,
 )
+from prometheus_client import Gauge
 
 __all__ = ["DEFAULT_RESPONSES_STORE_SIZE", "add_responses_routes"]  # the size: app.Frontend's
 
@@ -36,6 +37,11 @@ Parse = Callable[[Request, type[ResponsesRequest]], Awaitable[ResponsesRequest]]
 def add_responses_routes(app: FastAPI, doors: Doors, parse: Parse) -> None:
     """`parse`: the app's (key, body shape, refused fields, model), as for chat."""
     store = ResponsesStore(doors.frontend.responses_store_size)
+    Gauge(
+        "intentserve_http_responses_stored",
+        "Responses kept for previous_response_id and GET /v1/responses/{id}, every key's",
+        registry=doors.frontend.metrics,
+    ).set_function(store.num_stored)
 
     @app.post("/v1/responses")
     async def create(request: Request) -> Response:
