@@ -183,9 +183,9 @@ def test_every_error_is_openai_shaped_also_for_unknown_paths_and_methods(
     """Issue 53 item 6: FastAPI's own `{"detail": "Not Found"}` was what /v1/responses got."""
     server, _ = ready_controller(start_controller, make_worker)
     with client_for(server) as client, pytest.raises(openai.NotFoundError) as error:
-        client.responses.create(model=MODEL, input="Hi")
+        client.responses.input_items.list("resp_1")  # served: /v1/responses and /{id} only
     assert error.value.body["type"] == "invalid_request_error"
-    assert "POST /v1/responses" in error.value.body["message"]
+    assert "GET /v1/responses/resp_1/input_items" in error.value.body["message"]
     cases = [
         ("GET", "/nowhere", None, 404),
         ("POST", "/v1/models", None, 405),
