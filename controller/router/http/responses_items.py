@@ -87,7 +87,7 @@ TOOL_REFUSALS = {
 }
 
 
-def _given(value: Any) -> bool:
+def given(value: Any) -> bool:
     return value is not None
 
 
@@ -108,7 +108,7 @@ class TextPart(Item):
     said, sent back)."""
 
     refusals = {
-        "prompt_cache_breakpoint": (_given, "cache breakpoints are not set here; leave it out"),
+        "prompt_cache_breakpoint": (given, "cache breakpoints are not set here; leave it out"),
         "annotations": (bool, "annotations are not supported"),
     }
 
@@ -130,7 +130,7 @@ PART_REFUSALS = {
 class MessageItem(Item):
     """EasyInputMessage, Message, and an earlier output message sent back."""
 
-    refusals = {"phase": (_given, "message phases are not read here; leave it out")}
+    refusals = {"phase": (given, "message phases are not read here; leave it out")}
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
@@ -161,7 +161,7 @@ class FunctionCallItem(Item):
     """A call the model made (an earlier output's `function_call` item)."""
 
     refusals = {
-        "namespace": (_given, "tool namespaces are not served"),
+        "namespace": (given, "tool namespaces are not served"),
         "caller": (_not_direct, "only direct calls are made here; allowed: {'type': 'direct'}"),
         "async_": (bool, "asynchronous calls are not made here; allowed: false"),
     }
@@ -181,7 +181,7 @@ class FunctionCallOutputItem(Item):
     """What the client's code returned for a call (`call_id`), for the model's next turn."""
 
     refusals = {
-        "namespace": (_given, "tool namespaces are not served"),
+        "namespace": (given, "tool namespaces are not served"),
         "caller": (_not_direct, "only direct calls are made here; allowed: {'type': 'direct'}"),
     }
 
@@ -217,9 +217,7 @@ class ReasoningItem(Item):
     turn has no field for its thinking (ChatMessage), and OpenAI too drops earlier turns'
     reasoning from the context."""
 
-    refusals = {
-        "encrypted_content": (_given, "encrypted reasoning is not read here (none is made)")
-    }
+    refusals = {"encrypted_content": (given, "encrypted reasoning is not read here (none is made)")}
 
     type: Literal["reasoning"]
     id: str | None = None
@@ -248,7 +246,7 @@ class FunctionTool(Item):
             "only direct calls are made here; allowed: ['direct']",
         ),
         "defer_loading": (bool, "deferred tools (tool search) are not served; allowed: false"),
-        "output_schema": (_given, "an output schema is not read here; leave it out"),
+        "output_schema": (given, "an output schema is not read here; leave it out"),
         "async_": (bool, "asynchronous calls are not made here; allowed: false"),
     }
 

@@ -22,6 +22,7 @@ from intentserve.controller.router.http.responses_items import (
     FunctionTool,
     InputItem,
     Refusals,
+    given,
     parse_item,
     parse_tool,
 )
@@ -32,10 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 
 
-def _given(value: Any) -> bool:
-    return value is not None
-
-
 NOT_A_FUNCTION = "a tool of a kind this server does not have (its tools are functions)"
 # Fields that ask for what nothing here does: (does this value ask for it?, why refused).
 REFUSALS: Refusals = {
@@ -44,18 +41,18 @@ REFUSALS: Refusals = {
         "background responses are not served (each is answered on its own "
         "connection); allowed: false",
     ),
-    "background_options": (_given, "background responses are not served"),
+    "background_options": (given, "background responses are not served"),
     "conversation": (
-        _given,
+        given,
         "conversations are not stored here; chain responses with previous_response_id",
     ),
-    "prompt": (_given, "stored prompt templates are not served; send input and instructions"),
+    "prompt": (given, "stored prompt templates are not served; send input and instructions"),
     "top_logprobs": (
         bool,
         "log-probabilities are not returned by this endpoint (chat "
         "completions return them); allowed: 0",
     ),
-    "max_tool_calls": (_given, "it bounds built-in tool calls, and no built-in tool is served"),
+    "max_tool_calls": (given, "it bounds built-in tool calls, and no built-in tool is served"),
     "truncation": (
         lambda v: v != "disabled",
         "a conversation is never truncated to fit: one "
@@ -66,16 +63,16 @@ REFUSALS: Refusals = {
         "one tier is served; allowed: 'auto', 'default'",
     ),
     "prompt_cache_key": (
-        _given,
+        given,
         "requests are not routed by a cache key here (prefix caching "
         "matches prompts by their tokens); leave it out",
     ),
-    "prompt_cache_options": (_given, "prompt caching is not configured per request here"),
-    "prompt_cache_retention": (_given, "prompt caching is not configured per request here"),
+    "prompt_cache_options": (given, "prompt caching is not configured per request here"),
+    "prompt_cache_retention": (given, "prompt caching is not configured per request here"),
     "context_management": (bool, "nothing here compacts a conversation; allowed: []"),
-    "access_programs": (_given, "access programs are not served"),
-    "image": (_given, "images are not served (this deployment serves a text model)"),
-    "moderation": (_given, "moderation is not served"),
+    "access_programs": (given, "access programs are not served"),
+    "image": (given, "images are not served (this deployment serves a text model)"),
+    "moderation": (given, "moderation is not served"),
 }
 
 
@@ -118,11 +115,11 @@ class ReasoningConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     refusals: ClassVar[Refusals] = {
-        "effort": (_given, "a thinking budget is not set per request here yet; leave it out"),
-        "summary": (_given, "reasoning summaries are not made here; leave it out"),
-        "generate_summary": (_given, "reasoning summaries are not made here; leave it out"),
-        "context": (_given, "which turns' reasoning is kept is not set here; leave it out"),
-        "mode": (_given, "one reasoning mode is served; leave it out"),
+        "effort": (given, "a thinking budget is not set per request here yet; leave it out"),
+        "summary": (given, "reasoning summaries are not made here; leave it out"),
+        "generate_summary": (given, "reasoning summaries are not made here; leave it out"),
+        "context": (given, "which turns' reasoning is kept is not set here; leave it out"),
+        "mode": (given, "one reasoning mode is served; leave it out"),
     }
 
     effort: str | None = None
