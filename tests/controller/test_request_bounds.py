@@ -15,7 +15,9 @@ import pytest
 from fastapi.routing import APIRoute
 from intentserve.common.field_errors import violation_of
 from intentserve.controller.auth import Security
+from intentserve.controller.router.http.anthropic_schema import CountTokensRequest, MessagesRequest
 from intentserve.controller.router.http.app import MAX_BODY_BYTES, Frontend, build_app
+from intentserve.controller.router.http.error_shapes import ErrorShape, shape_of
 from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_schema import CompletionRequest
 from intentserve.controller.router.http.responses_schema import ResponsesRequest
@@ -60,6 +62,20 @@ CHAT = {"model": MODEL, "messages": HI, "max_tokens": 8}
 COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 8}
 RESPONSE = {"model": MODEL, "input": "Hi", "max_output_tokens": 8}
 FUNCTION = {"type": "function", "name": "f", "parameters": {}}
+MESSAGE = {"model": MODEL, "messages": HI, "max_tokens": 8}
+COUNT = {"model": MODEL, "messages": HI}
+ANTHROPIC_TOOL = {"name": "f", "input_schema": {"type": "object"}}
+
+
+def anthropic_cases(valid: dict) -> list[tuple[bytes, str]]:
+    """Anthropic's Messages and count_tokens: the conversation's bounds, named by the body's
+    own paths (Anthropic's errors have no `param`: the message starts with it)."""
+    return [
+        (body_with({**valid, "messages": HI * (MAX_MESSAGES + 1)}), "messages"),
+        (body_with({**valid, "tools": [ANTHROPIC_TOOL] * (MAX_TOOLS + 1)}), "tools"),
+    ]
+
+
 RESPONSE_CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": OVER}
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": OVER}}
 # Each POST route: its body's schema, a valid body, and its own cases (body, the param named).
@@ -187,6 +203,8 @@ ROUTES = {
             (body_with({**RESPONSE, "input": [*HI, RESPONSE_CALL]}), "input"),
         ],
     ),
+    "/v1/messages": (MessagesRequest, MESSAGE, anthropic_cases(MESSAGE)),
+    "/v1/messages/count_tokens": (CountTokensRequest, COUNT, anthropic_cases(COUNT)),
 }
 
 
@@ -221,9 +239,13 @@ def served(start_controller, make_worker):
 def assert_refused(response: httpx.Response, param: str | None) -> None:
     assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    if shape_of(response.request.url.path) is ErrorShape.ANTHROPIC:
+        assert response.json()["type"] == "error" and set(error) == {"type", "message"}, error
+    else:
+        assert set(error) == {"message", "type", "param", "code"}
+        if param is not None:
+            assert error["param"] == param, error
     if param is not None:
-        assert error["param"] == param, error
         assert error["message"].startswith(f"{param}: "), error
 
 
@@ -275,7 +297,9 @@ def test_a_known_field_of_the_wrong_type_is_refused_naming_it(served, path):
             response = post(http, path, body_with({**valid, name: wrong}))
             assert response.status_code != 500, (name, response.text[:300])
             if response.status_code == 400:
-                assert response.json()["error"]["param"].startswith(name), response.text
+                error = response.json()["error"]
+                named = error.get("param") or error["message"]  # Anthropic's: in the message
+                assert named.startswith(name), response.text
 
 
 def test_a_valid_request_at_the_bounds_is_served(served):
