@@ -4,7 +4,7 @@ never merged across choices or past a choice's last chunk; a reader that keeps u
 as it was sent."""
 
 import asyncio
-import time
+import threading
 
 import grpc
 import pytest
@@ -13,7 +13,7 @@ from intentserve.controller.router import coalesce
 from intentserve.controller.router.mux_streams import AsyncMuxStream, StreamFailed, hand_over
 from intentserve.v1 import inference_pb2, inference_pb2_grpc
 
-from tests.controller.conftest import eventually, ready
+from tests.controller.conftest import ready
 
 LENGTH = inference_pb2.FINISH_REASON_LENGTH
 STOP = inference_pb2.FINISH_REASON_STOP
@@ -155,16 +155,29 @@ SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 4096
 
 @pytest.mark.integration
 def test_a_slow_client_gets_its_backlog_in_few_messages_and_every_token_in_order(
-    start_controller, make_worker
+    start_controller, make_worker, monkeypatch
 ):
     server, worker = ready(start_controller, make_worker, num_tokens=NUM_TOKENS, token_delay_s=0)
+    # NOTE: the slow client waits until the router's stream holds the worker's last message, not
+    # for a fixed time after the worker sent it: on a loaded host the messages crossing to the
+    # router took longer than 0.2 s, and those that came after the client read again went out
+    # one by one (875 messages in one CI run)
+    ended = threading.Event()
+    put = AsyncMuxStream._put
 
-    def until_the_worker_sent_all() -> None:
-        eventually(lambda: worker.num_in_flight == 0, what="the worker's last token")
-        time.sleep(0.2)  # its last messages cross to the router
+    def put_and_note_the_end(stream: AsyncMuxStream, item: object) -> None:
+        put(stream, item)
+        if item is END:
+            ended.set()
+
+    monkeypatch.setattr(AsyncMuxStream, "_put", put_and_note_the_end)
+
+    def until_the_router_holds_all() -> None:
+        assert ended.wait(30), "the router's stream never received the worker's last message"
 
     fast = read_all(server.address)
-    slow = read_all(server.address, pause=until_the_worker_sent_all, options=SMALL_WINDOW)
+    ended.clear()
+    slow = read_all(server.address, pause=until_the_router_holds_all, options=SMALL_WINDOW)
     assert len(fast[1]) == NUM_TOKENS
     assert slow[1:] == fast[1:]  # the same tokens and text, in order
     # the router merged what waited for the slow client (3000 messages before the change)
