@@ -37,6 +37,7 @@ class EmbeddedTable:
                 r.realized.max_num_seqs,
                 r.num_outstanding,
                 max_model_len=r.realized.max_model_len,
+                task=r.realized.task,
             )
             for r in self._deployment.workers()
             if r.state is WorkerState.READY and r.realized is not None

@@ -47,6 +47,20 @@ class NotReady(Exception):
         self.reason = reason
 
 
+class WrongTask(Exception):
+    """The deployment's workers serve another task than the call asks (Generate of an encoder
+    deployment, Embed of a decoder one): FAILED_PRECONDITION, naming both."""
+
+    def __init__(self, asked: str, served: str) -> None:
+        doors = {"generate": "completions", "embed": "embeddings"}
+        super().__init__(
+            f"this deployment's model serves {doors.get(served, served)} (task {served}), not "
+            f"{doors.get(asked, asked)} (task {asked}); allowed here: task {served} calls only"
+        )
+        self.asked = asked
+        self.served = served
+
+
 class WorkerUnavailable(Exception):
     """The worker serving a stream went away (lost, stopped, unreachable)."""
 

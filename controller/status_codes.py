@@ -12,6 +12,7 @@ from intentserve.controller.errors import (
     WorkerAlive,
     WorkerUnavailable,
     WrongState,
+    WrongTask,
 )
 from intentserve.policy import IntentError, PolicyError
 
@@ -21,6 +22,7 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IntentError, grpc.StatusCode.INVALID_ARGUMENT),
     (PolicyError, grpc.StatusCode.FAILED_PRECONDITION),
     (WrongState, grpc.StatusCode.FAILED_PRECONDITION),
+    (WrongTask, grpc.StatusCode.FAILED_PRECONDITION),
     (WorkerAlive, grpc.StatusCode.ALREADY_EXISTS),
     (UnknownWorker, grpc.StatusCode.NOT_FOUND),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),

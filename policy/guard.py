@@ -71,6 +71,10 @@ class RealizedCache:
     # Tokens per streamed message after a request's first (the worker's `streamInterval`; 0: a
     # worker that does not report it).
     stream_interval: int = 0
+    # What it serves: "generate" (a decoder: Generate) or "embed" (an encoder: Embed, with
+    # vectors of `embedding_dim` values).
+    task: str = "generate"
+    embedding_dim: int = 0
 
     def describe_stream(self) -> str:
         """Tokens per streamed message, in words ("" when not reported)."""

@@ -72,6 +72,8 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
         f"{mib(realized['kv_cache_bytes'])}, {realized['scheduler']} scheduler, "
         f"{realized['weight_format']} weights ({mib(realized['weight_bytes'])})"
     )
+    if realized.get("task") == "embed":
+        text = f"embeddings ({realized.get('embedding_dim')} values), {text}"
     if realized["prefix_caching"]:
         text += ", prefix caching"
     if realized["sliding_window"]:

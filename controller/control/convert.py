@@ -199,6 +199,7 @@ def table_event_to_pb(event: TableEvent) -> admin_pb2.WorkerTableEvent:
                 max_num_seqs=w.max_num_seqs,
                 revision=w.revision,
                 max_model_len=w.max_model_len,
+                task=w.task,
             )
             for w in event.workers
         ],

@@ -83,6 +83,8 @@ def describe_realized(realized: RealizedCache | None) -> str:
     if realized is None:
         return "not reported yet"
     parts = [f"{realized.kind.value} cache", f"{realized.backend.value} backend"]
+    if realized.task == "embed":
+        parts.insert(0, f"task embed ({realized.embedding_dim}-value vectors)")
     if realized.num_blocks:
         parts.append(f"{realized.num_blocks} blocks of {realized.block_size} tokens")
     if realized.kv_cache_bytes:

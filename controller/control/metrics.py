@@ -45,6 +45,7 @@ REALIZED = (
     "weight_format",
     "attention_kernel",
     "kernel_variant",
+    "task",
     "reason_code",
 )
 DEPLOYMENT_GAUGES = {
@@ -214,6 +215,7 @@ def realized_labels(policy, w: WorkerRecord) -> dict[str, str]:
                 r.weight_format.value if r else "",
                 r.attention_kernel if r else "",
                 r.kernel_variant if r else "",
+                r.task if r else "",
                 w.reasons[0].code.value if w.reasons else "",
             ),
             strict=True,

@@ -35,6 +35,7 @@ class TableWorker:
     max_num_seqs: int
     revision: int  # the table revision at which it last changed
     max_model_len: int = 0  # the longest sequence it serves (0 until it reports)
+    task: str = "generate"  # what it serves: "generate" or "embed"
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def _worker(record: WorkerRecord, revision: int) -> TableWorker:
         realized.max_num_seqs,
         revision,
         realized.max_model_len,
+        realized.task,
     )
 
 
@@ -149,4 +151,4 @@ def _same(a: TableWorker, b: TableWorker) -> bool:
 
 
 def _routed_by(w: TableWorker) -> tuple:
-    return (w.address, w.state, w.max_num_seqs, w.max_model_len)
+    return (w.address, w.state, w.max_num_seqs, w.max_model_len, w.task)

@@ -43,6 +43,7 @@ def table_update_from_pb(msg: admin_pb2.WorkerTableEvent) -> TableUpdate:
                 max_num_seqs=w.max_num_seqs,
                 revision=w.revision,
                 max_model_len=w.max_model_len,
+                task=w.task or "generate",
             )
             for w in msg.workers
         ),

@@ -45,7 +45,13 @@ from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.full_workers import FullWorkers
 from intentserve.controller.router.mux_streams import Stream
 from intentserve.controller.router.request_size import check_request
-from intentserve.controller.router.table import Route, WorkerTable, longest_served
+from intentserve.controller.router.table import (
+    GENERATE,
+    Route,
+    WorkerTable,
+    longest_served,
+    refuse_other_task,
+)
 from intentserve.controller.router.upstream import NO_READY_WORKER, TryAnother, upstream_failure
 from intentserve.policy import Reason, ReasonCode
 from intentserve.v1 import inference_pb2
@@ -151,10 +157,15 @@ class Router:
         size it may have (request_size.py)."""
         if not request.request_id:
             request.request_id = new_request_id()
-        check_request(request, longest_served(self._table.routes()))
+        check_request(request, longest_served(self._routes()))
         readiness = self._table.readiness()
         if not readiness.ready:
             raise NotReady(readiness.reason)
+        refuse_other_task(self._table.routes(), GENERATE)
+
+    def _routes(self) -> tuple[Route, ...]:
+        """The READY workers that generate (an encoder's serve Embed only)."""
+        return tuple(r for r in self._table.routes() if r.task == GENERATE)
 
     def _limit(self, route: Route) -> int:
         """Requests a READY worker is sent at once: the operator's number, else its slots."""
@@ -164,14 +175,14 @@ class Router:
 
     def _num_slots(self) -> int:
         """The slots of the READY workers (what the queue's default bound is a multiple of)."""
-        return sum(self._limit(r) for r in self._table.routes())
+        return sum(self._limit(r) for r in self._routes())
 
     def _acquire(self, tried: dict[str, Exception], n: int) -> tuple[Route, int] | None:
         """The READY worker with the fewest outstanding requests that has room for a request of
         `n` choices, and the slots it took there (n, or all when n is more); None when every
         READY worker not yet tried is full, by this router's count or its own refusal (the
         request waits)."""
-        ready = [r for r in self._table.routes() if r.worker_id not in tried]
+        ready = [r for r in self._routes() if r.worker_id not in tried]
         if ready:  # rotate, so that equally loaded workers take turns (the sort is stable)
             shift = next(self._turn) % len(ready)
             ready = ready[shift:] + ready[:shift]

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
+from intentserve.common.ids import new_request_id
 from intentserve.common.streaming import GENERATE_MANY_ACCEPTED
 from intentserve.controller.router import convert
 from intentserve.controller.router.client_mux import ClientStreams
@@ -31,6 +32,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def Detokenize(self, request, context):
         return await self._tokenizing.detokenize(request, context.time_remaining())
+
+    async def Embed(self, request, context):
+        if not request.request_id:
+            request.request_id = new_request_id()
+        return await self._tokenizing.embed(request, context.time_remaining())
 
     async def Generate(self, request, context) -> AsyncIterator:
         async with contextlib.aclosing(self._router.agenerate(request, context)) as responses:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from intentserve.controller.errors import WrongTask
 from intentserve.policy import Reason
 
 
@@ -33,6 +34,17 @@ class Route:
     max_num_seqs: int  # the sequence slots it realized
     num_outstanding: int = 0  # slots this router holds on it: a request's choices, summed
     max_model_len: int = 0  # the longest sequence it serves, in tokens (0: not reported)
+    task: str = "generate"  # what it serves: "generate" (Generate) or "embed" (Embed)
+
+
+GENERATE = "generate"
+EMBED = "embed"
+
+
+def refuse_other_task(routes: tuple[Route, ...], asked: str) -> None:
+    """WrongTask when READY workers serve, and none of them `asked`'s task."""
+    if routes and not any(r.task == asked for r in routes):
+        raise WrongTask(asked, routes[0].task)
 
 
 def longest_served(routes: tuple[Route, ...]) -> int:

@@ -1,9 +1,10 @@
-"""Tokenize and Detokenize, routed: the tokenizer lives with the model, so the router asks a
+"""Tokenize, Detokenize and Embed, routed: the tokenizer lives with the model, so the router asks a
 READY worker's Inference service (a unary call on the channel the router holds to it). No
 generation slot is taken and nothing is queued: a tokenize is cheap, on the worker's server
-threads, never on its engine loop. A worker's refusal passes through as a routed Generate's does
-(INVALID_ARGUMENT with its BadRequest detail); no READY worker is NotReady with the verdict's
-reason.
+threads, never on its engine loop. Embed goes to a READY worker whose model embeds (an encoder
+worker bounds its own calls, and refuses past them RESOURCE_EXHAUSTED). A worker's refusal
+passes through as a routed Generate's does (INVALID_ARGUMENT with its BadRequest detail); no
+READY worker is NotReady with the verdict's reason.
 
 A request is checked before it is sent (request_size.py: bytes, turns, tools, nesting, and
 characters or ids against the largest max_model_len a READY worker reported). A reply over the
@@ -21,7 +22,13 @@ from google.protobuf.message import Message
 from intentserve.controller.errors import NotReady, RequestTooLarge
 from intentserve.controller.router.channels import WorkerChannels
 from intentserve.controller.router.request_size import check_detokenize, check_request
-from intentserve.controller.router.table import Route, WorkerTable, longest_served
+from intentserve.controller.router.table import (
+    EMBED,
+    Route,
+    WorkerTable,
+    longest_served,
+    refuse_other_task,
+)
 from intentserve.controller.router.upstream import NO_READY_WORKER, upstream_failure
 from intentserve.v1 import inference_pb2_grpc
 
@@ -46,6 +53,15 @@ class TokenizeRoute:
         ready = self._ready()
         check_detokenize(request, longest_served(ready))
         return await self._call(ready, "Detokenize", request, timeout_s, "tokens")
+
+    async def embed(self, request, timeout_s: float | None):
+        """An EmbedRequest, to a READY worker whose model embeds (WrongTask when the
+        deployment's workers generate)."""
+        ready = self._ready()
+        refuse_other_task(ready, EMBED)
+        embedding = tuple(r for r in ready if r.task == EMBED)
+        made_by = "texts" if request.texts else "token_inputs"
+        return await self._call(embedding, "Embed", request, timeout_s, made_by)
 
     def _ready(self) -> tuple[Route, ...]:
         ready = self._table.routes()

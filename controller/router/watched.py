@@ -67,6 +67,7 @@ class TableEntry:
     max_num_seqs: int
     revision: int
     max_model_len: int = 0  # the longest sequence it serves (0 until it reports)
+    task: str = "generate"  # what it serves: "generate" or "embed"
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ class WatchedTable:
                     e.max_num_seqs,
                     self._outstanding.get(k, 0),
                     max_model_len=e.max_model_len,
+                    task=e.task,
                 )
                 for k, e in sorted(self._routable().items())
             )

@@ -240,6 +240,8 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         decode_graphs=realized.decode_graphs,
         kernel_variant=realized.kernel_variant,
         weights_held=realized.weights_held,
+        task=realized.task,
+        embedding_dim=realized.embedding_dim,
     )
 
 
@@ -272,7 +274,21 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         decode_graphs=msg.decode_graphs,
         kernel_variant=msg.kernel_variant,
         weights_held=msg.weights_held,
+        task=_task_from_pb(msg.task),
+        embedding_dim=msg.embedding_dim,
     )
+
+
+TASKS = ("generate", "embed")
+
+
+def _task_from_pb(task: str) -> str:
+    """A worker that predates the report ("") generates; another word is refused by name."""
+    if not task:
+        return "generate"
+    if task not in TASKS:
+        raise ValueError(f"realized.task: {task!r} is not one of {', '.join(TASKS)}")
+    return task
 
 
 def resolution_to_pb(

@@ -112,6 +112,10 @@ class Encoder:
         self.dim = self._hidden * len(pooling)
         self.max_tokens = max_tokens
         self.normalizes = normalizes
+        self.vocab_size = self._word.shape[0]
+        self.dtype = self._word.dtype
+        # Resident bytes of every tensor held (what a worker reports as its weights).
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
 
     @classmethod
     def load(cls, folder: Path, *, dtype: torch.dtype = torch.float32) -> Encoder:
@@ -168,6 +172,10 @@ class Encoder:
         if self._lowercase:
             texts = [text.lower() for text in texts]
         return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens ([CLS], [SEP], [PAD]) left out."""
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def embed(self, token_ids: list[list[int]]) -> Tensor:
         """One float32 vector per input, shape [len(token_ids), dim], rows in the inputs' order.

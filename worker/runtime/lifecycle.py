@@ -26,6 +26,7 @@ from intentserve.policy import Capability, PagedAttentionRequiredError, Reason, 
 from intentserve.worker.cache.kv_pool import KvBudgetError
 from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.builder import build_engine
+from intentserve.worker.engine.encoder_engine import EncoderEngine, build_encoder_engine
 from intentserve.worker.engine.engine import Engine
 from intentserve.worker.engine.kv_setup import KvBudgetTooLargeError
 from intentserve.worker.engine.realized import RealizedReport
@@ -186,7 +187,9 @@ class WorkerRuntime:
             if self.phase in FINAL or self._stop.is_set():
                 self._shut_down(grace_s=0)
 
-    def _serve(self, registration: Registration, capability, engine: Engine) -> None:
+    def _serve(
+        self, registration: Registration, capability, engine: Engine | EncoderEngine
+    ) -> None:
         """Report, then wait; whenever the controller asks, register again and report again."""
         while not self._stop.is_set():
             if self._register_again.is_set():
@@ -220,7 +223,7 @@ class WorkerRuntime:
             self._set(Phase.SERVING, report.describe().splitlines()[1])
             self._register_again.wait()
 
-    def _report(self, engine: Engine) -> RealizedReport:
+    def _report(self, engine: Engine | EncoderEngine) -> RealizedReport:
         """The engine's report with what this worker serves it with (tokens per message)."""
         cache = dataclasses.replace(
             engine.realized.cache, stream_interval=self.spec.stream_interval
@@ -235,7 +238,9 @@ class WorkerRuntime:
             no_kv_cache=self.spec.no_kv_cache,
         )
 
-    def _build(self, registration: Registration, capability: Capability) -> Engine | None:
+    def _build(
+        self, registration: Registration, capability: Capability
+    ) -> Engine | EncoderEngine | None:
         """The engine the controller resolved (with the capability it was resolved against),
         or None after reporting why it cannot be built (REJECTED)."""
         try:
@@ -245,7 +250,11 @@ class WorkerRuntime:
                 registration.kv_budget,
                 registration.resolution.weights.intent,
             )
-            engine = build_engine(config, loaded, capability, registration.resolution)
+            engine = (
+                build_encoder_engine(config.paged, registration.resolution, loaded, self.spec.model)
+                if loaded.model is None  # an encoder checkpoint: embeddings, no generation
+                else build_engine(config, loaded, capability, registration.resolution)
+            )
         except Exception as error:
             reason = load_error_reason(error)
             log.error("worker %s cannot serve: %s", self.spec.worker_id, reason)

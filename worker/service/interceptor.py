@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 from intentserve.policy import IntentError, PolicyError
+from intentserve.worker.engine.encoder_engine import WrongTaskError
 from intentserve.worker.service.request_stream import EngineLoopClosedError, RequestFailedError
 from intentserve.worker.service.servicer import WorkerOverloadedError
 
@@ -13,6 +14,7 @@ from intentserve.worker.service.servicer import WorkerOverloadedError
 STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IntentError, grpc.StatusCode.INVALID_ARGUMENT),
     (PolicyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (WrongTaskError, grpc.StatusCode.FAILED_PRECONDITION),  # its message names the task
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (WorkerOverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (EngineLoopClosedError, grpc.StatusCode.UNAVAILABLE),

@@ -23,7 +23,9 @@ from intentserve.common.streaming import MAX_COMMAND_BYTES
 from intentserve.common.tls import CONTROLLER, ROUTER, PeerGate, TlsIdentity, server_credentials
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+from intentserve.worker.engine.encoder_engine import EncoderEngine
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.service.encoder_servicer import EncoderCalls, EncoderInferenceServicer
 from intentserve.worker.service.engine_loop import EngineLoop
 from intentserve.worker.service.interceptor import STATUS_CODES
 from intentserve.worker.service.mux import StreamsServicer
@@ -60,7 +62,7 @@ class WorkerServer:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | EncoderEngine,
         worker_id: str,
         model_ref: str,
         host: str = "127.0.0.1",
@@ -78,17 +80,28 @@ class WorkerServer:
         `stream_interval`: tokens per message of each stream after its first (EngineLoop)."""
         self.worker_id = worker_id
         self.host = host
-        max_streams = max_streams or STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
+        encoder = isinstance(engine, EncoderEngine)
+        max_streams = max_streams or (
+            engine.realized.cache.max_num_seqs
+            if encoder
+            else STREAMS_PER_SEQ * engine.scheduler.max_num_seqs
+        )
         # NOTE: public so the host can publish NOT_SERVING while it drains.
         self.health = health.HealthServicer()
         self._draining = False
         for name in HEALTH_NAMES:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.loop = EngineLoop(
-            engine,
-            name=f"engine-loop-{worker_id}",
-            health=StepHealth(self.health, HEALTH_NAMES, may_serve=lambda: not self._draining),
-            stream_interval=stream_interval,
+        slots = StreamSlots(worker_id, max_streams)
+        # An encoder has no engine loop: its Embed calls run on the server's threads.
+        self.loop: EngineLoop | EncoderCalls = (
+            EncoderCalls(slots)
+            if encoder
+            else EngineLoop(
+                engine,
+                name=f"engine-loop-{worker_id}",
+                health=StepHealth(self.health, HEALTH_NAMES, may_serve=lambda: not self._draining),
+                stream_interval=stream_interval,
+            )
         )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
@@ -102,12 +115,17 @@ class WorkerServer:
             # MAX_REQUEST_BYTES; one over this limit would end the whole multiplexed call.
             options=[("grpc.max_receive_message_length", MAX_COMMAND_BYTES)],
         )
-        slots = StreamSlots(worker_id, max_streams)
-        inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.loop, worker_id, slots), self._server
-        )
-        self._streams = StreamsServicer(self.loop, worker_id, slots)
-        worker_pb2_grpc.add_WorkerStreamsServicer_to_server(self._streams, self._server)
+        if encoder:
+            inference_pb2_grpc.add_InferenceServicer_to_server(
+                EncoderInferenceServicer(engine, worker_id, self.loop), self._server
+            )
+            self._streams = None  # nothing streams: WorkerStreams is not served (UNIMPLEMENTED)
+        else:
+            inference_pb2_grpc.add_InferenceServicer_to_server(
+                InferenceServicer(self.loop, worker_id, slots), self._server
+            )
+            self._streams = StreamsServicer(self.loop, worker_id, slots)
+            worker_pb2_grpc.add_WorkerStreamsServicer_to_server(self._streams, self._server)
         worker_pb2_grpc.add_WorkerInfoServiceServicer_to_server(
             WorkerInfoServicer(worker_id, model_ref, engine.realized, capability), self._server
         )
@@ -125,7 +143,7 @@ class WorkerServer:
         except RuntimeError:
             self.bound_port = 0
         if not self.bound_port:
-            self._streams.close()
+            self._close_streams()
             self.loop.close()
             raise OSError(f"worker {worker_id}: cannot listen on {host}:{port}")
 
@@ -163,8 +181,12 @@ class WorkerServer:
         and the engine loop stop (streams still running are cancelled, their KV freed)."""
         self.health.enter_graceful_shutdown()
         self._server.stop(grace_s).wait()
-        self._streams.close()
+        self._close_streams()
         self.loop.close()
+
+    def _close_streams(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
 
     def __enter__(self) -> WorkerServer:
         return self.start()

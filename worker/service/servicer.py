@@ -12,9 +12,15 @@ from collections.abc import Iterator
 import grpc
 from intentserve.policy import Capability
 from intentserve.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+from intentserve.worker.engine.encoder_engine import WrongTaskError
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.service import convert
 from intentserve.worker.service.engine_loop import EngineLoop
+
+EMBED_REFUSED = (
+    "this worker's model generates (task generate): Embed needs an encoder model's deployment "
+    "(deploy/embeddings.yaml)"
+)
 
 
 class WorkerOverloadedError(RuntimeError):
@@ -102,6 +108,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     ) -> inference_pb2.DetokenizeResponse:
         text = self._loop.engine.detokenize(convert.detokenize_request_from_pb(request))
         return inference_pb2.DetokenizeResponse(prompt=text)
+
+    def Embed(
+        self, request: inference_pb2.EmbedRequest, context: grpc.ServicerContext
+    ) -> inference_pb2.EmbedResponse:
+        raise WrongTaskError(EMBED_REFUSED)
 
 
 class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServiceServicer):

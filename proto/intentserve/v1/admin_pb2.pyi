@@ -190,20 +190,22 @@ class WatchWorkersRequest(_message.Message):
     def __init__(self, router_id: _Optional[str] = ...) -> None: ...
 
 class TableWorker(_message.Message):
-    __slots__ = ("worker_id", "address", "state", "max_num_seqs", "revision", "max_model_len")
+    __slots__ = ("worker_id", "address", "state", "max_num_seqs", "revision", "max_model_len", "task")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     state: WorkerState
     max_num_seqs: int
     revision: int
     max_model_len: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_num_seqs: _Optional[int] = ..., revision: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    task: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_num_seqs: _Optional[int] = ..., revision: _Optional[int] = ..., max_model_len: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class WorkerTableEvent(_message.Message):
     __slots__ = ("revision", "snapshot", "workers", "removed_worker_ids", "ready", "state", "reason", "keepalive_s", "controller_id")
