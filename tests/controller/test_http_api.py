@@ -202,6 +202,17 @@ def test_every_error_is_openai_shaped_also_for_unknown_paths_and_methods(
     assert sample(server, refused, route="/v1/models", status="405") == 2
 
 
+def test_a_decoder_deployment_asked_for_embeddings_refuses_naming_the_model(
+    start_controller, make_worker
+):
+    server, _ = ready_controller(start_controller, make_worker)
+    with client_for(server) as client, pytest.raises(openai.BadRequestError) as error:
+        client.embeddings.create(model=MODEL, input="Hi", encoding_format="float")
+    body = error.value.body
+    assert (body["param"], body["code"]) == ("model", "wrong_task")
+    assert "serves completions (task generate), not embeddings (task embed)" in body["message"]
+
+
 def test_the_request_id_is_the_clients_or_a_new_one_and_is_echoed(start_controller, make_worker):
     server, _ = ready_controller(start_controller, make_worker)
     url = f"{server.http_url}/v1/completions"
@@ -352,6 +363,7 @@ def expected_labels(worker: dict) -> dict[str, str]:
         "weight_format": field("weight_format"),
         "attention_kernel": field("attention_kernel"),
         "kernel_variant": field("kernel_variant"),
+        "task": field("task"),
         "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
     }
 

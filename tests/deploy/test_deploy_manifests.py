@@ -38,6 +38,7 @@ def test_the_expected_files_exist():
     assert {
         "local.yaml",
         "local-auto.yaml",
+        "embeddings.yaml",
         "native.yaml",
         "gemma.yaml",
         "cuda.yaml",
@@ -70,6 +71,14 @@ def test_local_requires_paged_attention_on_two_cpu_workers():
     assert (m.name, m.spec.replicas, m.spec.resources.device) == ("local", 2, DeviceKind.CPU)
     assert m.spec.paged_attention.mode is Mode.ON
     assert m.spec.controller.port == 50051
+
+
+def test_embeddings_serves_the_encoder_under_auto_on_its_own_ports():
+    m, local = load_manifest(DEPLOY / "embeddings.yaml"), load_manifest(DEPLOY / "local.yaml")
+    assert m.spec.model.name == "minilm-l6"
+    assert m.spec.paged_attention.mode is Mode.AUTO  # `on` refuses: an encoder has no KV cache
+    assert m.spec.controller.port != local.spec.controller.port
+    assert m.spec.controller.http_port != local.spec.controller.http_port
 
 
 def test_local_auto_is_local_with_auto():

@@ -31,6 +31,7 @@ from intentserve.controller.router.http.access import AccessLog, refused_request
 from intentserve.controller.router.http.anthropic_routes import add_messages_routes
 from intentserve.controller.router.http.cors import allow_origins
 from intentserve.controller.router.http.doors import MAX_BODY_BYTES, Doors, RoutedCall
+from intentserve.controller.router.http.embeddings import add_embeddings_route
 from intentserve.controller.router.http.error_shapes import install_error_handlers
 from intentserve.controller.router.http.errors import (
     from_routing,
@@ -101,6 +102,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         return body
 
     add_tokenize_routes(app, frontend.tokenizing, parse)
+    add_embeddings_route(app, frontend.tokenizing, parse)
     add_messages_routes(app, doors)
     add_responses_routes(app, doors, parse)
 

@@ -18,7 +18,7 @@ import pydantic_core
 from fastapi.exceptions import RequestValidationError
 from intentserve.common.field_errors import violation_of
 from intentserve.common.status import lookup
-from intentserve.controller.errors import NotReady
+from intentserve.controller.errors import NotReady, WrongTask
 from intentserve.controller.router.http.openai_chat_schema import ChatCompletionRequest
 from intentserve.controller.router.http.openai_convert import param_of
 from intentserve.controller.router.http.openai_schema import CompletionRequest, UnsupportedField
@@ -168,6 +168,8 @@ def from_routing(
     status = HTTP_STATUS.get(code, 500)
     if isinstance(error, NotReady):
         return OpenAIError(status, message, code=error.reason.code.value)
+    if isinstance(error, WrongTask):  # the model asked serves another task
+        return OpenAIError(status, f"model: {message}", param="model", code="wrong_task")
     param = None
     violation = violation_of(error)
     if code is grpc.StatusCode.INVALID_ARGUMENT and violation is not None:
