@@ -112,6 +112,28 @@ def test_a_worker_registers_loads_reports_and_serves(controller, runtime, tiny_m
 
 
 @pytest.mark.integration
+def test_the_grammar_vocabulary_is_built_before_the_worker_registers(
+    controller, runtime, tiny_model, monkeypatch
+):
+    # NOTE: its build holds the GIL for seconds on a large vocabulary (grammar.py): once the
+    # worker has registered, that silence in its heartbeats lost it (a Gemma worker, at its first
+    # constrained request). Before registering, nothing watches them.
+    server = controller(paged_attention="on")
+    seen: list[tuple[int, int]] = []
+    prebuild = lifecycle.prebuild_vocabulary
+
+    def noted(tokenizer):
+        seen.append((len(server.deployment.workers()), tokenizer.vocab_size))
+        return prebuild(tokenizer)
+
+    monkeypatch.setattr(lifecycle, "prebuild_vocabulary", noted)
+    rt = runtime(server, tiny_model)
+    assert rt.wait_for(*SETTLED, timeout_s=30) is Phase.SERVING
+    ((registered, vocab_size),) = seen  # built once,
+    assert registered == 0 and vocab_size > 0  # while the controller knew no worker
+
+
+@pytest.mark.integration
 def test_the_worker_streams_tokens_n_at_a_time_through_the_controller(
     controller, runtime, tiny_model
 ):

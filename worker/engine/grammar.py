@@ -7,15 +7,22 @@ dependencies and reads the `tokenizers` JSON the GGUF tokenizers are built as; x
 transformers, triton and apache-tvm-ffi at run time. Both compute a JSON-schema mask in tens of
 microseconds on SmolLM2's vocabulary, far below a decode step.
 
-The vocabulary (an `LLTokenizer`, built from the tokenizer: 0.4 s for SmolLM2, 5 s for Gemma 3's
-262k tokens) is built once per model, at the first constrained request; compiled grammars are
-kept in a bounded LRU cache keyed by the constraint, and each request gets its own copy.
+The vocabulary (an `LLTokenizer`, built from the tokenizer: 0.4 s for SmolLM2, 2.6 s for Gemma
+3's 262k tokens) is built once per tokenizer and process. NOTE: llguidance builds it in one call
+that holds the GIL throughout, so no other thread of the process runs meanwhile: a worker's
+heartbeat thread among them, and a 2.6-3.9 s silence at a first constrained request lost a
+Gemma worker to the controller's 5 s heartbeat timeout on a loaded host. A worker therefore
+builds it before it registers (`prebuild_vocabulary`, lifecycle.py), while nothing watches its
+heartbeats; the compiler finds it here by the tokenizer's content. Compiled grammars are kept
+in a bounded LRU cache keyed by the constraint, and each request gets its own copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -60,6 +67,45 @@ def _grammar(constraint: Constraint) -> str:
     )
 
 
+# Vocabularies built in this process, by tokenizer content (`_vocabulary_key`).
+_VOCABULARIES: dict[str, llguidance.LLTokenizer] = {}
+_VOCABULARIES_LOCK = threading.Lock()
+
+
+def _vocabulary_key(tokenizer: Tokenizer) -> str:
+    digest = hashlib.sha256(tokenizer.backend.to_str().encode())
+    digest.update(f"{tokenizer.vocab_size}:{list(tokenizer.eos_token_ids)}".encode())
+    return digest.hexdigest()
+
+
+def _build_vocabulary(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """ValueError when llguidance cannot read the tokenizer."""
+    key = _vocabulary_key(tokenizer)
+    with _VOCABULARIES_LOCK:
+        vocabulary = _VOCABULARIES.get(key)
+        if vocabulary is None:
+            vocabulary = llguidance.LLTokenizer(
+                tokenizer.backend.to_str(),
+                n_vocab=tokenizer.vocab_size,
+                eos_token=list(tokenizer.eos_token_ids),
+            )
+            _VOCABULARIES[key] = vocabulary
+        return vocabulary
+
+
+def prebuild_vocabulary(tokenizer: Tokenizer) -> str:
+    """Build `tokenizer`'s grammar vocabulary now, so that no constrained request builds it;
+    what happened, in words (a tokenizer llguidance cannot read is said, and refused later by
+    each constrained request)."""
+    began = time.monotonic()
+    try:
+        _build_vocabulary(tokenizer)
+    except ValueError as error:
+        return f"the grammar engine cannot read this tokenizer ({_first_line(str(error))})"
+    seconds = time.monotonic() - began
+    return f"grammar vocabulary of {tokenizer.vocab_size} tokens built in {seconds:.1f} s"
+
+
 class GrammarCompiler:
     """One model's constraints -> matchers. Thread-safe: requests are checked (compiled) off the
     engine loop's thread and matched on it."""
@@ -84,13 +130,8 @@ class GrammarCompiler:
         # request alike (the reason is kept).
         with self._vocabulary_lock:
             if self._vocabulary is None and self._unreadable is None:
-                tok = self._tokenizer
                 try:
-                    self._vocabulary = llguidance.LLTokenizer(
-                        tok.backend.to_str(),
-                        n_vocab=tok.vocab_size,
-                        eos_token=list(tok.eos_token_ids),
-                    )
+                    self._vocabulary = _build_vocabulary(self._tokenizer)
                 except ValueError as error:
                     self._unreadable = (
                         f"this model's tokenizer cannot be read by the grammar engine: {error}"

@@ -167,6 +167,17 @@ def _read_safetensors(folder: Path) -> dict[str, Tensor]:
     return weights
 
 
+def folder_tokenizer(folder: Path) -> Tokenizer | None:
+    """A decoder folder's tokenizer without its weights; None for an encoder's."""
+    try:
+        raw = _read_json(folder / "config.json") or {}
+        if raw.get("model_type") in ENCODER_MODEL_TYPES:
+            return None
+        return _folder_tokenizer(folder, raw)
+    except ValueError as exc:
+        raise ModelLoadError(folder, str(exc)) from exc
+
+
 def _folder_tokenizer(folder: Path, raw_config: dict[str, Any]) -> Tokenizer:
     path = folder / "tokenizer.json"
     if not path.is_file():

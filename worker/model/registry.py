@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 from intentserve.worker.model.dtype import resolve_dtype
-from intentserve.worker.model.gguf_loader import load_gguf
-from intentserve.worker.model.hf_loader import load_hf_folder
+from intentserve.worker.model.gguf_loader import load_gguf, open_gguf
+from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
+from intentserve.worker.model.hf_loader import folder_tokenizer, load_hf_folder
 from intentserve.worker.model.hub_cache import looks_like_hub_id, resolve_hub_id
 from intentserve.worker.model.loaded import LoadedModel, ModelLoadError
+from intentserve.worker.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,18 @@ def _assemble(ref: str, packaged: AssembledModel) -> Path:
         raise ModelLoadError(
             ref, f"{packaged.pip_names[0]} could not assemble the checkpoint: {exc}"
         ) from exc
+
+
+def load_tokenizer(ref: str) -> Tokenizer | None:
+    """`ref`'s tokenizer alone, without its weights (None: an encoder checkpoint, which has no
+    decoder tokenizer). ModelLoadError as `load_model`'s."""
+    path = resolve_model_path(ref)
+    if path.is_dir():
+        return folder_tokenizer(path)
+    try:
+        return build_gguf_tokenizer(open_gguf(path).metadata)  # the parse load_gguf reuses
+    except ValueError as exc:
+        raise ModelLoadError(path, str(exc)) from exc
 
 
 def load_model(ref: str, dtype: str = "auto", device: str = "cpu") -> LoadedModel:

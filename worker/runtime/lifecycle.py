@@ -28,10 +28,11 @@ from intentserve.worker.capability import probe_capability
 from intentserve.worker.engine.builder import build_engine
 from intentserve.worker.engine.encoder_engine import EncoderEngine, build_encoder_engine
 from intentserve.worker.engine.engine import Engine
+from intentserve.worker.engine.grammar import prebuild_vocabulary
 from intentserve.worker.engine.kv_setup import KvBudgetTooLargeError
 from intentserve.worker.engine.realized import RealizedReport
 from intentserve.worker.model.facts import read_model_facts
-from intentserve.worker.model.registry import load_model
+from intentserve.worker.model.registry import load_model, load_tokenizer
 from intentserve.worker.runtime.heap import settle_heap
 from intentserve.worker.runtime.heartbeat import IDLE, Heartbeat
 from intentserve.worker.runtime.ports import PortReservation
@@ -147,6 +148,9 @@ class WorkerRuntime:
             self._address = self.spec.address(reservation.port)
             self._set(Phase.PROBING)
             capability = on_passing_thread(self._probe)
+            # Before registering: from then on the controller watches this worker's heartbeats,
+            # which the vocabulary's build would silence for seconds (grammar.py says why).
+            on_passing_thread(self._prebuild_grammar)
             self._set(Phase.REGISTERING)
             registration = self._client.register(
                 self._address, capability, self.spec.register_timeout_s
@@ -237,6 +241,19 @@ class WorkerRuntime:
             device_map=self.spec.device_map,
             no_kv_cache=self.spec.no_kv_cache,
         )
+
+    def _prebuild_grammar(self) -> None:
+        try:
+            tokenizer = load_tokenizer(self.spec.model)
+        except Exception as error:  # the load after registering reports it as the reason
+            log.info(
+                "worker %s: no grammar vocabulary built before loading: %s",
+                self.spec.worker_id,
+                error,
+            )
+            return
+        if tokenizer is not None:
+            log.info("worker %s: %s", self.spec.worker_id, prebuild_vocabulary(tokenizer))
 
     def _build(
         self, registration: Registration, capability: Capability

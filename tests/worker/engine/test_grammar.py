@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import tokenizers
 import torch
+from intentserve.worker.engine import grammar
 from intentserve.worker.engine.constraint import Constraint, ConstraintKind
 from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.sampler import Sampler
@@ -139,3 +140,32 @@ def test_json_nested_past_the_parsers_depth_is_refused_naming_the_field(deep):
     with pytest.raises(InvalidRequestError) as refused:
         _json_object(deep, "tools[0].parameters")
     assert refused.value.field == "tools[0].parameters" and "nested too deep" in str(refused.value)
+
+
+def test_a_vocabulary_built_before_serving_is_the_one_a_constrained_request_uses(monkeypatch):
+    # NOTE: llguidance builds a vocabulary in one call that holds the GIL (2.6 s for Gemma 3):
+    # built at a first constrained request, it silenced a worker's heartbeats until the
+    # controller lost it. Built beforehand (as a worker does before it registers), no request
+    # builds one again, also with a compiler made later on an equal tokenizer.
+    tokenizer = tiny_tokenizer()
+    tokenizer.backend.add_tokens(["prebuilt"])  # content no other test's tokenizer has
+    said = grammar.prebuild_vocabulary(tokenizer)
+    assert said.startswith(f"grammar vocabulary of {tokenizer.vocab_size} tokens built in ")
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a constrained request built the vocabulary again")
+
+    monkeypatch.setattr(grammar.llguidance, "LLTokenizer", no_build)
+    other = tiny_tokenizer()
+    other.backend.add_tokens(["not prebuilt"])
+    later = GrammarCompiler(other)
+    with pytest.raises(AssertionError, match="built the vocabulary again"):
+        later.compile(Constraint(ConstraintKind.REGEX, "a+"))  # another tokenizer: built
+    reused = GrammarCompiler(tokenizer)
+    reused.compile(Constraint(ConstraintKind.REGEX, "a+"))
+    assert reused.num_compiles == 1
+
+
+def test_a_tokenizer_the_engine_cannot_read_is_said_when_prebuilt():
+    said = grammar.prebuild_vocabulary(tiny_tokenizer(byte_level=False))
+    assert said.startswith("the grammar engine cannot read this tokenizer (")
