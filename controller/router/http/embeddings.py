@@ -29,6 +29,9 @@ from intentserve.v1 import inference_pb2
 from pydantic import BaseModel, ConfigDict, Field
 
 PositiveInt = Annotated[int, Field(ge=1, le=2**32 - 1)]
+# Inputs in one call, as OpenAI's own API bounds them (and the worker's engine, which refuses
+# more by name too): refused here before any worker tokenizes one.
+MAX_INPUTS = 2048
 
 
 class EmbeddingsRequest(BaseModel):
@@ -43,6 +46,11 @@ class EmbeddingsRequest(BaseModel):
     def unsupported(self) -> UnsupportedField | None:
         if isinstance(self.input, list) and not self.input:
             return UnsupportedField("input", "an empty list; allowed: at least one input")
+        many = isinstance(self.input, list) and not isinstance(self.input[0], int)
+        if many and len(self.input) > MAX_INPUTS:
+            return UnsupportedField(
+                "input", f"{len(self.input)} inputs; allowed: at most {MAX_INPUTS} a call"
+            )
         return None
 
     def to_pb(self) -> inference_pb2.EmbedRequest:
