@@ -79,3 +79,43 @@ def test_the_rehearsal_passes_every_step_in_the_leases_environment(tmp_path):
     # Every torch name the GPU path uses is in the lease's torch.
     assert steps["torch_api"]["release"] == "2.11.0" and steps["torch_api"]["names"] > 100
     assert "| torch_api | True |" in (tmp_path / "rehearsal.md").read_text()
+
+    # The dry run the lease script made (`make gpu-check DRY_RUN=1` through gpu_lease.sh, with
+    # the carried wheels): every part ran on the CPU at small shapes and wrote its report; its
+    # figures mean nothing here.
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    parts = report["parts"]
+    assert list(parts) == report["asked"]  # every part started within the default budget
+    assert report["asked"][:5] == [
+        "gpu_tests",
+        "engine_parity",
+        "throughput",
+        "served_over_tls",
+        "flex_vs_triton",
+    ]
+    assert all(p["ok"] for p in parts.values()), {k: p.get("error") for k, p in parts.items()}
+    assert report["rerun"] == {}
+
+    cases = parts["engine_parity"]["cases"]
+    assert {c["realized"] for c in cases.values()} == {"triton_paged", "torch_paged"}
+    assert all(c["equal_transformers"] and c["equal_cpu_engine"] for c in cases.values())
+
+    served = parts["served_over_tls"]["cases"]
+    assert served["torch"]["worker_state"] == "ready"
+    assert served["torch"]["realized_backend"] == "torch_paged"
+    assert served["torch"]["tokens_over_tls"] == 4
+    assert served["flash"]["worker_state"] == "rejected" and "vllm" in served["flash"]["problem"]
+    assert served["torch"]["worker_pid"] != served["flash"]["worker_pid"]  # a process each
+
+    rows = parts["throughput"]["rows"]
+    assert [r["streams"] for r in rows] == [1, 4]
+    # 8-token prompts, 4 tokens each: the timed steps make tokens 2-4 over contexts of 9-11;
+    # the dry 1B shape's K/V is 2 layers x 8 heads x 16 x 2 x 2 bytes = 1024 bytes a token.
+    assert [r["mean_context_tokens"] for r in rows] == [10, 10]
+    assert [r["kv_bytes_per_step"] for r in rows] == [10 * 1024, 4 * 10 * 1024]
+
+    flex = parts["flex_vs_triton"]
+    assert all(max(r["max_error"].values()) <= flex["atol"] for r in flex["rows"])
+    table = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| throughput | True |" in table and "## flex_vs_triton" in table
+    assert f"All {len(parts)} parts ok." in table
