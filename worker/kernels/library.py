@@ -78,7 +78,8 @@ def _plan(name: str, variant: variants.Variant) -> tuple[Path, tuple[str, ...], 
     """Library `name`'s C source, the flags it is compiled with for `variant` and where that
     library is cached."""
     source = SOURCE_DIR / kernel(name).source
-    flags = (*CFLAGS, *variant.cflags)
+    narrow = () if "avx512f" in variant.needs else kernel(name).narrow_cflags
+    flags = (*CFLAGS, *variant.cflags, *narrow)
     # The shared headers, and the C sources the library includes, are part of what gets compiled,
     # so they are part of the cache key; the CPU is, only where the code is built for this one
     # (native).

@@ -29,10 +29,22 @@ class Kernel:
     ops: tuple[str, ...]
     isa: str = ""
     includes: tuple[str, ...] = ()  # the other C sources `source` includes (the cache key's too)
+    # Beside the variant's flags where its vectors are narrower than the code's 16 lanes (no
+    # AVX-512: each vec16 is two AVX2 registers), for a compile that otherwise takes too long.
+    narrow_cflags: tuple[str, ...] = ()
 
 
 KERNELS = (
-    Kernel("paged_decode", "attention/paged_decode.c", ("decode attention", "KV store")),
+    Kernel(
+        "paged_decode",
+        "attention/paged_decode.c",
+        ("decode attention", "KV store"),
+        # For x86-64-v3, GCC's PRE and its CSE after reload took 42 of its 43 s on the inlined
+        # per-head-size copies (-ftime-report); without them 8 s, the same bits out, and decode
+        # within +-8% (noise) at head sizes 64, 128 and 256 (an A/B of both builds in one
+        # process, three runs, Zen 3).
+        narrow_cflags=("-fno-gcse", "-fno-gcse-after-reload"),
+    ),
     Kernel(
         "fused_ops",
         "ops/fused_ops.c",
