@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from bench.lease_host_parts import skip_reasons
+
 ROOT = Path(__file__).resolve().parents[1]
 # Seeded checkpoints, the test PKI and the worker's log: scratch space, not the report folder (a
 # lease sends back what is under OUT, and a 1B checkpoint is 5 GB). Made by the first part that
@@ -227,19 +229,23 @@ def greedy(engine, prompt_ids, max_tokens: int) -> list[list[int]]:
     return [list(o.new_token_ids) for o in engine.generate(prompt_ids, params)]
 
 
+GPU_TEST_FILES = (
+    "tests/worker/engine/test_triton_paged.py",
+    "tests/worker/engine/test_cuda_backends.py",
+    "tests/worker/engine/test_triton_engine.py",
+    "tests/worker/engine/test_paged_attention_kernels.py",
+)
+
+
 def gpu_tests(device: str) -> dict:
     """The `gpu` layer: each CUDA backend against float64 attention over paged blocks (on a CUDA
-    host its tests run on the device; dry, under the interpreter)."""
-    files = [
-        "tests/worker/engine/test_triton_paged.py",
-        "tests/worker/engine/test_cuda_backends.py",
-        "tests/worker/engine/test_triton_engine.py",
-        "tests/worker/engine/test_paged_attention_kernels.py",
-    ]
+    host its tests run on the device; dry, under the interpreter). `skips`: each skip's reason
+    and how many tests gave it (the rehearsal reads them, and runs only the files not here)."""
+    files = list(GPU_TEST_FILES)
     try:
         done = subprocess.run(
             # -v: each test is named as it starts, so a cut-off run shows the one that hung
-            [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *files],
+            [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", *files],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -254,7 +260,7 @@ def gpu_tests(device: str) -> dict:
     summary = (done.stdout.strip().splitlines() or [""])[-1].strip("= ")
     if done.returncode != 0:
         raise RuntimeError(f"pytest exit {done.returncode}: {summary}\n{done.stdout[-3000:]}")
-    return {"summary": summary}
+    return {"summary": summary, "files": files, "skips": skip_reasons(done.stdout)}
 
 
 @torch.inference_mode()

@@ -11,7 +11,8 @@ The steps, each recorded (a failed one with its error; the others still run):
    what they depend on that the image holds (what it does not, pulled in by a newer release here
    than the image's, is removed again). No Ray, no pydantic: pydantic reaches the lease as a
    carried wheel, Ray not at all (LEASE_WITHOUT). torch is the CPU build these machines install
-   (2.13.0); the lease's 2.11 has no CPU wheel here, so step 6 reads 2.11's own files instead.
+   (2.13.0: this interpreter's own, linked in file by file, where it is that release); the
+   lease's 2.11 has no CPU wheel here, so step 6 reads 2.11's own files instead.
 2. `wheels`: exactly what bench/gpu_wheels.sh fetches (for this Python), into DIR/whl.
 3. `lease_script`: bench/gpu_lease.sh as the lease runs it (the wheels installed with `--no-deps
    --target`, then `make gpu-check`), with the venv's python3 first on PATH and the check's
@@ -46,6 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.lease_host_parts import skip_reasons  # noqa: E402
 from bench.torch_api import check as check_torch_api  # noqa: E402
 
 IMAGE_LIST = ROOT / "bench" / "lease_image.txt"
@@ -152,7 +154,13 @@ class Rehearsal:
         shutil.rmtree(self.venv, ignore_errors=True)
         _run([sys.executable, "-m", "venv", self.venv], timeout=300)
         pip = [self.python, "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", "-q", TORCH_HERE], timeout=1200)
+        # This interpreter's own torch, where it is TORCH_HERE, is linked in file by file (its
+        # RECORD): the same files pip would unpack from the same wheel, in seconds, not a minute
+        # and more; pip then installs only what torch requires.
+        linked = _link_distribution("torch", TORCH_HERE.split("==")[1], self.venv)
+        # --no-compile: each module is compiled when first imported, as in the lease's
+        # --target install (seconds less for every package nothing here imports).
+        _run([*pip, "install", "-q", "--no-compile", TORCH_HERE], timeout=1200)
         asked, unserved = [], {}
         for name in IMAGE_NEEDS:
             version = image[normalize(name)]
@@ -163,7 +171,7 @@ class Rehearsal:
                 unserved[name] = version
                 version = ""
             asked.append(f"{name}=={version}" if version else name)
-        _run([*pip, "install", "-q", *asked], timeout=1200)
+        _run([*pip, "install", "-q", "--no-compile", *asked], timeout=1200)
         listed = json.loads(_run([*pip, "list", "--format", "json"], timeout=120).stdout)
         installed = {normalize(d["name"]): d["version"] for d in listed}
         # What pip pulled in that the image lacks (a newer release here of a package the image
@@ -173,6 +181,7 @@ class Rehearsal:
         if off_image:
             _run([*pip, "uninstall", "-q", "-y", *off_image], timeout=300)
         return {
+            "torch_linked_from": linked,
             "packages": len(installed) - len(off_image),
             "removed_not_on_the_image": off_image,
             "versions": {n: installed[normalize(n)] for n in ("torch", *IMAGE_NEEDS)},
@@ -253,24 +262,28 @@ class Rehearsal:
     def gpu_layer(self) -> dict:
         files = gpu_test_files()
         env = self.lease_env()
-        pytest = [self.python, "-m", "pytest", "-p", "no:cacheprovider", *files]
-        collected = _run([*pytest, "-q", "--collect-only", "-m", "gpu"], env=env, timeout=600)
+        pytest = [self.python, "-m", "pytest", "-p", "no:cacheprovider"]
+        collect = [*pytest, *files, "-q", "--collect-only", "-m", "gpu"]
+        collected = _run(collect, env=env, timeout=600)
         gpu_tests = sum("::" in x for x in collected.stdout.splitlines())
-        done = _run([*pytest, *STAND_INS, "-q", "-rs"], env=env, timeout=1500)
+        # The dry run's gpu_tests part ran its files in the lease's environment already (step 3):
+        # its skips are read from its report, and only the other files run here.
+        part = json.loads((self.out / "gpu_check.json").read_text())["parts"]["gpu_tests"]
+        rest = [f for f in files if f not in part["files"]]
+        done = _run([*pytest, *rest, *STAND_INS, "-q", "-rs"], env=env, timeout=1500)
         summary = done.stdout.strip().splitlines()[-1]
-        reasons: dict[str, int] = {}
-        for line in done.stdout.splitlines():
-            found = re.match(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", line)
-            if found:
-                reasons[found.group(2)] = reasons.get(found.group(2), 0) + int(found.group(1))
+        reasons = dict(part["skips"])
+        for reason, count in skip_reasons(done.stdout).items():
+            reasons[reason] = reasons.get(reason, 0) + count
         if not gpu_tests:
             raise RuntimeError(f"no gpu test collected from {files}")
         if any(not r.strip() for r in reasons):
             raise RuntimeError(f"a test skipped without a reason: {reasons}")
         return {
             "files": [*files, *STAND_INS],
+            "run_by_the_dry_run": part["files"],
             "gpu_tests": gpu_tests,
-            "summary": summary,
+            "summary": f"dry run's: {part['summary']}; here: {summary}",
             "skips": reasons,
         }
 
@@ -344,6 +357,34 @@ def check_imports() -> set[str]:
                 if name.split(".")[0] == "bench":
                     todo.append(ROOT / (name.replace(".", "/") + ".py"))
     return modules
+
+
+def _link_distribution(name: str, version: str, venv: Path) -> str:
+    """Distribution `name` of this interpreter, if it is `version`, into `venv`'s site-packages:
+    each file its RECORD lists, hard-linked (copied across file systems). Returns where it came
+    from, "" where this interpreter has not got that version (pip then installs it)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return ""
+    if dist.version.split("+")[0] != version or not dist.files:  # 2.13.0+cpu is 2.13.0
+        return ""
+    source = Path(dist.locate_file(""))
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    for file in dist.files:
+        if ".." in file.parts:
+            continue  # a console script in bin/: the check never runs torch's
+        origin, target = source / file, site / file
+        if not origin.is_file():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(origin, target)
+        except OSError:
+            shutil.copy2(origin, target)
+    return str(source)
 
 
 def gpu_test_files() -> list[str]:

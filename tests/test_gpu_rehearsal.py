@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import gpu_attention
 from bench.gpu_rehearsal import (
     LEASE_WITHOUT,
     check_imports,
@@ -114,8 +115,31 @@ def test_the_rehearsal_passes_every_step_in_the_leases_environment(tmp_path):
     assert [r["mean_context_tokens"] for r in rows] == [10, 10]
     assert [r["kv_bytes_per_step"] for r in rows] == [10 * 1024, 4 * 10 * 1024]
 
+    # The lease host's parts, dry: the amx tests collected, not run; 1 and 2 routers measured.
+    amx = parts["amx_kernels"]
+    assert amx["ran"] is False and amx["selected"] > 0
+    assert amx["reason"].startswith("dry run: the amx tests collected, not run")
+    relay = parts["relay_routers"]
+    assert list(relay["routers"]) == ["1", "2"]
+    for row in relay["routers"].values():
+        assert row["median_tokens_per_s"] > 0 and row["median_router_cpu_ms_per_1k_tokens"] > 0
+    assert relay["routers"]["1"]["vs_one_router"] == 1.0
+    # The gpu layer: the dry run's test part ran its files and said why each CUDA test skipped.
+    tests_part = parts["gpu_tests"]
+    assert "failed" not in tests_part["summary"]
+    assert any("needs a CUDA device" in reason for reason in tests_part["skips"])
+    assert set(tests_part["files"]) <= set(layer["files"]) | set(layer["run_by_the_dry_run"])
+
+    # Triton's kernel and FlexAttention, dry: both against float64, then both timed.
     flex = parts["flex_vs_triton"]
-    assert all(max(r["max_error"].values()) <= flex["atol"] for r in flex["rows"])
+    cases = [[r["batch"], r["context"]] for r in flex["rows"]]
+    assert cases == [list(case) for case in gpu_attention.CASES["cpu"]]
+    for row in flex["rows"]:
+        assert set(row["max_error"]) == {"triton", "flex"}
+        assert max(row["max_error"].values()) <= flex["atol"], row
+        assert row["triton_ms"] > 0 and row["flex_ms"] > 0 and row["gather_ms"] > 0
+        assert row["flex_over_triton"] == pytest.approx(row["flex_ms"] / row["triton_ms"], 1e-3)
+    assert flex["auto_first"] == "not measured (dry run)"  # only a CUDA run orders `auto`
     table = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| throughput | True |" in table and "## flex_vs_triton" in table
     assert f"All {len(parts)} parts ok." in table
