@@ -38,6 +38,7 @@ from intentserve.policy.fallback import disable_paged_attention
 from intentserve.policy.guard import (
     CacheKind,
     RealizedCache,
+    ReasoningFormat,
     SchedulerChoice,
     SchedulerIntent,
     SchedulerKind,
@@ -93,6 +94,7 @@ __all__ = [
     "PolicyViolationError",
     "PrefixCachingMode",
     "RealizedCache",
+    "ReasoningFormat",
     "Reason",
     "ReasonCode",
     "Resolution",

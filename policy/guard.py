@@ -35,6 +35,21 @@ _BACKEND_FOR_INTENT = {
 
 
 @dataclass(frozen=True)
+class ReasoningFormat:
+    """The markers a thinking model's reasoning is between, as the worker found them in its chat
+    template and vocabulary; `opened_by_template`: the template's generation prompt opens the
+    thinking itself (the start marker is in the prompt, so a reply begins inside it)."""
+
+    start: str
+    end: str
+    opened_by_template: bool = False
+
+    def describe(self) -> str:
+        opened = ", opened by the template" if self.opened_by_template else ""
+        return f"reasoning between {self.start} and {self.end}{opened}"
+
+
+@dataclass(frozen=True)
 class RealizedCache:
     """What a loaded engine really built; the worker reports it and the controller verifies it."""
 
@@ -75,6 +90,9 @@ class RealizedCache:
     # vectors of `embedding_dim` values).
     task: str = "generate"
     embedding_dim: int = 0
+    # A thinking model's reasoning markers (its replies' reasoning is told apart from their
+    # text, and a thinking budget is honoured); None: the model does not think.
+    reasoning: ReasoningFormat | None = None
 
     def describe_stream(self) -> str:
         """Tokens per streamed message, in words ("" when not reported)."""

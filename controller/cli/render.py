@@ -88,6 +88,9 @@ def describe_realized(realized: dict[str, Any] | None) -> str:
         text += f", attention by {realized['attention_kernel']}"
     if realized.get("decode_graphs"):
         text += f", decode steps from {realized['decode_graphs']}"
+    if realized.get("reasoning"):
+        markers = realized["reasoning"]
+        text += f", reasoning between {markers['start']} and {markers['end']}"
     if realized.get("kernel_variant"):
         text += f", CPU kernels of the {realized['kernel_variant']} variant"
     if realized.get("weights_held"):

@@ -92,6 +92,8 @@ def describe_realized(realized: RealizedCache | None) -> str:
     if realized.max_num_seqs:
         parts.append(realized.describe_slots())
     parts.append(f"prefix caching {'on' if realized.prefix_caching else 'off'}")
+    if realized.reasoning is not None:
+        parts.append(realized.reasoning.describe())
     parts.append(
         f"{realized.weight_format.value} weights ({realized.weight_bytes / 2**20:.1f} MiB)"
     )

@@ -46,6 +46,7 @@ REALIZED = (
     "attention_kernel",
     "kernel_variant",
     "task",
+    "reasoning",
     "reason_code",
 )
 DEPLOYMENT_GAUGES = {
@@ -216,6 +217,7 @@ def realized_labels(policy, w: WorkerRecord) -> dict[str, str]:
                 r.attention_kernel if r else "",
                 r.kernel_variant if r else "",
                 r.task if r else "",
+                _word(r.reasoning is not None) if r else "",
                 w.reasons[0].code.value if w.reasons else "",
             ),
             strict=True,

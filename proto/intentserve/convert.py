@@ -26,6 +26,7 @@ from intentserve.policy import (
     RealizedCache,
     Reason,
     ReasonCode,
+    ReasoningFormat,
     Resolution,
     SchedulerKind,
     WeightChoice,
@@ -242,6 +243,7 @@ def realized_to_pb(realized: RealizedCache) -> pb.RealizedState:
         weights_held=realized.weights_held,
         task=realized.task,
         embedding_dim=realized.embedding_dim,
+        reasoning=_reasoning_to_pb(realized.reasoning),
     )
 
 
@@ -276,7 +278,27 @@ def realized_from_pb(msg: pb.RealizedState) -> RealizedCache:
         weights_held=msg.weights_held,
         task=_task_from_pb(msg.task),
         embedding_dim=msg.embedding_dim,
+        reasoning=_reasoning_from_pb(msg),
     )
+
+
+def _reasoning_to_pb(reasoning: ReasoningFormat | None) -> pb.ReasoningFormat | None:
+    if reasoning is None:
+        return None
+    return pb.ReasoningFormat(
+        start=reasoning.start, end=reasoning.end, opened_by_template=reasoning.opened_by_template
+    )
+
+
+def _reasoning_from_pb(msg: pb.RealizedState) -> ReasoningFormat | None:
+    if not msg.HasField("reasoning"):
+        return None
+    if not (msg.reasoning.start and msg.reasoning.end):
+        raise ValueError(
+            "realized.reasoning: a thinking model's start and end markers are both required"
+        )
+    r = msg.reasoning
+    return ReasoningFormat(r.start, r.end, r.opened_by_template)
 
 
 TASKS = ("generate", "embed")

@@ -119,7 +119,10 @@ COUNT_FIELDS = {
 }
 # Values of honoured fields that ask for what is not done, and the path refused.
 REFUSED_VALUES = [
-    ("thinking", {"type": "enabled", "budget_tokens": 1024}, "thinking.budget_tokens"),
+    ("thinking", {"type": "enabled"}, "thinking.budget_tokens"),  # enabled needs a budget
+    ("thinking", {"type": "adaptive", "budget_tokens": 8}, "thinking.budget_tokens"),
+    ("thinking", {"type": "enabled", "budget_tokens": -1}, "thinking.budget_tokens"),
+    ("thinking", {"type": "enabled", "budget_tokens": 16}, "thinking.budget_tokens"),  # max_tokens
     ("thinking", {"type": "between_tools"}, "thinking.type"),
     ("thinking", {"type": "adaptive", "display": "summarized"}, "thinking.display"),
     ("thinking", {"type": "sometimes"}, "thinking.type"),
@@ -154,6 +157,12 @@ REFUSED_VALUES = [
 # Honoured values beyond FIELDS' one.
 HONOURED_VALUES = [
     ("thinking", {"type": "adaptive"}, lambda pb: not pb.HasField("chat_template_kwargs")),
+    ("thinking", {"type": "adaptive"}, lambda pb: not pb.HasField("reasoning_budget")),
+    (
+        "thinking",
+        {"type": "enabled", "budget_tokens": 5},
+        lambda pb: pb.reasoning_budget == 5 and not pb.HasField("chat_template_kwargs"),
+    ),
     ("thinking", {"type": "adaptive", "display": "omitted"}, ok),  # blocks without their text
     ("tool_choice", {"type": "auto"}, lambda pb: pb.tool_choice == inference_pb2.TOOL_CHOICE_AUTO),
     ("tool_choice", {"type": "none"}, lambda pb: pb.tool_choice == inference_pb2.TOOL_CHOICE_NONE),

@@ -364,6 +364,7 @@ def expected_labels(worker: dict) -> dict[str, str]:
         "attention_kernel": field("attention_kernel"),
         "kernel_variant": field("kernel_variant"),
         "task": field("task"),
+        "reasoning": "" if realized is None else str(bool(realized.get("reasoning"))).lower(),
         "reason_code": worker["reasons"][0]["code"] if worker["reasons"] else "",
     }
 

@@ -100,7 +100,7 @@ CHAT = {
     "prompt_cache_key": ("k", REFUSED),
     "prompt_cache_options": ({}, REFUSED),
     "prompt_cache_retention": ("24h", REFUSED),
-    "reasoning_effort": ("low", REFUSED),
+    "reasoning_effort": ("low", lambda pb: pb.reasoning_budget == 1024),
     "response_format": (
         {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}},
         lambda pb: json.loads(pb.sampling.constraint.json_schema) == {"type": "integer"},

@@ -363,7 +363,7 @@ def test_refusals_name_the_field(served):
         ({"tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools[0].type", "file"),
         ({"tools": [{"type": "computer_use_preview"}]}, "tools[0].type", "computer use"),
         ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type", "code interpreter"),
-        ({"reasoning": {"effort": "low"}}, "reasoning.effort", "leave it out"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "leave it out"),
         ({"background": True}, "background", "allowed: false"),
         ({"truncation": "auto"}, "truncation", "allowed: 'disabled'"),
         ({"input": [{"type": "computer_call_output"}]}, "input[0].type", "computer use"),

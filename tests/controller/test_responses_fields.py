@@ -12,6 +12,7 @@ import typing
 import pytest
 import typing_extensions
 from intentserve.controller.router.http.errors import from_unsupported, from_validation
+from intentserve.controller.router.http.reasoning_effort import EFFORT_BUDGETS
 from intentserve.controller.router.http.responses_convert import conversation, to_pb
 from intentserve.controller.router.http.responses_reply import ResponseReply
 from intentserve.controller.router.http.responses_schema import ResponsesRequest
@@ -86,7 +87,10 @@ FIELDS = {
     "prompt_cache_key": ("k", REFUSED),
     "prompt_cache_options": ({"mode": "explicit"}, REFUSED),
     "prompt_cache_retention": ("24h", REFUSED),
-    "reasoning": ({"effort": "low"}, REFUSED),  # as reasoning.effort, below
+    "reasoning": (
+        {"effort": "low"},
+        lambda pb, r: pb.reasoning_budget == 1024 and r["reasoning"]["effort"] == "low",
+    ),
     "top_logprobs": (2, REFUSED),
     "context_management": ([{"type": "compaction"}], REFUSED),
     "access_programs": ({"cyber": "standard"}, REFUSED),
@@ -159,7 +163,7 @@ def test_each_field_is_honoured_or_refused_naming_it(name):
     value, expected = FIELDS[name]
     result = outcome(_body(name, value))
     if expected == REFUSED:
-        assert_refused(result, "reasoning.effort" if name == "reasoning" else name)
+        assert_refused(result, name)
     else:
         assert isinstance(result, tuple), f"{name} was refused: {result.message}"
         assert expected(*result), f"{name} did not reach the request or the response"
@@ -287,9 +291,25 @@ def test_each_function_tool_field_is_honoured_or_refused_naming_it(name):
         assert_refused(result, f"tools[0].{name}")
 
 
-@pytest.mark.parametrize("name", sorted(reasoning.Reasoning.__annotations__))
-def test_every_reasoning_option_is_refused_naming_it(name):
-    value = {"effort": "high", "mode": "pro"}.get(name, "auto")
+@pytest.mark.parametrize("effort", sorted(EFFORT_BUDGETS))
+def test_each_reasoning_effort_is_a_thinking_budget(effort):
+    request, response = outcome(_body("reasoning", {"effort": effort}))
+    assert request.reasoning_budget == EFFORT_BUDGETS[effort]
+    assert response["reasoning"]["effort"] == effort
+
+
+def test_no_reasoning_effort_sets_no_budget():
+    request, _ = outcome(_body("reasoning", {"effort": None}))
+    assert not request.HasField("reasoning_budget")
+
+
+def test_a_reasoning_effort_the_sdk_does_not_name_is_refused_naming_it():
+    assert_refused(outcome(_body("reasoning", {"effort": "extreme"})), "reasoning.effort")
+
+
+@pytest.mark.parametrize("name", sorted(set(reasoning.Reasoning.__annotations__) - {"effort"}))
+def test_every_other_reasoning_option_is_refused_naming_it(name):
+    value = {"mode": "pro"}.get(name, "auto")
     assert "leave it out" in assert_refused(
         outcome(_body("reasoning", {name: value})), f"reasoning.{name}"
     )

@@ -12,6 +12,7 @@ from intentserve.policy import (
     RealizedCache,
     Reason,
     ReasonCode,
+    ReasoningFormat,
     SchedulerKind,
     WeightFormat,
     examples,
@@ -46,6 +47,15 @@ realized = st.builds(
     decode_graphs=st.text(max_size=40),
     kernel_variant=st.sampled_from(["", "x86-64-v3", "avx512", "amx", "native"]),
     weights_held=st.text(max_size=60),
+    reasoning=st.one_of(
+        st.none(),
+        st.builds(
+            ReasoningFormat,
+            start=st.text(min_size=1, max_size=12),
+            end=st.text(min_size=1, max_size=12),
+            opened_by_template=st.booleans(),
+        ),
+    ),
 )
 
 
@@ -92,6 +102,13 @@ def test_resolution_round_trip(config, cap, budget, weights):
     assert got.fallback_reasons == resolution.fallback_reasons
     if resolution.accepted:  # a rejection is sent instead of a config
         assert got.weights == resolution.weights
+
+
+def test_a_reasoning_format_must_name_both_markers():
+    message = convert.realized_to_pb(RealizedCache(CacheKind.PAGED))
+    message.reasoning.start = "<think>"  # the end marker left empty
+    with pytest.raises(ValueError, match="realized.reasoning: .* start and end markers"):
+        convert.realized_from_pb(message)
 
 
 def test_a_resolved_config_must_name_a_resolved_weight_format():

@@ -45,6 +45,7 @@ from intentserve.worker.engine.kv_setup import (
 )
 from intentserve.worker.engine.policy_apply import apply_resolution
 from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.engine.reasoning import detect_reasoning
 from intentserve.worker.engine.recompute_runner import RecomputeRunner
 from intentserve.worker.engine.runner import ModelRunner
 from intentserve.worker.engine.shaping import held_weight_format, shape_model
@@ -127,9 +128,15 @@ def build_engine(
             shaped.model, kv.attention, kv.pool.block_size, device, eos_token_ids, grammars
         )
         runner.graphs = _decode_graphs(config, shaped.model, kv, limits, device)
+    tokenizer = (
+        loaded.tokenizer
+        if config.chat_template is None
+        else loaded.tokenizer.with_chat_template(config.chat_template)
+    )
     realized = RealizedReport(
         cache=dataclasses.replace(
             kv.cache,
+            reasoning=detect_reasoning(tokenizer),
             weight_format=held_weight_format(loaded),
             # Counted after the packing: a tied head's packed copy is resident too.
             weight_bytes=resident_weight_bytes(shaped.model),
@@ -142,11 +149,7 @@ def build_engine(
         shaping=shaped.steps,
     )
     return Engine(
-        tokenizer=(
-            loaded.tokenizer
-            if config.chat_template is None
-            else loaded.tokenizer.with_chat_template(config.chat_template)
-        ),
+        tokenizer=tokenizer,
         scheduler=kv.scheduler,
         runner=runner,
         realized=realized,

@@ -28,6 +28,7 @@ from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.grammar import GrammarCompiler
 from intentserve.worker.engine.prepare import RequestPreparer
 from intentserve.worker.engine.realized import RealizedReport
+from intentserve.worker.engine.reasoning import ReasoningSplitter, ThinkingBudget
 from intentserve.worker.engine.request import (
     LogprobEntry,
     OutputLogprobs,
@@ -64,11 +65,18 @@ class Engine:
         self.runner = runner
         self.realized = realized
         self.max_model_len = max_model_len
+        # A thinking model's markers, or None (an engine put together without a report: none).
+        self.reasoning = realized.cache.reasoning if realized is not None else None
         self._preparer = RequestPreparer(
             tokenizer,
             grammars,
             max_model_len=max_model_len,
             vocab_size=runner.model.config.vocab_size,
+            reasoning=self.reasoning,
+        )
+        # What a thinking budget writes when it is spent: the end marker's tokens.
+        self._end_ids = (
+            tuple(tokenizer.encode(self.reasoning.end, add_bos=False)) if self.reasoning else ()
         )
         self._requests: dict[str, RequestState] = {}
         self._seqs: dict[str, Sequence] = {}
@@ -119,7 +127,7 @@ class Engine:
             )
 
         first = alone(ids[0], request.params)
-        self._queue(first, request.parses_tool_calls, 0)
+        self._queue(first, request, 0)
         for i, request_id in enumerate(ids[1:], start=1):
             params = request.params
             if params.seed is not None:
@@ -128,7 +136,7 @@ class Engine:
                 seq = first.fork(request_id, params)
             else:
                 seq = alone(request_id, params)
-            self._queue(seq, request.parses_tool_calls, i)
+            self._queue(seq, request, i)
         return ids
 
     def check_num_choices(self, n: int) -> None:
@@ -140,12 +148,21 @@ class Engine:
                 "n", f"{n!r} choices; allowed: 1 to {limit} (this worker's maxNumSeqs)"
             )
 
-    def _queue(self, seq: Sequence, parses_tool_calls: bool, index: int) -> None:
+    def _queue(self, seq: Sequence, request: PreparedRequest, index: int) -> None:
         request_id = seq.seq_id
         self.scheduler.add(seq)
         decoder = IncrementalDecoder(self.tokenizer, list(seq.prompt_token_ids))
-        parser = ToolCallParser() if parses_tool_calls else None
-        self._requests[request_id] = RequestState(request_id, seq.params, decoder, parser, index)
+        parser = ToolCallParser() if request.parses_tool_calls else None
+        phase, splitter, budget = request.reasoning_phase, None, None
+        if phase is not None and self.reasoning is not None:
+            splitter = ReasoningSplitter(self.reasoning, phase)
+            if seq.params.reasoning_budget is not None:
+                budget = ThinkingBudget(
+                    self.reasoning, phase, seq.params.reasoning_budget, self._end_ids
+                )
+        self._requests[request_id] = RequestState(
+            request_id, seq.params, decoder, parser, index, splitter, budget
+        )
         self._seqs[request_id] = seq
 
     def add_request(
@@ -184,7 +201,8 @@ class Engine:
             if seq_id in self._requests:
                 self._requests[seq_id].prompt_scores.update(scores)
         stops: dict[str, FinishReason] = {}
-        for seq_id, token_id in samples.tokens.items():
+        tokens = {s: self._forced(s, t) for s, t in samples.tokens.items()}
+        for seq_id, token_id in tokens.items():
             try:
                 if seq_id in samples.logprobs and seq_id in self._requests:
                     self._requests[seq_id].logprobs.append(self._named(samples.logprobs[seq_id]))
@@ -196,7 +214,7 @@ class Engine:
             if reason is not None:
                 stops[seq_id] = reason
         failed = [self._fail(seq_id, cause) for seq_id, cause in failures.items()]
-        sampled = {s: t for s, t in samples.tokens.items() if s not in failures}
+        sampled = {s: t for s, t in tokens.items() if s not in failures}
         finished = {seq.seq_id for seq in self.scheduler.postprocess(output, sampled, stops)}
         outputs = [self._output(seq_id, seq_id in finished) for seq_id in sampled]
         for seq_id in finished:
@@ -242,6 +260,15 @@ class Engine:
             tuple(entry(t, lp) for t, lp in logprobs.top),
         )
 
+    def _forced(self, seq_id: str, token_id: int) -> int:
+        """The token `seq_id` produces this step: the one sampled, or, where its thinking budget
+        is spent, the end marker's next token in its place."""
+        state = self._requests.get(seq_id)
+        if state is None or state.budget is None:
+            return token_id
+        forced = state.budget.forced()
+        return token_id if forced is None else forced
+
     def _stop_reason(
         self, seq_id: str, token_id: int, grammar_complete: bool
     ) -> FinishReason | None:
@@ -268,7 +295,7 @@ class Engine:
         logprobs = tuple(state.logprobs[state.num_emitted_tokens :])
         first = state.num_emitted_tokens == 0
         state.num_emitted_tokens = seq.num_output_tokens
-        text, tool_calls = state.take_text(finished)
+        reasoning, text, tool_calls = state.take_text(finished)
         reason = seq.finish_reason if finished else None
         if reason is FinishReason.STOP and state.called_tools:
             reason = FinishReason.TOOL_CALLS
@@ -285,6 +312,7 @@ class Engine:
             tool_calls=tool_calls,
             index=state.index,
             stop_string=state.stop_string if reason is FinishReason.STOP else "",
+            new_reasoning=reasoning,
         )
 
     def _prompt_logprobs(self, seq: Sequence, state: RequestState) -> tuple[OutputLogprobs, ...]:

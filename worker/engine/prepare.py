@@ -24,8 +24,10 @@ from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 
 from intentserve.common.ids import new_request_id, request_id_problem
+from intentserve.policy import ReasoningFormat
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.engine.grammar import GrammarCompiler
+from intentserve.worker.engine.reasoning import reply_phase
 from intentserve.worker.engine.request import PreparedRequest
 from intentserve.worker.engine.sampling import InvalidRequestError, SamplingParams
 from intentserve.worker.model.tokenizer import Tokenizer
@@ -55,8 +57,10 @@ class RequestPreparer:
         *,
         max_model_len: int,
         vocab_size: int,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.reasoning = reasoning  # a thinking model's markers; None: it does not think
         self.grammars = grammars
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -86,7 +90,9 @@ class RequestPreparer:
         self._check_in_vocab("stop_token_ids", params.stop_token_ids)
         if params.constraint is not None:
             self.grammars.compile(params.constraint)  # cached: a schema is compiled once
-        prompt_ids = self._prompt_ids(prompt, chat)
+        chat = chat or isinstance(prompt, Conversation)
+        self._check_reasoning_budget(params, chat)
+        prompt_ids, rendered = self._prompt_ids(prompt, chat)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         if params.max_tokens > self.max_model_len - len(prompt_ids):
@@ -97,7 +103,39 @@ class RequestPreparer:
                 f"{self.max_model_len - len(prompt_ids)})",
             )
         parses = isinstance(prompt, Conversation) and prompt.parses_tool_calls
-        return PreparedRequest(request_id or new_request_id(), tuple(prompt_ids), params, parses)
+        phase = None
+        if self.reasoning is not None and rendered is not None and params.constraint is None:
+            phase = reply_phase(self.reasoning, rendered)
+        return PreparedRequest(
+            request_id or new_request_id(), tuple(prompt_ids), params, parses, phase
+        )
+
+    def _check_reasoning_budget(self, params: SamplingParams, chat: bool) -> None:
+        """A thinking budget is honoured on a chat reply of a thinking model, with neither a
+        grammar (it holds the reply from its first token, thinking included) nor logprobs (the
+        end marker is the worker's, not sampled)."""
+        if params.reasoning_budget is None:
+            return
+        problem = None
+        if self.reasoning is None:
+            problem = (
+                "this model does not think (its chat template and vocabulary have no reasoning "
+                "markers); leave it out"
+            )
+        elif not chat:
+            problem = "applies to a chat reply (messages, or chat: true), which the template opens"
+        elif params.constraint is not None:
+            problem = (
+                "not served with structured outputs or a forced tool call (the grammar holds the "
+                "reply from its first token, thinking included); leave one out"
+            )
+        elif params.logprobs is not None:
+            problem = (
+                "not served with logprobs (the end marker at the budget is written by the "
+                "worker, not sampled); leave one out"
+            )
+        if problem is not None:
+            raise InvalidRequestError("reasoning_budget", problem)
 
     def tokenize(self, prompt: str | Conversation, add_bos: bool | None = None) -> list[int]:
         """The ids `prepare` computes for `prompt` (add_bos None: the checkpoint's own choice),
@@ -132,9 +170,13 @@ class RequestPreparer:
                 field, f"ids {bad[:5]} are outside the vocabulary (0..{self.vocab_size - 1})"
             )
 
-    def _prompt_ids(self, prompt: str | Seq[int] | Conversation, chat: bool) -> list[int]:
+    def _prompt_ids(
+        self, prompt: str | Seq[int] | Conversation, chat: bool
+    ) -> tuple[list[int], str | None]:
+        """The prompt's ids, and its text as the chat template rendered it (None: not a chat)."""
         if isinstance(prompt, Conversation):
-            return self._encode(self._render(prompt), "messages")
+            rendered = self._render(prompt)
+            return self._encode(rendered, "messages"), rendered
         if len(prompt) == 0:
             raise InvalidRequestError("prompt", "must not be empty (or give prompt_token_ids)")
         if not isinstance(prompt, str):
@@ -142,12 +184,13 @@ class RequestPreparer:
                 raise InvalidRequestError("chat", "applies to a text prompt, not to token ids")
             self._check_prompt_fits("prompt_token_ids", len(prompt))
             self._check_in_vocab("prompt_token_ids", prompt)
-            return list(prompt)
-        if chat:
-            self._check_text_fits("prompt", prompt)  # NOTE: cheap first: before rendering
-            with self._rendering:
-                prompt = Conversation.user(prompt).render(self.tokenizer, field="chat")
-        return self._encode(prompt, "prompt")
+            return list(prompt), None
+        if not chat:
+            return self._encode(prompt, "prompt"), None
+        self._check_text_fits("prompt", prompt)  # NOTE: cheap first: before rendering
+        with self._rendering:
+            rendered = Conversation.user(prompt).render(self.tokenizer, field="chat")
+        return self._encode(rendered, "prompt"), rendered
 
     def _render(self, conversation: Conversation) -> str:
         """The conversation's prompt text; refused unrendered when the text it carries cannot

@@ -55,6 +55,8 @@ class RealizedReport:
         lines += [f"{step.what}: {step.did}" for step in self.shaping]
         if c.decode_graphs:
             lines.append(f"decode steps: {c.decode_graphs}")
+        if c.reasoning is not None:
+            lines.append(c.reasoning.describe())
         if c.kernel_variant:
             lines.append(f"CPU kernels: the {c.kernel_variant} variant")
         lines += [f"fallback: {r.code.value}: {r.message}" for r in c.fallback_reasons]

@@ -6,6 +6,9 @@ deltas to the reasoning or to the reply as they stream.
     splitter = ReasoningSplitter(format)
     reasoning, content = splitter.feed(delta)   # for each text delta, in order
     reasoning, content = splitter.finish()      # what it held back, at the end
+    budget = ThinkingBudget(format, phase, 64, end_ids)  # a budget of 64 tokens of thinking
+    forced = budget.forced()           # each step: the end marker's next token, or None
+    budget.on_token(text_of_the_token_produced)
 
 Only the first `start ... end` block is reasoning: text after it (a second start marker too) is
 the reply's. The markers are never emitted, nor half of one: a delta that ends in what could
@@ -16,26 +19,13 @@ end marker (the template's "\\n\\n") is not reply text.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Sequence
+
+from intentserve.policy import ReasoningFormat
 
 THINK_START, THINK_END = "<think>", "</think>"
 # The markers looked for in a template and its vocabulary, in order.
 KNOWN_MARKERS = ((THINK_START, THINK_END),)
-
-
-@dataclass(frozen=True)
-class ReasoningFormat:
-    """The markers a thinking model's reasoning is between; `opened_by_template`: its template's
-    generation prompt opens the thinking itself (the start marker is in the prompt, so the
-    reply begins inside the reasoning)."""
-
-    start: str
-    end: str
-    opened_by_template: bool = False
-
-    def describe(self) -> str:
-        opened = ", opened by the template" if self.opened_by_template else ""
-        return f"reasoning between {self.start} and {self.end}{opened}"
 
 
 class Phase(enum.Enum):
@@ -144,3 +134,50 @@ class ReasoningSplitter:
         text = text.lstrip()
         self._after_end = not text
         return text
+
+
+class ThinkingBudget:
+    """A reply's tokens of thinking counted as they come and, at `budget`, its thinking ended:
+    the end marker's tokens (`end_ids`) are forced in, one a step, in place of what the model
+    would have sampled. Only thinking is counted: the tokens after the start marker until the
+    end marker, whether the model opened it or the template did (`phase`); a budget of 0 ends
+    the thinking as soon as it opens. The model's own end marker ends the count early."""
+
+    def __init__(
+        self, format: ReasoningFormat, phase: Phase, budget: int, end_ids: Sequence[int]
+    ) -> None:
+        self.format, self.budget, self._end_ids = format, budget, tuple(end_ids)
+        self.inside, self.over = phase is Phase.INSIDE, phase is Phase.AFTER
+        self.num_tokens = 0  # tokens of thinking so far
+        self._forcing: list[int] = []
+        self._forced_any = False
+        self._tail = ""  # the last characters seen, where a marker may have begun
+        self._check()
+
+    def forced(self) -> int | None:
+        """The token this step must produce (the end marker's next), or None: the model's own."""
+        return self._forcing.pop(0) if self._forcing else None
+
+    def on_token(self, text: str) -> None:
+        """The text one produced token added to the reply, in order."""
+        if self.over:
+            return
+        window = self._tail + text
+        if not self.inside:
+            i = window.find(self.format.start)
+            if i < 0:
+                self._tail = window[len(window) - len(self.format.start) + 1 :]
+                return
+            self.inside, window = True, window[i + len(self.format.start) :]
+        else:
+            self.num_tokens += 1
+        if self.format.end in window:
+            self.over, self._forcing = True, []
+            return
+        self._tail = window[len(window) - len(self.format.end) + 1 :]
+        self._check()
+
+    def _check(self) -> None:
+        spent = self.num_tokens >= self.budget
+        if spent and self.inside and not self.over and not self._forced_any:
+            self._forcing, self._forced_any = list(self._end_ids), True

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from intentserve.worker.engine.reasoning import Phase, ReasoningSplitter, ThinkingBudget
 from intentserve.worker.engine.sampling import SamplingParams
 from intentserve.worker.engine.tool_calls import ToolCall, ToolCallParser
 from intentserve.worker.model.tokenizer import IncrementalDecoder
@@ -20,6 +21,9 @@ class PreparedRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     parses_tool_calls: bool = False  # the reply's tool calls are parsed out of its text
+    # A chat reply of a thinking model: where it begins, relative to its reasoning (its text is
+    # split into reasoning and reply); None: not split (not a chat, no thinking, or a grammar's).
+    reasoning_phase: Phase | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class RequestOutput:
     tool_calls: tuple[ToolCall, ...] = ()
     index: int = 0  # the choice's, among its request's n (Engine.add_choices)
     stop_string: str = ""  # finished by one of the request's stop strings: that one
+    new_reasoning: str = ""  # a thinking model's thinking since the previous output (no markers)
 
 
 def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
@@ -77,12 +82,15 @@ def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
         next((d.prompt_logprobs for d in deltas if d.prompt_logprobs), ()),
         tuple(c for d in deltas for c in d.tool_calls),
         stop_string=last.stop_string,
+        new_reasoning="".join(d.new_reasoning for d in deltas),
     )
 
 
 class RequestState:
     """Detokenizes as tokens arrive and holds back text that could still begin a stop string
-    (and, with a tool-call parser, a tool call)."""
+    (and, with a tool-call parser, a tool call); with a reasoning splitter, a thinking model's
+    reply is split into its thinking and its text, and with a budget, its thinking is counted
+    (and ended at the budget)."""
 
     def __init__(
         self,
@@ -91,6 +99,8 @@ class RequestState:
         decoder: IncrementalDecoder,
         tool_parser: ToolCallParser | None = None,
         index: int = 0,
+        splitter: ReasoningSplitter | None = None,
+        budget: ThinkingBudget | None = None,
     ) -> None:
         self.request_id = request_id
         self.index = index  # the choice's (Engine.add_choices)
@@ -104,10 +114,15 @@ class RequestState:
         self.prompt_scores: dict = {}  # prompt position -> TokenLogprobs, as prefill computes
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
         self.tool_parser = tool_parser
+        self.splitter = splitter
+        self.budget = budget
 
     def on_token(self, token_id: int) -> bool:
         """Append one token's text; True when a stop string has now appeared."""
-        self.text += self.decoder.append([token_id])
+        piece = self.decoder.append([token_id])
+        self.text += piece
+        if self.budget is not None:
+            self.budget.on_token(piece)
         if not self.params.stop:
             return False
         # NOTE: a stop string can only end inside the newest text plus the held-back tail.
@@ -119,9 +134,9 @@ class RequestState:
             self.text = self.text[:end]
         return bool(self.stop_string)
 
-    def take_text(self, finished: bool) -> tuple[str, tuple[ToolCall, ...]]:
-        """Text not yet emitted and the tool calls completed; while running, keeps back what
-        might start a stop string (or a tool call)."""
+    def take_text(self, finished: bool) -> tuple[str, str, tuple[ToolCall, ...]]:
+        """Reasoning and text not yet emitted and the tool calls completed; while running, keeps
+        back what might start a stop string (or a tool call, or a reasoning marker)."""
         end = (
             len(self.text)
             if finished
@@ -129,9 +144,15 @@ class RequestState:
         )
         delta = self.text[self.num_emitted_chars : end]
         self.num_emitted_chars = end
+        reasoning = ""
+        if self.splitter is not None:
+            reasoning, delta = self.splitter.feed(delta)
+            if finished:
+                held_reasoning, held_text = self.splitter.finish()
+                reasoning, delta = reasoning + held_reasoning, delta + held_text
         if self.tool_parser is None:
-            return delta, ()
-        return self.tool_parser.feed(delta, final=finished)
+            return reasoning, delta, ()
+        return (reasoning, *self.tool_parser.feed(delta, final=finished))
 
     @property
     def called_tools(self) -> bool:

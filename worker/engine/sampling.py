@@ -54,6 +54,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the chosen token's and the k likeliest
     prompt_logprobs: int | None = None  # the same for each prompt token (no prefix-cache reuse)
     constraint: Constraint | None = None  # structured outputs: the grammar the output follows
+    # A thinking model's tokens of thinking at most, its end marker then written by the worker
+    # (reasoning.ThinkingBudget); 0: none. None: it thinks as long as it does.
+    reasoning_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
@@ -71,6 +74,11 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise InvalidRequestError(
                 "seed", f"must be an integer in [0, 2**64), got {self.seed!r}"
+            )
+        budget = self.reasoning_budget
+        if budget is not None and (not _is_int(budget) or budget < 0):
+            raise InvalidRequestError(
+                "reasoning_budget", f"must be an integer >= 0 (0: no thinking), got {budget!r}"
             )
         self._check_stop()
         self._check_logits_processing()

@@ -131,6 +131,7 @@ def generate_request_from_pb(msg: inference_pb2.GenerateRequest) -> GenerateCall
                 msg.sampling.prompt_logprobs if msg.sampling.HasField("prompt_logprobs") else None
             ),
             constraint=_constraint_from_pb(msg.sampling.constraint),
+            reasoning_budget=msg.reasoning_budget if msg.HasField("reasoning_budget") else None,
         )
         prompt = _prompt_from_pb(msg)
         forced = prompt.tool_call_constraint() if isinstance(prompt, Conversation) else None
@@ -291,6 +292,7 @@ def fill_generate_response(
     msg.request_id = output.request_id
     msg.token_ids.extend(output.new_token_ids)
     msg.text = output.new_text
+    msg.reasoning = output.new_reasoning
     msg.finish_reason = FINISH_REASONS[output.finish_reason]
     if output.finished:
         msg.num_prompt_tokens = output.num_prompt_tokens

@@ -282,6 +282,6 @@ def _size_bound(item: object) -> int:
     return (
         64
         + 4 * (len(item.request_id) + 256)
-        + 4 * (len(item.new_text) + calls)
+        + 4 * (len(item.new_text) + len(item.new_reasoning) + calls)
         + 5 * len(item.new_token_ids)
     )

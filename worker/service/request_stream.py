@@ -218,6 +218,7 @@ def _joined(first: RequestOutput, then: RequestOutput) -> RequestOutput:
         then,
         new_token_ids=first.new_token_ids + then.new_token_ids,
         new_text=first.new_text + then.new_text,
+        new_reasoning=first.new_reasoning + then.new_reasoning,
         logprobs=first.logprobs + then.logprobs,
         prompt_logprobs=first.prompt_logprobs + then.prompt_logprobs,
         tool_calls=first.tool_calls + then.tool_calls,

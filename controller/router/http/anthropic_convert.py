@@ -66,6 +66,7 @@ PARAMS = {
     "tool_choice_function": "tool_choice.name",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
     "chat_template_kwargs": "thinking",  # set only for thinking: disabled
+    "reasoning_budget": "thinking.budget_tokens",  # a model that does not think
 }
 _TURN = re.compile(r"messages\[(\d+)\]")
 Names = Callable[[str], str | None]
@@ -176,6 +177,9 @@ def messages_request_to_pb(body: MessagesRequest) -> tuple[inference_pb2.Generat
     # to one (under any or tool: the schema refused it under auto).
     one_call = choice is not None and bool(choice.disable_parallel_tool_use)
     request.parallel_tool_calls = bool(tools) and not one_call
+    budget = body.thinking.budget if body.thinking else None
+    if budget is not None:
+        request.reasoning_budget = budget
     return request, names_for(paths)
 
 

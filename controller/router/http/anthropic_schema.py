@@ -187,21 +187,27 @@ class ToolChoice(_Strict):
 
 
 class Thinking(_Strict):
+    """`thinking`: `enabled` with `budget_tokens` is a thinking model's budget of thinking (a
+    model that does not think refuses it, naming it); `adaptive` thinks as the model does;
+    `disabled` sets the template variable thinking models read."""
+
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(default=None, ge=0)
     display: Literal["summarized", "omitted"] | None = None
+
+    @property
+    def budget(self) -> int | None:
+        return self.budget_tokens if self.type == "enabled" else None
 
     def problems(self, path: str) -> dict[str, tuple[bool, str]]:
         return {
             f"{path}.budget_tokens": (
-                self.type == "enabled",
-                "a thinking budget is not taken by this server's workers (a thinking model "
-                "thinks as its template has it); allowed: {'type': 'adaptive'}, "
-                "{'type': 'disabled'}",
+                (self.type == "enabled") != (self.budget_tokens is not None),
+                "required with type 'enabled' (the most tokens of thinking), and only there",
             ),
             f"{path}.type": (
                 self.type == "between_tools",
-                "allowed: 'adaptive', 'disabled'",
+                "allowed: 'enabled' (with budget_tokens), 'adaptive', 'disabled'",
             ),
             f"{path}.display": (
                 self.display == "summarized",
@@ -383,8 +389,16 @@ class MessagesRequest(ConversationBody):
     inference_geo: str | None = None
 
     def _refusals(self) -> dict[str, tuple[bool, str]]:
+        refusals = super()._refusals()
+        budget = self.thinking.budget if self.thinking else None
+        if budget is not None and budget >= self.max_tokens:  # the thinking counts toward it
+            refusals["thinking.budget_tokens"] = (
+                True,
+                f"{budget} is not less than max_tokens ({self.max_tokens}), which the thinking "
+                "counts toward",
+            )
         return {
-            **super()._refusals(),
+            **refusals,
             # NOTE: 0 on the wire means "not set" (1), the opposite of what was asked.
             "top_p": (
                 self.top_p == 0,

@@ -201,7 +201,8 @@ async def _events(
         async for response in call:
             reply = replies[response.index]
             text, finish = reply.add(response)
-            if text or finish is not None or reply.logprobs or reply.has_unsent_calls:
+            pending = reply.logprobs or reply.has_unsent_calls or reply.unsent_reasoning
+            if text or finish is not None or pending:
                 yield _sse(reply.chunk(text, finish, **extra))
         if include_usage:
             yield _sse({**replies[0].usage_chunk(), "usage": merged_usage(replies)})

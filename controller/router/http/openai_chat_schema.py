@@ -16,6 +16,7 @@ from intentserve.controller.router.http.openai_schema import (
     UnsupportedField,
     first_asked,
 )
+from intentserve.controller.router.http.reasoning_effort import Effort
 from intentserve.controller.router.request_size import MAX_MESSAGES, MAX_TOOLS
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -177,6 +178,9 @@ class ChatCompletionRequest(OpenAIRequest):
     store: bool | None = None
     modalities: list[str] | None = None
     service_tier: str | None = None
+    # A thinking model's budget of thinking (reasoning_effort.py); a model that does not think
+    # refuses it, naming it.
+    reasoning_effort: Effort | None = None
 
     def unsupported(self) -> UnsupportedField | None:
         return conversation_unsupported(self.messages, self.tools) or super().unsupported()

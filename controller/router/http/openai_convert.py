@@ -19,6 +19,7 @@ from intentserve.controller.router.http.openai_schema import (
     DEFAULT_TEMPERATURE,
     CompletionRequest,
 )
+from intentserve.controller.router.http.reasoning_effort import set_effort
 from intentserve.v1 import inference_pb2
 
 # The worker names a bad field by its GenerateRequest path; the client named it this way.
@@ -46,6 +47,7 @@ PARAMS = {
     "tool_choice_function": "tool_choice",
     "n": "n",  # past the worker's maxNumSeqs
     "tokens": "tokens",  # /detokenize
+    "reasoning_budget": "reasoning_effort",  # a model that does not think
 }
 TOOL_CHOICES = {
     None: inference_pb2.TOOL_CHOICE_UNSPECIFIED,
@@ -149,6 +151,7 @@ def chat_request_to_pb(body: ChatCompletionRequest) -> inference_pb2.GenerateReq
         request.tool_choice = TOOL_CHOICES[body.tool_choice]
     # OpenAI's default is true; with required or a named function, false holds it to one call.
     request.parallel_tool_calls = bool(body.tools) and body.parallel_tool_calls is not False
+    set_effort(request, body.reasoning_effort)
     return request
 
 

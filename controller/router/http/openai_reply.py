@@ -52,6 +52,9 @@ class Reply:
     num_logprob_chars: int = 0  # completions' text_offset of the next token
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape, in order
     num_streamed_calls: int = 0  # how many of tool_calls went out in chunks
+    # A thinking model's thinking (chat): all of it, and what the next chunk has yet to send.
+    reasoning: list[str] = field(default_factory=list)
+    unsent_reasoning: str = ""
 
     @property
     def id(self) -> str:
@@ -61,6 +64,9 @@ class Reply:
         """Take one response in; its text and (on the last) finish reason."""
         text = self._echoed(response) + response.text
         self.text.append(text)
+        if response.reasoning:
+            self.reasoning.append(response.reasoning)
+            self.unsent_reasoning += response.reasoning
         self.logprobs.extend(response.logprobs)
         self.tool_calls.extend(
             {
@@ -141,6 +147,8 @@ class Reply:
         text = "".join(self.text)
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning:  # vLLM's name for it, which OpenAI's SDKs keep as an extra
+                message["reasoning_content"] = "".join(self.reasoning)
             if self.tool_calls:
                 message.update(content=text or None, tool_calls=self.tool_calls)
             choice = {"message": message, "finish_reason": self.finish_reason}
@@ -158,6 +166,10 @@ class Reply:
             )
             if finish is not None and not text:
                 delta = {}
+            if self.unsent_reasoning:
+                delta["reasoning_content"], self.unsent_reasoning = self.unsent_reasoning, ""
+                if not text:
+                    delta.pop("content", None)
             if self.has_unsent_calls:
                 # NOTE: each call goes out whole, in one delta, with its index in the reply.
                 start, self.num_streamed_calls = self.num_streamed_calls, len(self.tool_calls)

@@ -24,6 +24,7 @@ from intentserve.controller.router.http.openai_chat_schema import (
 )
 from intentserve.controller.router.http.openai_convert import TOOL_CHOICES, fill_conversation
 from intentserve.controller.router.http.openai_schema import DEFAULT_TEMPERATURE
+from intentserve.controller.router.http.reasoning_effort import set_effort
 from intentserve.controller.router.http.responses_items import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -42,6 +43,7 @@ PARAMS = {
     "tools": "tools",
     "tool_choice": "tool_choice",
     "tool_choice_function": "tool_choice",
+    "reasoning_budget": "reasoning.effort",  # a model that does not think
 }
 _TOOL_FIELD = re.compile(r"tools\[(\d+)\]\.(\w+)")
 
@@ -107,6 +109,7 @@ def to_pb(body: ResponsesRequest, turns: Turns) -> inference_pb2.GenerateRequest
         request.tool_choice = TOOL_CHOICES[choice]
     # OpenAI's default is true; with required or a named function, false holds it to one call.
     request.parallel_tool_calls = bool(tools) and body.parallel_tool_calls is not False
+    set_effort(request, body.reasoning.effort if body.reasoning else None)
     return request
 
 

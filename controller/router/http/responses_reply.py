@@ -150,7 +150,7 @@ class ResponseReply:
             "output": [dict(item) for item in self.output] if done else [],
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": body.reasoning and body.reasoning.effort, "summary": None},
             "store": body.stores,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {

@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from intentserve.controller.router.http.openai_chat_schema import TOOL_CHOICES
 from intentserve.controller.router.http.openai_schema import UInt32, UnsupportedField, first_asked
+from intentserve.controller.router.http.reasoning_effort import Effort
 from intentserve.controller.router.http.responses_items import (
     FunctionTool,
     InputItem,
@@ -110,19 +111,19 @@ class TextConfig(BaseModel):
 
 
 class ReasoningConfig(BaseModel):
-    """`reasoning`: every option refused (while no worker takes a thinking budget); `{}` and
+    """`reasoning`: `effort` is a thinking model's budget of thinking (reasoning_effort.py; a
+    model that does not think refuses it, naming it); every other option is refused; `{}` and
     nulls pass."""
 
     model_config = ConfigDict(extra="forbid")
     refusals: ClassVar[Refusals] = {
-        "effort": (given, "a thinking budget is not set per request here yet; leave it out"),
         "summary": (given, "reasoning summaries are not made here; leave it out"),
         "generate_summary": (given, "reasoning summaries are not made here; leave it out"),
         "context": (given, "which turns' reasoning is kept is not set here; leave it out"),
         "mode": (given, "one reasoning mode is served; leave it out"),
     }
 
-    effort: str | None = None
+    effort: Effort | None = None
     summary: str | None = None
     generate_summary: str | None = None
     context: str | None = None

@@ -26,7 +26,7 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eintentserve/v1/inference.proto\x12\x0eintentserve.v1\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xc0\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x41\n\nlogit_bias\x18\t \x03(\x0b\x32-.intentserve.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\rH\x02\x88\x01\x01\x12\x34\n\nconstraint\x18\x0c \x01(\x0b\x32 .intentserve.v1.OutputConstraint\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x97\x01\n\x10OutputConstraint\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12)\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x17.intentserve.v1.ChoicesH\x00\x12\x0f\n\x05regex\x18\x04 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x86\x01\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\x12\n\nmin_tokens\x18\x05 \x01(\rB\r\n\x0b_max_tokens\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"p\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12,\n\ntool_calls\x18\x03 \x03(\x0b\x32\x18.intentserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"\xbf\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.intentserve.v1.SamplingParams\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1e.intentserve.v1.StopConditions\x12\x0c\n\x04\x63hat\x18\x06 \x01(\x08\x12-\n\x08messages\x18\x07 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12#\n\x05tools\x18\t \x03(\x0b\x32\x14.intentserve.v1.Tool\x12/\n\x0btool_choice\x18\n \x01(\x0e\x32\x1a.intentserve.v1.ToolChoice\x12\x1c\n\x14tool_choice_function\x18\x0b \x01(\t\x12\x1b\n\x13parallel_tool_calls\x18\x0c \x01(\x08\x12\t\n\x01n\x18\r \x01(\r\"Q\n\x0cLogprobEntry\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\n\n\x08_logprob\"h\n\rTokenLogprobs\x12,\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x1c.intentserve.v1.LogprobEntry\x12)\n\x03top\x18\x02 \x03(\x0b\x32\x1c.intentserve.v1.LogprobEntry\"\x93\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.intentserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12/\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\x12\x36\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\x12,\n\ntool_calls\x18\n \x03(\x0b\x32\x18.intentserve.v1.ToolCall\x12\r\n\x05index\x18\x0b \x01(\r\x12\x11\n\treasoning\x18\x0c \x01(\t\x12\x13\n\x0bstop_string\x18\r \x01(\t\"\xff\x01\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.intentserve.v1.Tool\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x19\n\x11return_token_strs\x18\x06 \x01(\x08\x42\x15\n\x13_add_special_tokens\"M\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x12\n\ntoken_strs\x18\x02 \x03(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\"#\n\x11\x44\x65tokenizeRequest\x12\x0e\n\x06tokens\x18\x01 \x03(\r\"$\n\x12\x44\x65tokenizeResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x89\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12.\n\x0ctoken_inputs\x18\x03 \x03(\x0b\x32\x18.intentserve.v1.TokenIds\x12\x17\n\ndimensions\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_dimensions\"/\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\x80\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\nembeddings\x18\x02 \x03(\x0b\x32\x19.intentserve.v1.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x11\n\tworker_id\x18\x04 \x01(\t\"\x83\x01\n\x0fGenerateCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\"\\\n\rGenerateError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12,\n\x0estatus_details\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x8c\x01\n\rGenerateEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.GenerateErrorH\x00\x42\x07\n\x05\x65vent\"?\n\x0eGenerateEvents\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.intentserve.v1.GenerateEvent*\x96\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x04*\x89\x01\n\nToolChoice\x12\x1b\n\x17TOOL_CHOICE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_CHOICE_AUTO\x10\x01\x12\x14\n\x10TOOL_CHOICE_NONE\x10\x02\x12\x18\n\x14TOOL_CHOICE_REQUIRED\x10\x03\x12\x18\n\x14TOOL_CHOICE_FUNCTION\x10\x04\x32\x9b\x03\n\tInference\x12O\n\x08Generate\x12\x1f.intentserve.v1.GenerateRequest\x1a .intentserve.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1f.intentserve.v1.GenerateCommand\x1a\x1e.intentserve.v1.GenerateEvents(\x01\x30\x01\x12M\n\x08Tokenize\x12\x1f.intentserve.v1.TokenizeRequest\x1a .intentserve.v1.TokenizeResponse\x12S\n\nDetokenize\x12!.intentserve.v1.DetokenizeRequest\x1a\".intentserve.v1.DetokenizeResponse\x12\x44\n\x05\x45mbed\x12\x1c.intentserve.v1.EmbedRequest\x1a\x1d.intentserve.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eintentserve/v1/inference.proto\x12\x0eintentserve.v1\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xc0\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x41\n\nlogit_bias\x18\t \x03(\x0b\x32-.intentserve.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\rH\x02\x88\x01\x01\x12\x34\n\nconstraint\x18\x0c \x01(\x0b\x32 .intentserve.v1.OutputConstraint\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x97\x01\n\x10OutputConstraint\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12)\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x17.intentserve.v1.ChoicesH\x00\x12\x0f\n\x05regex\x18\x04 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x86\x01\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\x12\n\nmin_tokens\x18\x05 \x01(\rB\r\n\x0b_max_tokens\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"p\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12,\n\ntool_calls\x18\x03 \x03(\x0b\x32\x18.intentserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"\xf3\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.intentserve.v1.SamplingParams\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1e.intentserve.v1.StopConditions\x12\x0c\n\x04\x63hat\x18\x06 \x01(\x08\x12-\n\x08messages\x18\x07 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12#\n\x05tools\x18\t \x03(\x0b\x32\x14.intentserve.v1.Tool\x12/\n\x0btool_choice\x18\n \x01(\x0e\x32\x1a.intentserve.v1.ToolChoice\x12\x1c\n\x14tool_choice_function\x18\x0b \x01(\t\x12\x1b\n\x13parallel_tool_calls\x18\x0c \x01(\x08\x12\t\n\x01n\x18\r \x01(\r\x12\x1d\n\x10reasoning_budget\x18\x0e \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_reasoning_budget\"Q\n\x0cLogprobEntry\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\n\n\x08_logprob\"h\n\rTokenLogprobs\x12,\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x1c.intentserve.v1.LogprobEntry\x12)\n\x03top\x18\x02 \x03(\x0b\x32\x1c.intentserve.v1.LogprobEntry\"\x93\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.intentserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12/\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\x12\x36\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1d.intentserve.v1.TokenLogprobs\x12,\n\ntool_calls\x18\n \x03(\x0b\x32\x18.intentserve.v1.ToolCall\x12\r\n\x05index\x18\x0b \x01(\r\x12\x11\n\treasoning\x18\x0c \x01(\t\x12\x13\n\x0bstop_string\x18\r \x01(\t\"\xff\x01\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.intentserve.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.intentserve.v1.Tool\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x19\n\x11return_token_strs\x18\x06 \x01(\x08\x42\x15\n\x13_add_special_tokens\"M\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x12\n\ntoken_strs\x18\x02 \x03(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\"#\n\x11\x44\x65tokenizeRequest\x12\x0e\n\x06tokens\x18\x01 \x03(\r\"$\n\x12\x44\x65tokenizeResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x89\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12.\n\x0ctoken_inputs\x18\x03 \x03(\x0b\x32\x18.intentserve.v1.TokenIds\x12\x17\n\ndimensions\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_dimensions\"/\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\x80\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\nembeddings\x18\x02 \x03(\x0b\x32\x19.intentserve.v1.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x11\n\tworker_id\x18\x04 \x01(\t\"\x83\x01\n\x0fGenerateCommand\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.intentserve.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\t\n\x07\x63ommand\"\\\n\rGenerateError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12,\n\x0estatus_details\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x8c\x01\n\rGenerateEvent\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32 .intentserve.v1.GenerateResponseH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.intentserve.v1.GenerateErrorH\x00\x42\x07\n\x05\x65vent\"?\n\x0eGenerateEvents\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.intentserve.v1.GenerateEvent*\x96\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x04*\x89\x01\n\nToolChoice\x12\x1b\n\x17TOOL_CHOICE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_CHOICE_AUTO\x10\x01\x12\x14\n\x10TOOL_CHOICE_NONE\x10\x02\x12\x18\n\x14TOOL_CHOICE_REQUIRED\x10\x03\x12\x18\n\x14TOOL_CHOICE_FUNCTION\x10\x04\x32\x9b\x03\n\tInference\x12O\n\x08Generate\x12\x1f.intentserve.v1.GenerateRequest\x1a .intentserve.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1f.intentserve.v1.GenerateCommand\x1a\x1e.intentserve.v1.GenerateEvents(\x01\x30\x01\x12M\n\x08Tokenize\x12\x1f.intentserve.v1.TokenizeRequest\x1a .intentserve.v1.TokenizeResponse\x12S\n\nDetokenize\x12!.intentserve.v1.DetokenizeRequest\x1a\".intentserve.v1.DetokenizeResponse\x12\x44\n\x05\x45mbed\x12\x1c.intentserve.v1.EmbedRequest\x1a\x1d.intentserve.v1.EmbedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=3350
-  _globals['_FINISHREASON']._serialized_end=3500
-  _globals['_TOOLCHOICE']._serialized_start=3503
-  _globals['_TOOLCHOICE']._serialized_end=3640
+  _globals['_FINISHREASON']._serialized_start=3402
+  _globals['_FINISHREASON']._serialized_end=3552
+  _globals['_TOOLCHOICE']._serialized_start=3555
+  _globals['_TOOLCHOICE']._serialized_end=3692
   _globals['_SAMPLINGPARAMS']._serialized_start=108
   _globals['_SAMPLINGPARAMS']._serialized_end=556
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=466
@@ -56,37 +56,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGE']._serialized_start=997
   _globals['_CHATMESSAGE']._serialized_end=1109
   _globals['_GENERATEREQUEST']._serialized_start=1112
-  _globals['_GENERATEREQUEST']._serialized_end=1559
-  _globals['_LOGPROBENTRY']._serialized_start=1561
-  _globals['_LOGPROBENTRY']._serialized_end=1642
-  _globals['_TOKENLOGPROBS']._serialized_start=1644
-  _globals['_TOKENLOGPROBS']._serialized_end=1748
-  _globals['_GENERATERESPONSE']._serialized_start=1751
-  _globals['_GENERATERESPONSE']._serialized_end=2154
-  _globals['_TOKENIZEREQUEST']._serialized_start=2157
-  _globals['_TOKENIZEREQUEST']._serialized_end=2412
-  _globals['_TOKENIZERESPONSE']._serialized_start=2414
-  _globals['_TOKENIZERESPONSE']._serialized_end=2491
-  _globals['_DETOKENIZEREQUEST']._serialized_start=2493
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2528
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2530
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2566
-  _globals['_TOKENIDS']._serialized_start=2568
-  _globals['_TOKENIDS']._serialized_end=2591
-  _globals['_EMBEDREQUEST']._serialized_start=2594
-  _globals['_EMBEDREQUEST']._serialized_end=2731
-  _globals['_EMBEDDING']._serialized_start=2733
-  _globals['_EMBEDDING']._serialized_end=2780
-  _globals['_EMBEDRESPONSE']._serialized_start=2783
-  _globals['_EMBEDRESPONSE']._serialized_end=2911
-  _globals['_GENERATECOMMAND']._serialized_start=2914
-  _globals['_GENERATECOMMAND']._serialized_end=3045
-  _globals['_GENERATEERROR']._serialized_start=3047
-  _globals['_GENERATEERROR']._serialized_end=3139
-  _globals['_GENERATEEVENT']._serialized_start=3142
-  _globals['_GENERATEEVENT']._serialized_end=3282
-  _globals['_GENERATEEVENTS']._serialized_start=3284
-  _globals['_GENERATEEVENTS']._serialized_end=3347
-  _globals['_INFERENCE']._serialized_start=3643
-  _globals['_INFERENCE']._serialized_end=4054
+  _globals['_GENERATEREQUEST']._serialized_end=1611
+  _globals['_LOGPROBENTRY']._serialized_start=1613
+  _globals['_LOGPROBENTRY']._serialized_end=1694
+  _globals['_TOKENLOGPROBS']._serialized_start=1696
+  _globals['_TOKENLOGPROBS']._serialized_end=1800
+  _globals['_GENERATERESPONSE']._serialized_start=1803
+  _globals['_GENERATERESPONSE']._serialized_end=2206
+  _globals['_TOKENIZEREQUEST']._serialized_start=2209
+  _globals['_TOKENIZEREQUEST']._serialized_end=2464
+  _globals['_TOKENIZERESPONSE']._serialized_start=2466
+  _globals['_TOKENIZERESPONSE']._serialized_end=2543
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2545
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2580
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2582
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2618
+  _globals['_TOKENIDS']._serialized_start=2620
+  _globals['_TOKENIDS']._serialized_end=2643
+  _globals['_EMBEDREQUEST']._serialized_start=2646
+  _globals['_EMBEDREQUEST']._serialized_end=2783
+  _globals['_EMBEDDING']._serialized_start=2785
+  _globals['_EMBEDDING']._serialized_end=2832
+  _globals['_EMBEDRESPONSE']._serialized_start=2835
+  _globals['_EMBEDRESPONSE']._serialized_end=2963
+  _globals['_GENERATECOMMAND']._serialized_start=2966
+  _globals['_GENERATECOMMAND']._serialized_end=3097
+  _globals['_GENERATEERROR']._serialized_start=3099
+  _globals['_GENERATEERROR']._serialized_end=3191
+  _globals['_GENERATEEVENT']._serialized_start=3194
+  _globals['_GENERATEEVENT']._serialized_end=3334
+  _globals['_GENERATEEVENTS']._serialized_start=3336
+  _globals['_GENERATEEVENTS']._serialized_end=3399
+  _globals['_INFERENCE']._serialized_start=3695
+  _globals['_INFERENCE']._serialized_end=4106
 # @@protoc_insertion_point(module_scope)

@@ -43,6 +43,32 @@ def tiny_tokenizer() -> tokenizers.Tokenizer:
     return tok
 
 
+# A thinking model's template, as Qwen3's: earlier replies' thinking is left out of the prompt,
+# and the generation prompt opens the thinking itself.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'].split('</think>')[-1] | trim }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+
+
+def thinking_tokenizer() -> tokenizers.Tokenizer:
+    """tiny_tokenizer with `<think>` and `</think>` as tokens that decoding keeps."""
+    tok = tiny_tokenizer()
+    tok.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in ("<think>", "</think>")])
+    return tok
+
+
+def write_thinking_folder(folder: Path, seed: int = 0) -> Path:
+    """A tiny random-weight Llama whose template and vocabulary make it a thinking model."""
+    tokenizer = thinking_tokenizer()
+    config = tiny_config(vocab_size=tokenizer.get_vocab_size())
+    weights = random_hf_weights(config, seed)
+    return write_hf_folder(
+        folder, config, weights, tokenizer=tokenizer, chat_template=THINKING_TEMPLATE
+    )
+
+
 def tiny_config(architecture: str = "llama", **overrides) -> ModelConfig:
     config = ModelConfig(
         architecture=architecture,
@@ -154,7 +180,13 @@ def hf_config_json(config: ModelConfig) -> dict:
 
 
 def write_hf_folder(
-    folder: Path, config: ModelConfig, weights: dict[str, Tensor], num_shards: int = 1
+    folder: Path,
+    config: ModelConfig,
+    weights: dict[str, Tensor],
+    num_shards: int = 1,
+    *,
+    tokenizer: tokenizers.Tokenizer | None = None,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config_json(config)))
@@ -167,11 +199,11 @@ def write_hf_folder(
         weight_map |= {k: file for k in shard}
     if num_shards > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    tiny_tokenizer().save(str(folder / "tokenizer.json"))
+    (tokenizer or tiny_tokenizer()).save(str(folder / "tokenizer.json"))
     tok_config = {
         "bos_token": "<|im_start|>",
         "eos_token": "<|im_end|>",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
     return folder

@@ -72,6 +72,10 @@ HONOURED = {
         ),
     ),
     "n": ({"prompt": "Hi", "n": 3}, lambda c: c.n == 3),
+    "reasoning_budget": (
+        {"messages": MESSAGES, "reasoning_budget": 0},
+        lambda c: c.params.reasoning_budget == 0,
+    ),
     "sampling.temperature": (
         {"sampling": {"temperature": 0.5}},
         lambda c: c.params.temperature == 0.5,
