@@ -28,7 +28,13 @@ Response = inference_pb2.GenerateResponse
 APPENDED = ("token_ids", "logprobs", "prompt_logprobs", "tool_calls")
 CONCATENATED = ("text", "reasoning")
 SAME = ("request_id", "worker_id", "index")
-LATEST = ("finish_reason", "num_prompt_tokens", "num_output_tokens", "stop_string")
+LATEST = (
+    "finish_reason",
+    "num_prompt_tokens",
+    "num_output_tokens",
+    "stop_string",
+    "num_reasoning_tokens",
+)
 
 
 def joins(response: Response, waiting: object) -> bool:

@@ -18,10 +18,10 @@ from tests.controller import test_anthropic_messages as messages_door
 from tests.controller.test_responses_api import MODEL, client_of, last, said, serve
 
 THOUGHT = [
-    said(reasoning="The user greets. "),
-    said(reasoning="Greet back."),
+    said(reasoning="The user greets. ", num_reasoning_tokens=2),
+    said(reasoning="Greet back.", num_reasoning_tokens=3),
     said("Hello!"),
-    last(),
+    last(num_reasoning_tokens=3),
 ]
 NOT_THINKING = FieldError("reasoning_budget", "this model does not think; leave it out")
 
@@ -41,14 +41,18 @@ def ask(client, **kwargs):
 def test_a_chat_reply_carries_its_reasoning_apart_from_its_content(chat):
     client, router = chat
     router.script = THOUGHT
-    message = ask(client).choices[0].message
+    completion = ask(client)
+    message = completion.choices[0].message
     assert message.content == "Hello!"
     assert message.model_extra["reasoning_content"] == "The user greets. Greet back."
+    assert completion.usage.completion_tokens_details.reasoning_tokens == 3
 
 
 def test_a_reply_without_thinking_has_no_reasoning_content(chat):
     client, _ = chat  # the default script: text only
-    assert "reasoning_content" not in ask(client).choices[0].message.model_extra
+    completion = ask(client)
+    assert "reasoning_content" not in completion.choices[0].message.model_extra
+    assert completion.usage.completion_tokens_details is None
 
 
 def test_a_streamed_chat_sends_reasoning_deltas_then_content(chat):
@@ -85,6 +89,14 @@ def test_a_model_that_does_not_think_refuses_reasoning_effort_by_name(chat):
         ask(client, reasoning_effort="low")
     assert error.value.body["param"] == "reasoning_effort"
     assert "does not think" in error.value.body["message"]
+
+
+def test_the_responses_api_counts_the_thinking_tokens(chat):
+    client, router = chat
+    router.script = THOUGHT
+    response = client.responses.create(model=MODEL, input="Hi")
+    assert response.usage.output_tokens_details.reasoning_tokens == 3
+    assert [item.type for item in response.output] == ["reasoning", "message"]
 
 
 def test_the_responses_api_refuses_it_naming_reasoning_effort(chat):

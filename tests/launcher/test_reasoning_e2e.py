@@ -85,6 +85,7 @@ def test_a_budget_ends_the_thinking_and_the_reply_follows(client):
     assert free.choices[0].message.content == ""
     assert free.choices[0].message.model_extra["reasoning_content"]
     assert free.usage.completion_tokens == budgeted.usage.completion_tokens == 10
+    assert free.usage.completion_tokens_details.reasoning_tokens == 10
     # `none` ends it at once: the end marker, then 9 tokens of reply and no reasoning at all.
     assert budgeted.choices[0].message.content
     assert "reasoning_content" not in budgeted.choices[0].message.model_extra

@@ -156,10 +156,10 @@ class Engine:
         phase, splitter, budget = request.reasoning_phase, None, None
         if phase is not None and self.reasoning is not None:
             splitter = ReasoningSplitter(self.reasoning, phase)
-            if seq.params.reasoning_budget is not None:
-                budget = ThinkingBudget(
-                    self.reasoning, phase, seq.params.reasoning_budget, self._end_ids
-                )
+            # NOTE: without a budget it only counts the thinking's tokens (usage reports them).
+            budget = ThinkingBudget(
+                self.reasoning, phase, seq.params.reasoning_budget, self._end_ids
+            )
         self._requests[request_id] = RequestState(
             request_id, seq.params, decoder, parser, index, splitter, budget
         )
@@ -313,6 +313,7 @@ class Engine:
             index=state.index,
             stop_string=state.stop_string if reason is FinishReason.STOP else "",
             new_reasoning=reasoning,
+            num_reasoning_tokens=state.budget.num_tokens if state.budget is not None else 0,
         )
 
     def _prompt_logprobs(self, seq: Sequence, state: RequestState) -> tuple[OutputLogprobs, ...]:

@@ -141,10 +141,15 @@ class ThinkingBudget:
     the end marker's tokens (`end_ids`) are forced in, one a step, in place of what the model
     would have sampled. Only thinking is counted: the tokens after the start marker until the
     end marker, whether the model opened it or the template did (`phase`); a budget of 0 ends
-    the thinking as soon as it opens. The model's own end marker ends the count early."""
+    the thinking as soon as it opens, None never ends it (the tokens are only counted). The
+    model's own end marker ends the count early."""
 
     def __init__(
-        self, format: ReasoningFormat, phase: Phase, budget: int, end_ids: Sequence[int]
+        self,
+        format: ReasoningFormat,
+        phase: Phase,
+        budget: int | None,
+        end_ids: Sequence[int] = (),
     ) -> None:
         self.format, self.budget, self._end_ids = format, budget, tuple(end_ids)
         self.inside, self.over = phase is Phase.INSIDE, phase is Phase.AFTER
@@ -168,16 +173,17 @@ class ThinkingBudget:
             if i < 0:
                 self._tail = window[len(window) - len(self.format.start) + 1 :]
                 return
-            self.inside, window = True, window[i + len(self.format.start) :]
+            self.inside, window, thinking = True, window[i + len(self.format.start) :], False
         else:
-            self.num_tokens += 1
+            thinking = True  # a token of thinking, unless it ends it (a marker's is not counted)
         if self.format.end in window:
             self.over, self._forcing = True, []
             return
+        self.num_tokens += thinking
         self._tail = window[len(window) - len(self.format.end) + 1 :]
         self._check()
 
     def _check(self) -> None:
-        spent = self.num_tokens >= self.budget
+        spent = self.budget is not None and self.num_tokens >= self.budget
         if spent and self.inside and not self.over and not self._forced_any:
             self._forcing, self._forced_any = list(self._end_ids), True

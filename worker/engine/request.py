@@ -63,6 +63,7 @@ class RequestOutput:
     index: int = 0  # the choice's, among its request's n (Engine.add_choices)
     stop_string: str = ""  # finished by one of the request's stop strings: that one
     new_reasoning: str = ""  # a thinking model's thinking since the previous output (no markers)
+    num_reasoning_tokens: int = 0  # of num_output_tokens, those of thinking so far
 
 
 def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
@@ -83,6 +84,7 @@ def joined(deltas: Seq[RequestOutput]) -> RequestOutput:
         tuple(c for d in deltas for c in d.tool_calls),
         stop_string=last.stop_string,
         new_reasoning="".join(d.new_reasoning for d in deltas),
+        num_reasoning_tokens=last.num_reasoning_tokens,
     )
 
 

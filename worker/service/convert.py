@@ -293,6 +293,7 @@ def fill_generate_response(
     msg.token_ids.extend(output.new_token_ids)
     msg.text = output.new_text
     msg.reasoning = output.new_reasoning
+    msg.num_reasoning_tokens = output.num_reasoning_tokens
     msg.finish_reason = FINISH_REASONS[output.finish_reason]
     if output.finished:
         msg.num_prompt_tokens = output.num_prompt_tokens

@@ -12,15 +12,24 @@ from intentserve.controller.router.request_metrics import FINISH_REASONS
 from intentserve.v1 import inference_pb2
 
 
-def merged_usage(replies: list[Reply]) -> dict[str, int]:
+def merged_usage(replies: list[Reply]) -> dict[str, Any]:
     """One prompt, every choice's tokens (as OpenAI counts n choices)."""
     prompt = replies[0].num_prompt_tokens
     completion = sum(r.num_output_tokens for r in replies)
-    return {
+    return _usage(prompt, completion, sum(r.num_reasoning_tokens for r in replies))
+
+
+def _usage(prompt: int, completion: int, reasoning: int) -> dict[str, Any]:
+    """OpenAI's usage; a thinking model's thinking tokens (of completion_tokens) in its
+    details, where there were any."""
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if reasoning:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
 
 
 def merged_response(replies: list[Reply]) -> dict[str, Any]:
@@ -45,6 +54,7 @@ class Reply:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_reasoning_tokens: int = 0  # of num_output_tokens, a thinking model's thinking
     with_logprobs: bool = False  # the request asked for them
     logprobs: list[inference_pb2.TokenLogprobs] = field(default_factory=list)
     echo: bool = False  # completions: the prompt goes before the completion
@@ -77,6 +87,7 @@ class Reply:
             for c in response.tool_calls
         )
         self.num_output_tokens = response.num_output_tokens
+        self.num_reasoning_tokens = response.num_reasoning_tokens
         finish = FINISH_REASONS.get(response.finish_reason) or None
         if finish is not None:
             self.finish_reason, self.num_prompt_tokens = finish, response.num_prompt_tokens
@@ -92,12 +103,8 @@ class Reply:
             return self.echo_text
         return "".join(e.chosen.token for e in response.prompt_logprobs)
 
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.num_prompt_tokens,
-            "completion_tokens": self.num_output_tokens,
-            "total_tokens": self.num_prompt_tokens + self.num_output_tokens,
-        }
+    def usage(self) -> dict[str, Any]:
+        return _usage(self.num_prompt_tokens, self.num_output_tokens, self.num_reasoning_tokens)
 
     def _logprobs(self, entries) -> dict[str, Any] | None:
         """OpenAI's logprobs object for `entries` (chat's or completions' shape)."""

@@ -62,6 +62,7 @@ class ResponseReply:
     output: list[Item] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_reasoning_tokens: int = 0  # of num_output_tokens, a thinking model's thinking
     _open: Item | None = None  # the message or reasoning item taking text
     _open_text: list[str] = field(default_factory=list)
     _num_events: int = 0
@@ -84,6 +85,7 @@ class ResponseReply:
             events += self._close()
             events += self._call(call)
         self.num_output_tokens = response.num_output_tokens
+        self.num_reasoning_tokens = response.num_reasoning_tokens
         ended = ENDED.get(response.finish_reason)
         if ended is not None:
             self.status, self.num_prompt_tokens = ended, response.num_prompt_tokens
@@ -180,12 +182,12 @@ class ResponseReply:
         }
 
     def usage(self) -> dict[str, Any]:
-        # NOTE: the worker counts neither cached prompt tokens nor thinking tokens apart: 0.
+        # NOTE: the worker does not count cached prompt tokens apart: 0.
         return {
             "input_tokens": self.num_prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.num_output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.num_reasoning_tokens},
             "total_tokens": self.num_prompt_tokens + self.num_output_tokens,
         }
 

@@ -84,6 +84,7 @@ def test_a_budget_ends_the_thinking_after_that_many_tokens(thinking, budget):
     text = text_of(thinking, ids)
     assert (out.new_reasoning, out.new_text) == split_at_the_end_marker(text)
     assert len(ids) == 12  # the marker counts as an output token, max_tokens holds
+    assert out.num_reasoning_tokens == budget  # the thinking's tokens, the marker not counted
     for d in deltas:  # no delta carries any part of a marker
         assert "think>" not in d.new_reasoning + d.new_text
 
@@ -92,6 +93,7 @@ def test_without_a_budget_the_thinking_runs_as_the_model_has_it(thinking):
     out, _ = reply(thinking)
     ids = list(out.new_token_ids)
     assert end_id(thinking) not in ids  # this random model never closes its thinking
+    assert out.num_reasoning_tokens == len(ids)
     assert (out.new_reasoning, out.new_text) == (text_of(thinking, ids), "")
 
 
@@ -123,7 +125,7 @@ def test_a_text_chat_is_split_too(thinking):
 
 def test_a_completion_is_not_split(thinking):
     out, _ = reply(thinking, prompt="Hello")
-    assert out.new_reasoning == ""
+    assert (out.new_reasoning, out.num_reasoning_tokens) == ("", 0)
     assert out.new_text == text_of(thinking, out.new_token_ids, prompt="Hello")
 
 
