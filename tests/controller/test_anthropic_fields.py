@@ -164,6 +164,7 @@ HONOURED_VALUES = [
         lambda pb: pb.reasoning_budget == 5 and not pb.HasField("chat_template_kwargs"),
     ),
     ("thinking", {"type": "adaptive", "display": "omitted"}, ok),  # blocks without their text
+    ("output_config", {"effort": "high"}, ok),  # Anthropic's default: asks for nothing more
     ("tool_choice", {"type": "auto"}, lambda pb: pb.tool_choice == inference_pb2.TOOL_CHOICE_AUTO),
     ("tool_choice", {"type": "none"}, lambda pb: pb.tool_choice == inference_pb2.TOOL_CHOICE_NONE),
     (

@@ -276,6 +276,10 @@ def test_the_key_is_x_api_key_or_bearer(served):
             {"anthropic-beta": "prompt-caching-2024-07-31, mcp-client-2025-04-04"},
             "anthropic-beta: 'mcp-client-2025-04-04'",
         ),
+        (  # Claude Code's own: a server-side mode, not a field judged by itself
+            {"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"},
+            "anthropic-beta: 'claude-code-20250219'",
+        ),
     ],
 )
 def test_an_unknown_version_or_beta_is_refused_naming_the_header(served, headers, starts):
@@ -292,6 +296,11 @@ def test_the_versions_the_sdk_sends_and_a_served_beta_pass(served):
         {"anthropic-version": "2023-06-01"},
         {"anthropic-version": anthropic._constants.ANTHROPIC_API_VERSION},
         {"anthropic-beta": "token-counting-2024-11-01"},
+        # What Claude Code sends with CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS, but its own.
+        {
+            "anthropic-beta": "interleaved-thinking-2025-05-14,mid-conversation-system-2026-04-07,"
+            "effort-2025-11-24,structured-outputs-2025-12-15"
+        },
         {},
     ):
         sent = http.post("/v1/messages", json=body, headers={"x-api-key": KEY, **headers})

@@ -41,13 +41,21 @@ from pydantic import ValidationError
 # The versions of the API the official SDKs send (2023-06-01 is the stable one; the SDK in
 # this tree's test extra sends 2026-10-21), each served as this module says.
 API_VERSIONS = ("2023-01-01", "2023-06-01", "2026-10-21")
-# Betas whose feature is served here as the API's own: prompt caching (cache_control),
-# token counting and tool use.
+# Betas whose feature is served here as the API's own: prompt caching (cache_control), token
+# counting and tool use; and betas that only let fields or turns through that are each honoured
+# or refused by themselves: output_config.format (structured outputs), output_config.effort,
+# system turns among the messages (the template renders them), thinking between tool calls (a
+# thinking model's reply has one block of it, first, which that allows). Any other is refused:
+# claude-code-20250219, for one, asks Anthropic's server for a mode of its own (tools it adds).
 BETAS = (
     "prompt-caching-2024-07-31",
     "token-counting-2024-11-01",
     "tools-2024-04-04",
     "tools-2024-05-16",
+    "structured-outputs-2025-12-15",
+    "effort-2025-11-24",
+    "mid-conversation-system-2026-04-07",
+    "interleaved-thinking-2025-05-14",
 )
 
 

@@ -223,12 +223,21 @@ class OutputFormat(_Strict):
 
 
 class OutputConfig(_Strict):
+    """`format`: a JSON schema the reply follows; `effort`: only `high`, Anthropic's default,
+    which asks for nothing beyond what no effort asks."""
+
     effort: str | None = None
     format: OutputFormat | None = None
 
     def problems(self, path: str) -> dict[str, tuple[bool, str]]:
-        asked = self.effort is not None
-        return {f"{path}.effort": (asked, "no effort level is taken here; leave it out")}
+        asked = self.effort not in (None, "high")
+        return {
+            f"{path}.effort": (
+                asked,
+                "no other effort level is taken here; allowed: 'high' (the default), or leave "
+                "it out",
+            )
+        }
 
 
 class Metadata(_Strict):
