@@ -21,6 +21,7 @@ from intentserve.controller.router.admission import (
     QUEUED_PER_SLOT,
     QueueLimits,
 )
+from intentserve.controller.router.http.anthropic_betas import check_ignored_betas
 from intentserve.controller.router.http.connection_limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -150,6 +151,8 @@ class ControllerSettings(BaseSettings):
     http_max_connections_per_client: int = Field(DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
     http_max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
     http_responses_store_size: int = Field(DEFAULT_RESPONSES_STORE_SIZE, ge=1)
+    # `anthropic-beta` names taken without doing what they ask (a JSON list in the environment).
+    http_anthropic_betas_ignored: tuple[str, ...] = ()
     tls_cert_file: str | None = None  # the controller's certificate (common name `controller`)
     tls_key_file: str | None = None
     tls_ca_file: str | None = None  # the deployment's CA, which signed every worker certificate
@@ -269,6 +272,7 @@ class ControllerSettings(BaseSettings):
                 max_connections_per_client=self.http_max_connections_per_client,
                 max_connections=self.http_max_connections,
                 responses_store_size=self.http_responses_store_size,
+                anthropic_betas_ignored=check_ignored_betas(self.http_anthropic_betas_ignored),
             ),
             heartbeat_interval_s=self.heartbeat_interval_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,

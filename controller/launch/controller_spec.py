@@ -9,6 +9,7 @@ from intentserve.controller.router.admission import (
     QUEUED_PER_SLOT,
     QueueLimits,
 )
+from intentserve.controller.router.http.anthropic_betas import check_ignored_betas
 from intentserve.controller.router.http.connection_limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -40,6 +41,14 @@ class HttpLimitsSpec(Section):
     max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
     # Responses kept per API key for previous_response_id and GET /v1/responses/{id}.
     responses_store_size: int = Field(DEFAULT_RESPONSES_STORE_SIZE, ge=1)
+    # `anthropic-beta` names taken without doing what they ask, each said back to the client
+    # (`claude-code-20250219`, say, to serve Claude Code); none: an unknown beta is refused.
+    anthropic_betas_ignored: tuple[str, ...] = ()
+
+    @field_validator("anthropic_betas_ignored")
+    @classmethod
+    def _beta_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return check_ignored_betas(names)
 
     def limits(self) -> HttpLimits:
         return HttpLimits(
@@ -49,6 +58,7 @@ class HttpLimitsSpec(Section):
             max_connections_per_client=self.max_connections_per_client,
             max_connections=self.max_connections,
             responses_store_size=self.responses_store_size,
+            anthropic_betas_ignored=self.anthropic_betas_ignored,
         )
 
 

@@ -79,6 +79,7 @@ class RequestPath:
             self.tokenizing,
             cors_origins,
             responses_store_size=limits.responses_store_size,
+            anthropic_betas_ignored=limits.anthropic_betas_ignored,
         )
         return HttpServer(
             build_app(frontend),

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from intentserve.controller.router.http.anthropic_betas import BETAS, IGNORED_HEADER
 from intentserve.controller.router.http.anthropic_convert import (
     Names,
     count_request_to_pb,
@@ -41,25 +42,11 @@ from pydantic import ValidationError
 # The versions of the API the official SDKs send (2023-06-01 is the stable one; the SDK in
 # this tree's test extra sends 2026-10-21), each served as this module says.
 API_VERSIONS = ("2023-01-01", "2023-06-01", "2026-10-21")
-# Betas whose feature is served here as the API's own: prompt caching (cache_control), token
-# counting and tool use; and betas that only let fields or turns through that are each honoured
-# or refused by themselves: output_config.format (structured outputs), output_config.effort,
-# system turns among the messages (the template renders them), thinking between tool calls (a
-# thinking model's reply has one block of it, first, which that allows). Any other is refused:
-# claude-code-20250219, for one, asks Anthropic's server for a mode of its own (tools it adds).
-BETAS = (
-    "prompt-caching-2024-07-31",
-    "token-counting-2024-11-01",
-    "tools-2024-04-04",
-    "tools-2024-05-16",
-    "structured-outputs-2025-12-15",
-    "effort-2025-11-24",
-    "mid-conversation-system-2026-04-07",
-    "interleaved-thinking-2025-05-14",
-)
 
 
-def check_headers(request: Request) -> None:
+def check_headers(request: Request, ignored: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Refuse an unknown version or beta naming its header; the betas of `ignored` the request
+    names (taken, doing nothing: the reply says so)."""
     version = request.headers.get("anthropic-version")
     if version is not None and version not in API_VERSIONS:
         raise OpenAIError(
@@ -70,19 +57,20 @@ def check_headers(request: Request) -> None:
         )
     asked = [b.strip() for b in request.headers.get("anthropic-beta", "").split(",") if b.strip()]
     for beta in asked:
-        if beta not in BETAS:
+        if beta not in BETAS and beta not in ignored:
             raise OpenAIError(
                 400,
                 f"anthropic-beta: {beta!r} asks for what this server does not do; allowed: "
                 + ", ".join(BETAS),
                 param="anthropic-beta",
             )
+    return tuple(b for b in asked if b in ignored)
 
 
 def add_messages_routes(app: FastAPI, doors: Doors) -> None:
     async def parse(request: Request, schema: type[ConversationBody]):
         doors.authorize(request, token=request.headers.get("x-api-key"))
-        check_headers(request)
+        request.state.betas_ignored = check_headers(request, doors.frontend.anthropic_betas_ignored)
         try:
             body = schema.model_validate_json(await doors.body(request))
         except ValidationError as error:
@@ -108,9 +96,10 @@ def add_messages_routes(app: FastAPI, doors: Doors) -> None:
             show_thinking=thinking is None or thinking.display != "omitted",
             thinking_disabled=thinking is not None and thinking.type == "disabled",
         )
+        said = _ignored(request)
         if body.stream:
             events = _events(reply, call, body, names)
-            return StreamingResponse(events, media_type="text/event-stream")
+            return StreamingResponse(events, media_type="text/event-stream", headers=said)
         try:
             async for response in call:
                 reply.add(response)
@@ -120,17 +109,23 @@ def add_messages_routes(app: FastAPI, doors: Doors) -> None:
             raise from_routing(error, body, names) from None
         finally:
             call.end()
-        return JSONResponse(reply.message())
+        return JSONResponse(reply.message(), headers=said)
 
     @app.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request) -> dict:
+    async def count_tokens(request: Request) -> Response:
         body = await parse(request, CountTokensRequest)
         pb, names = count_request_to_pb(body)
         try:
             reply = await doors.frontend.tokenizing.tokenize(pb, None)
         except Exception as error:
             raise from_routing(error, body, names) from None
-        return {"input_tokens": len(reply.tokens)}
+        return JSONResponse({"input_tokens": len(reply.tokens)}, headers=_ignored(request))
+
+
+def _ignored(request: Request) -> dict[str, str]:
+    """The reply's header naming the betas taken without doing what they ask, if any."""
+    ignored = request.state.betas_ignored
+    return {IGNORED_HEADER: ",".join(ignored)} if ignored else {}
 
 
 async def _events(

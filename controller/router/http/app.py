@@ -68,6 +68,7 @@ class Frontend:
     tokenizing: TokenizeRoute  # /tokenize, /detokenize on a READY worker
     cors_origins: tuple[str, ...] = ()  # browser origins allowed cross-origin; none: off
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE  # kept per API key (/v1/responses)
+    anthropic_betas_ignored: tuple[str, ...] = ()  # taken, doing nothing, said back (Messages)
 
 
 def _json(data: dict) -> str:

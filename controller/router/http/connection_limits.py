@@ -33,6 +33,10 @@ runs as long as it runs.
 - `responses_store_size`: the Responses API's responses kept per API key, for
   `previous_response_id` and `GET /v1/responses/{id}` (256; why: responses_store.py).
 
+- `anthropic_betas_ignored`: `anthropic-beta` names the Messages API takes without doing what
+  they ask, each said back in the reply's `x-intentserve-betas-ignored` header (none by default:
+  an unknown beta is refused naming the header; anthropic_routes.py).
+
 A connection over a cap is answered at once (429 for one client's cap, 503 for the total, the
 message naming the setting) and closed; one past a deadline is closed. Each is counted in
 `/metrics`: `intentserve_http_connections_closed_total{reason}` and
@@ -62,6 +66,7 @@ class HttpLimits:
     max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
+    anthropic_betas_ignored: tuple[str, ...] = ()
 
 
 class Closed(enum.Enum):
