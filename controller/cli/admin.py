@@ -82,10 +82,12 @@ def _down(client: ControllerClient, args: argparse.Namespace) -> int:
 
 def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
     """One choice's text streams as it comes; with --n above 1, each choice's is printed whole,
-    in order, once every choice has ended (their chunks interleave)."""
+    in order, once every choice has ended (their chunks interleave). A thinking model's thinking
+    goes to stderr, as it comes, after `thinking: ` (each choice's, with --n, before its text)."""
     started_s = time.monotonic()
     last: dict[int, dict[str, Any]] = {}  # each choice's latest chunk, by index
     texts: dict[int, list[str]] = {}
+    thoughts: dict[int, list[str]] = {}
     for chunk in client.generate(
         args.prompt,
         chat=args.chat,
@@ -103,13 +105,23 @@ def _generate(client: ControllerClient, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(chunk), flush=True)
         elif args.n == 1:
+            if chunk.get("reasoning"):
+                if not thoughts:
+                    print("thinking: ", end="", file=sys.stderr)
+                thoughts.setdefault(chunk["index"], []).append(chunk["reasoning"])
+                print(chunk["reasoning"], end="", file=sys.stderr, flush=True)
             print(chunk["text"], end="", flush=True)
         else:
             texts.setdefault(chunk["index"], []).append(chunk["text"])
+            thoughts.setdefault(chunk["index"], []).append(chunk.get("reasoning") or "")
     if not args.json:
         for index in sorted(texts):
             print(f"[choice {index}]")
+            if "".join(thoughts[index]):
+                print("thinking: " + "".join(thoughts[index]), file=sys.stderr)
             print("".join(texts[index]))
+        if args.n == 1 and thoughts:
+            print(file=sys.stderr)  # the thinking's line ends
         print()
         choices = [last[index] for index in sorted(last)]
         print(generate_footer(choices, time.monotonic() - started_s), file=sys.stderr)

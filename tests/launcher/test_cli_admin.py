@@ -259,3 +259,51 @@ def test_no_controller_is_exit_1(capsys):
     code, _, err = run(capsys, "status", "--controller", "127.0.0.1:1", "--rpc-timeout", "2")
     assert code == 1
     assert err.startswith("error: ")
+
+
+class _Thinking:
+    """A client whose one choice thinks, then answers (or, with n, each choice)."""
+
+    def __init__(self, n: int = 1) -> None:
+        self.n = n
+
+    def generate(self, prompt, **_):
+        for index in range(self.n):
+            yield {"index": index, "text": "", "reasoning": f"hm{index} ", "finish_reason": ""}
+            yield {"index": index, "text": f"yes{index}", "reasoning": "", "finish_reason": ""}
+            yield {
+                "index": index,
+                "text": "",
+                "reasoning": "",
+                "finish_reason": "stop",
+                "num_output_tokens": 3,
+                "num_prompt_tokens": 2,
+                "worker_id": "w0",
+            }
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_generate_prints_a_thinking_models_thinking_to_stderr_not_dropped(capsys, n):
+    import argparse
+
+    from intentserve.controller.cli import admin
+
+    args = argparse.Namespace(
+        prompt="q",
+        chat=True,
+        max_tokens=8,
+        temperature=0.0,
+        top_k=0,
+        top_p=0.0,
+        seed=None,
+        stop=None,
+        ignore_eos=False,
+        n=n,
+        timeout=None,
+        json=False,
+    )
+    assert admin._generate(_Thinking(n), args) == 0
+    out, err = capsys.readouterr()
+    for i in range(n):
+        assert f"yes{i}" in out and f"hm{i}" not in out
+        assert f"thinking: hm{i} " in err
