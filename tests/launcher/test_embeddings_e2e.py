@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import ssl
 
 import httpx2 as httpx
 import numpy as np
 import openai
 import pytest
-from intentserve.client.credentials import folder_for
 from intentserve.worker.model.registry import SHORT_NAMES, resolve_model_path
 
 from tests.launcher.up_process import UpProcess
@@ -54,19 +52,9 @@ def up(tmp_path_factory):
         process.stop()
 
 
-def tls(up) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(folder_for(up.address) / "ca.crt"))
-
-
 @pytest.fixture(scope="module")
 def client(up):
-    with openai.OpenAI(
-        base_url=f"https://127.0.0.1:{up.http_port}/v1",
-        api_key=API_KEY,
-        http_client=openai.DefaultHttpxClient(verify=tls(up)),
-        max_retries=0,
-        timeout=60,
-    ) as client:
+    with up.openai_client(API_KEY) as client:
         yield client
 
 
@@ -110,7 +98,7 @@ def test_the_wire_says_base64_as_float32_bytes_and_tokens_are_accepted(up, clien
         f"https://127.0.0.1:{up.http_port}/v1/embeddings",
         json={"model": MODEL, "input": [[101, 4937, 102]], "encoding_format": "base64"},
         headers={"Authorization": f"Bearer {API_KEY}"},
-        verify=tls(up),
+        verify=up.tls(),
         timeout=60,
     ).json()
     vector = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import ssl
 
 import httpx2 as httpx
 import jsonschema
 import openai
 import pytest
 from intentserve.client import ControllerClient
-from intentserve.client.credentials import folder_for
 from intentserve.worker.engine.chat import Conversation
 from intentserve.worker.model.gguf_loader import GGUFFile
 from intentserve.worker.model.gguf_tokenizer import build_gguf_tokenizer
@@ -67,20 +65,9 @@ def up(tmp_path_factory):
         process.stop()
 
 
-def tls(up) -> ssl.SSLContext:
-    """The CA `up` wrote for the CLI also verifies the controller over HTTPS."""
-    return ssl.create_default_context(cafile=str(folder_for(up.address) / "ca.crt"))
-
-
 @pytest.fixture(scope="module")
 def client(up):
-    with openai.OpenAI(
-        base_url=f"https://127.0.0.1:{up.http_port}/v1",
-        api_key=API_KEY,
-        http_client=openai.DefaultHttpxClient(verify=tls(up)),
-        max_retries=0,
-        timeout=60,
-    ) as client:
+    with up.openai_client(API_KEY) as client:
         yield client
 
 
@@ -91,7 +78,7 @@ def grpc_text(up, prompt: str, **kwargs) -> str:
 
 
 def metrics(up) -> dict[str, list]:
-    text = httpx.get(f"https://127.0.0.1:{up.http_port}/metrics", verify=tls(up)).text
+    text = httpx.get(f"https://127.0.0.1:{up.http_port}/metrics", verify=up.tls()).text
     samples: dict[str, list] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -345,7 +332,7 @@ def test_a_client_that_goes_away_mid_stream_leaves_no_kv_in_use(up, client):
 
 
 def test_health_is_open_and_says_serving(up):
-    health = httpx.get(f"https://127.0.0.1:{up.http_port}/health", verify=tls(up))
+    health = httpx.get(f"https://127.0.0.1:{up.http_port}/health", verify=up.tls())
     assert health.status_code == 200 and health.json()["status"] == "serving"
     ready = metrics(up)["intentserve_deployment_ready"]
     assert [v for _, v in ready] == [1.0]

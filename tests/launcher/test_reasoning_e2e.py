@@ -10,13 +10,9 @@ test_reasoning_engine)."""
 
 from __future__ import annotations
 
-import ssl
-
 import anthropic
 import httpx2 as httpx
-import openai
 import pytest
-from intentserve.client.credentials import folder_for
 from intentserve.client.sync import ControllerClient
 
 from tests.launcher.up_process import UpProcess
@@ -54,19 +50,9 @@ def up(tmp_path_factory):
         process.stop()
 
 
-def tls(up) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(folder_for(up.address) / "ca.crt"))
-
-
 @pytest.fixture(scope="module")
 def client(up):
-    with openai.OpenAI(
-        base_url=f"https://127.0.0.1:{up.http_port}/v1",
-        api_key=API_KEY,
-        http_client=openai.DefaultHttpxClient(verify=tls(up)),
-        max_retries=0,
-        timeout=60,
-    ) as client:
+    with up.openai_client(API_KEY) as client:
         yield client
 
 
@@ -132,11 +118,11 @@ def test_the_messages_api_gives_a_thinking_block_of_its_budget(up):
     client = anthropic.Anthropic(
         base_url=f"https://127.0.0.1:{up.http_port}",
         api_key=API_KEY,
-        http_client=httpx.Client(verify=tls(up)),
+        http_client=httpx.Client(verify=up.tls()),
         max_retries=0,
     )
     model = "thinking"
-    with httpx.Client(verify=tls(up)) as http:
+    with httpx.Client(verify=up.tls()) as http:
         served = http.get(
             f"https://127.0.0.1:{up.http_port}/v1/models",
             headers={"authorization": f"Bearer {API_KEY}"},
@@ -165,7 +151,7 @@ def test_status_explain_and_metrics_show_the_reasoning(up):
         "opened_by_template": True,
     }
     assert "reasoning between <think> and </think>, opened by the template" in str(explained)
-    with httpx.Client(verify=tls(up)) as http:
+    with httpx.Client(verify=up.tls()) as http:
         text = http.get(f"https://127.0.0.1:{up.http_port}/metrics").text
     info = [
         line for line in text.splitlines() if line.startswith("intentserve_worker_realized_info")

@@ -8,11 +8,13 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import openai
 import pytest
 from intentserve.client import ControllerClient, credentials
 from intentserve.client.credentials import Credentials
@@ -89,6 +91,22 @@ class UpProcess:
 
     def describe(self) -> str:
         return f"--- up stdout ---\n{self.stdout}\n--- up stderr ---\n{self.stderr[-4000:]}"
+
+    def tls(self) -> ssl.SSLContext:
+        """The CA this `up` wrote for the CLI, which also verifies its HTTPS API."""
+        return ssl.create_default_context(
+            cafile=str(credentials.folder_for(self.address) / "ca.crt")
+        )
+
+    def openai_client(self, api_key: str) -> openai.OpenAI:
+        """The official SDK's client of this `up`'s HTTPS API (no retries, 60 s a call)."""
+        return openai.OpenAI(
+            base_url=f"https://127.0.0.1:{self.http_port}/v1",
+            api_key=api_key,
+            http_client=openai.DefaultHttpxClient(verify=self.tls()),
+            max_retries=0,
+            timeout=60,
+        )
 
     def wait_ready(self, timeout_s: float) -> dict:
         """The status once READY; fails (with up's output) if `up` exits or time runs out."""
